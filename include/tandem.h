@@ -1,0 +1,103 @@
+/* tandem — inference engine for models with a built-in MTP draft head.
+ *
+ * Narrow public C API: engine (a loaded model), session (one sequence's state:
+ * KV cache, DeltaNet state, MTP KV) and the tokenizer/template helpers.
+ *
+ * Ownership rules, for every function below:
+ *  - Pointers passed IN are borrowed for the duration of the call only, unless
+ *    the comment says otherwise.
+ *  - Objects returned through `T **out` are owned by the caller and released
+ *    with the matching td_*_free (free functions accept NULL).
+ *  - Buffers returned through `const T *` pointers are owned by the object they
+ *    came from and stay valid until the next call on that object or its free.
+ *  - Errors: functions return TD_OK (0) or a negative td_status and, if `err`
+ *    is not NULL, write a NUL-terminated message ("file:line: what") into it.
+ *  - No process-wide mutable state: two engines in one process are independent.
+ *    One engine may be used from one thread at a time; sessions belong to
+ *    their engine.
+ */
+#ifndef TANDEM_H
+#define TANDEM_H
+#include <stddef.h>
+#include <stdint.h>
+#include <stdbool.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum {
+    TD_OK = 0,
+    TD_ERR_IO = -1,          /* file missing / unreadable / mmap failed */
+    TD_ERR_FORMAT = -2,      /* malformed model file, header, config */
+    TD_ERR_UNSUPPORTED = -3, /* valid input we do not support (model type, dtype) */
+    TD_ERR_NOMEM = -4,
+    TD_ERR_ARG = -5,         /* bad argument from the caller */
+    TD_ERR_LIMIT = -6,       /* context / capacity exceeded */
+    TD_ERR_INTERNAL = -7,
+} td_status;
+
+/* Caller-owned error buffer. */
+typedef struct td_err {
+    int code;
+    char msg[1024];
+} td_err;
+
+typedef struct td_engine td_engine;
+typedef struct td_session td_session;
+
+/* ---- engine ---------------------------------------------------------- */
+
+typedef struct td_engine_opts {
+    int n_threads;       /* 0 = all cores */
+    int max_context;     /* per-session token capacity; 0 = model's max_position_embeddings, capped at 32768 */
+    int spec_depth;      /* draft tokens per step kept as DeltaNet checkpoints (0 = off) */
+} td_engine_opts;
+
+/* Loads a Hugging Face model directory (config.json, *.safetensors,
+ * tokenizer.json if present). Weights are memory-mapped, not copied. */
+int td_engine_load(const char *model_dir, const td_engine_opts *opts, td_engine **out, td_err *err);
+void td_engine_free(td_engine *eng);
+
+typedef struct td_model_info {
+    int vocab_size, hidden_size, n_layers, n_full_attn_layers, n_mtp_layers;
+    int max_position_embeddings;
+    int eos_token_ids[8], n_eos;   /* from config / generation_config */
+    const char *model_type;        /* owned by the engine */
+} td_model_info;
+void td_engine_info(const td_engine *eng, td_model_info *out);
+
+/* ---- session: one sequence --------------------------------------------- */
+
+int td_session_new(td_engine *eng, td_session **out, td_err *err);
+void td_session_free(td_session *s);
+/* Number of tokens whose state the session holds. */
+int td_session_len(const td_session *s);
+/* Token ids held (length td_session_len); owned by the session. */
+const int32_t *td_session_tokens(const td_session *s);
+/* Forget everything (keeps allocations). */
+void td_session_reset(td_session *s);
+
+/* Feeds n tokens (prefill, or one decode step over several tokens) and
+ * returns logits of the LAST token: vocab_size floats owned by the session,
+ * valid until the next call on it. */
+int td_session_feed(td_session *s, const int32_t *tokens, int n, const float **logits, td_err *err);
+
+/* ---- sampling -------------------------------------------------------- */
+
+typedef struct td_sampling {
+    float temperature;        /* 0 = greedy */
+    int top_k;                /* 0 = off */
+    float top_p;              /* 1 = off */
+    float min_p;              /* 0 = off */
+    float repetition_penalty; /* 1 = off */
+    float presence_penalty;   /* 0 = off */
+    float frequency_penalty;  /* 0 = off */
+    uint64_t seed;
+} td_sampling;
+void td_sampling_default(td_sampling *p);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

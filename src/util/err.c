@@ -1,0 +1,28 @@
+#include "util/err.h"
+#include <stdarg.h>
+#include <string.h>
+
+int td_err_set(td_err *e, int code, const char *file, int line, const char *fmt, ...) {
+    if (e) {
+        int n = snprintf(e->msg, sizeof e->msg, "%s:%d: ", file, line);
+        if (n < 0 || (size_t)n >= sizeof e->msg) n = 0;
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(e->msg + n, sizeof e->msg - (size_t)n, fmt, ap);
+        va_end(ap);
+        e->code = code;
+    }
+    return code;
+}
+
+void *td_malloc(td_err *e, size_t n, const char *file, int line) {
+    void *p = malloc(n ? n : 1);
+    if (!p) td_err_set(e, TD_ERR_NOMEM, file, line, "out of memory allocating %zu bytes", n);
+    return p;
+}
+
+void *td_calloc(td_err *e, size_t count, size_t size, const char *file, int line) {
+    void *p = calloc(count ? count : 1, size ? size : 1);
+    if (!p) td_err_set(e, TD_ERR_NOMEM, file, line, "out of memory allocating %zu x %zu bytes", count, size);
+    return p;
+}
