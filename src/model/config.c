@@ -1,0 +1,142 @@
+#include "model/config.h"
+#include <jansson.h>
+#include <math.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include "util/err.h"
+
+static const char *const supported_types = "qwen3_5, qwen3_5_text";
+
+/* Integer field with bounds; missing → def (def < 0 means required). */
+static int get_int(json_t *o, const char *k, long def, long lo, long hi, int *out, const char *path, td_err *err) {
+    json_t *v = json_object_get(o, k);
+    if (!v || json_is_null(v)) {
+        if (def < 0 && lo >= 0) return TD_FAIL(err, TD_ERR_FORMAT, "%s: missing \"%s\"", path, k);
+        *out = (int)def;
+        return TD_OK;
+    }
+    if (!json_is_integer(v) || json_integer_value(v) < lo || json_integer_value(v) > hi)
+        return TD_FAIL(err, TD_ERR_FORMAT, "%s: \"%s\" must be an integer in [%ld, %ld]", path, k, lo, hi);
+    *out = (int)json_integer_value(v);
+    return TD_OK;
+}
+
+static int get_num(json_t *o, const char *k, double def, double lo, double hi, double *out, const char *path, td_err *err) {
+    json_t *v = json_object_get(o, k);
+    if (!v || json_is_null(v)) { *out = def; return TD_OK; }
+    if (!json_is_number(v) || !(json_number_value(v) >= lo && json_number_value(v) <= hi))
+        return TD_FAIL(err, TD_ERR_FORMAT, "%s: \"%s\" must be a number in [%g, %g]", path, k, lo, hi);
+    *out = json_number_value(v);
+    return TD_OK;
+}
+
+static int parse_text_config(json_t *t, json_t *outer, td_config *c, const char *path, td_err *err) {
+    int rc;
+#define I(key, def, lo, hi, dst) if ((rc = get_int(t, key, def, lo, hi, dst, path, err))) return rc
+    I("hidden_size", -1, 1, 1 << 16, &c->hidden_size);
+    I("num_hidden_layers", -1, 1, TD_MAX_LAYERS, &c->n_layers);
+    I("vocab_size", -1, 1, 1 << 22, &c->vocab_size);
+    I("intermediate_size", -1, 1, 1 << 20, &c->intermediate_size);
+    I("num_attention_heads", -1, 1, 1024, &c->n_heads);
+    I("num_key_value_heads", c->n_heads, 1, 1024, &c->n_kv_heads);
+    I("head_dim", c->hidden_size / c->n_heads, 1, 4096, &c->head_dim);
+    I("linear_num_key_heads", -1, 1, 1024, &c->lin_nk);
+    I("linear_num_value_heads", -1, 1, 1024, &c->lin_nv);
+    I("linear_key_head_dim", -1, 1, 4096, &c->lin_dk);
+    I("linear_value_head_dim", -1, 1, 4096, &c->lin_dv);
+    I("linear_conv_kernel_dim", 4, 1, 64, &c->conv_kernel);
+    I("mtp_num_hidden_layers", 0, 0, 16, &c->mtp_layers);
+    I("max_position_embeddings", 32768, 1, 1 << 24, &c->max_position_embeddings);
+    I("bos_token_id", -1, -1, 1 << 22, &c->bos_token_id);
+    int interval;
+    I("full_attention_interval", 4, 1, TD_MAX_LAYERS, &interval);
+#undef I
+    if (c->n_heads % c->n_kv_heads)
+        return TD_FAIL(err, TD_ERR_FORMAT, "%s: num_attention_heads %d not a multiple of num_key_value_heads %d", path, c->n_heads, c->n_kv_heads);
+    if (c->lin_nv % c->lin_nk)
+        return TD_FAIL(err, TD_ERR_FORMAT, "%s: linear_num_value_heads %d not a multiple of linear_num_key_heads %d", path, c->lin_nv, c->lin_nk);
+
+    json_t *gate = json_object_get(t, "attn_output_gate");
+    c->attn_output_gate = gate ? json_is_true(gate) : true;
+    json_t *tie = json_object_get(t, "tie_word_embeddings");
+    if (!tie && outer) tie = json_object_get(outer, "tie_word_embeddings");
+    c->tie_word_embeddings = tie ? json_is_true(tie) : false;
+
+    json_t *rp = json_object_get(t, "rope_parameters");
+    if (!rp) rp = json_object_get(t, "rope_scaling");
+    double theta, prf;
+    if ((rc = get_num(t, "rope_theta", 10000.0, 1.0, 1e12, &theta, path, err))) return rc;
+    if ((rc = get_num(t, "partial_rotary_factor", 1.0, 0.0, 1.0, &prf, path, err))) return rc;
+    if (json_is_object(rp)) {
+        if ((rc = get_num(rp, "rope_theta", theta, 1.0, 1e12, &theta, path, err))) return rc;
+        if ((rc = get_num(rp, "partial_rotary_factor", prf, 0.0, 1.0, &prf, path, err))) return rc;
+        json_t *ty = json_object_get(rp, "rope_type");
+        if (json_is_string(ty) && strcmp(json_string_value(ty), "default") != 0)
+            return TD_FAIL(err, TD_ERR_UNSUPPORTED, "%s: rope_type \"%s\" is not supported (only \"default\")", path, json_string_value(ty));
+    }
+    c->rope_theta = theta;
+    c->rot_dim = (int)(c->head_dim * prf);
+    if (c->rot_dim % 2 || c->rot_dim > c->head_dim)
+        return TD_FAIL(err, TD_ERR_FORMAT, "%s: rotary dims %d (head_dim %d x %g) must be even", path, c->rot_dim, c->head_dim, prf);
+    if ((rc = get_num(t, "rms_norm_eps", 1e-6, 0.0, 1.0, &c->rms_norm_eps, path, err))) return rc;
+
+    json_t *lt = json_object_get(t, "layer_types");
+    c->n_full_attn = 0;
+    if (lt) {
+        if (!json_is_array(lt) || (int)json_array_size(lt) != c->n_layers)
+            return TD_FAIL(err, TD_ERR_FORMAT, "%s: layer_types must be an array of num_hidden_layers (%d) strings", path, c->n_layers);
+        for (int i = 0; i < c->n_layers; i++) {
+            const char *s = json_string_value(json_array_get(lt, (size_t)i));
+            if (s && strcmp(s, "full_attention") == 0) c->full_attn[i] = true;
+            else if (s && strcmp(s, "linear_attention") == 0) c->full_attn[i] = false;
+            else return TD_FAIL(err, TD_ERR_FORMAT, "%s: layer_types[%d] must be full_attention or linear_attention", path, i);
+        }
+    } else {
+        for (int i = 0; i < c->n_layers; i++) c->full_attn[i] = (i + 1) % interval == 0;
+    }
+    for (int i = 0; i < c->n_layers; i++) c->n_full_attn += c->full_attn[i];
+
+    /* eos_token_id: int or list. */
+    json_t *eos = json_object_get(t, "eos_token_id");
+    if (!eos && outer) eos = json_object_get(outer, "eos_token_id");
+    c->n_eos = 0;
+    if (json_is_integer(eos)) c->eos_token_ids[c->n_eos++] = (int)json_integer_value(eos);
+    else if (json_is_array(eos))
+        for (size_t i = 0; i < json_array_size(eos) && c->n_eos < TD_MAX_EOS; i++)
+            if (json_is_integer(json_array_get(eos, i))) c->eos_token_ids[c->n_eos++] = (int)json_integer_value(json_array_get(eos, i));
+    for (int i = 0; i < c->n_eos; i++)
+        if (c->eos_token_ids[i] < 0 || c->eos_token_ids[i] >= c->vocab_size)
+            return TD_FAIL(err, TD_ERR_FORMAT, "%s: eos_token_id %d outside the vocabulary", path, c->eos_token_ids[i]);
+    return TD_OK;
+}
+
+int td_config_load(const char *path_in, td_config *c, td_err *err) {
+    char path[4096];
+    struct stat st;
+    if (stat(path_in, &st) == 0 && S_ISDIR(st.st_mode)) snprintf(path, sizeof path, "%s/config.json", path_in);
+    else snprintf(path, sizeof path, "%s", path_in);
+    memset(c, 0, sizeof *c);
+    json_error_t je;
+    json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
+    if (!root) {
+        if (access(path, R_OK) != 0) return TD_FAIL(err, TD_ERR_IO, "%s: cannot read config", path);
+        return TD_FAIL(err, TD_ERR_FORMAT, "%s:%d:%d: invalid JSON: %s", path, je.line, je.column, je.text);
+    }
+    int rc;
+    const char *mt = json_string_value(json_object_get(root, "model_type"));
+    if (!json_is_object(root) || !mt) {
+        rc = TD_FAIL(err, TD_ERR_FORMAT, "%s: no \"model_type\" (supported: %s)", path, supported_types);
+    } else if (strcmp(mt, "qwen3_5") == 0) {
+        json_t *t = json_object_get(root, "text_config");
+        if (!json_is_object(t)) rc = TD_FAIL(err, TD_ERR_FORMAT, "%s: model_type qwen3_5 needs a \"text_config\" object", path);
+        else rc = parse_text_config(t, root, c, path, err);
+    } else if (strcmp(mt, "qwen3_5_text") == 0) {
+        rc = parse_text_config(root, NULL, c, path, err);
+    } else {
+        rc = TD_FAIL(err, TD_ERR_UNSUPPORTED, "%s: model_type \"%s\" is not supported (supported: %s)", path, mt, supported_types);
+    }
+    if (rc == TD_OK) snprintf(c->model_type, sizeof c->model_type, "%s", mt);
+    json_decref(root);
+    return rc;
+}

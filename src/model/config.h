@@ -1,0 +1,36 @@
+/* Model hyper-parameters read from a Hugging Face config.json
+ * (`qwen3_5` with `text_config`, or flat `qwen3_5_text`). */
+#ifndef TANDEM_MODEL_CONFIG_H
+#define TANDEM_MODEL_CONFIG_H
+#include <stdbool.h>
+#include "tandem.h"
+
+#define TD_MAX_LAYERS 1024
+#define TD_MAX_EOS 8
+
+typedef struct td_config {
+    char model_type[32];      /* outer model_type as written */
+    int hidden_size, n_layers, vocab_size, intermediate_size;
+    int n_heads, n_kv_heads, head_dim;   /* full attention */
+    bool attn_output_gate;               /* q_proj emits [q | gate] per head */
+    int rot_dim;                         /* head_dim * partial_rotary_factor (even) */
+    double rope_theta, rms_norm_eps;
+    int lin_nk, lin_nv, lin_dk, lin_dv, conv_kernel; /* Gated DeltaNet */
+    bool full_attn[TD_MAX_LAYERS];       /* layer_types[i] == full_attention */
+    int n_full_attn;
+    bool tie_word_embeddings;
+    int mtp_layers;
+    int max_position_embeddings;
+    int bos_token_id;                    /* -1 when absent */
+    int eos_token_ids[TD_MAX_EOS], n_eos;
+} td_config;
+
+/* Reads and validates <dir>/config.json (or a config file path). */
+int td_config_load(const char *path, td_config *cfg, td_err *err);
+
+/* Derived sizes. */
+static inline int td_cfg_lin_key_dim(const td_config *c) { return c->lin_nk * c->lin_dk; }
+static inline int td_cfg_lin_value_dim(const td_config *c) { return c->lin_nv * c->lin_dv; }
+static inline int td_cfg_lin_conv_dim(const td_config *c) { return 2 * c->lin_nk * c->lin_dk + c->lin_nv * c->lin_dv; }
+
+#endif

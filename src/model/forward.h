@@ -1,0 +1,42 @@
+/* Forward pass of the target model and of the MTP head over a batch made of
+ * token runs from several sequences (continuous batching, chunked prefill,
+ * speculative verify all go through here). fp32 compute. */
+#ifndef TANDEM_MODEL_FORWARD_H
+#define TANDEM_MODEL_FORWARD_H
+#include <stdbool.h>
+#include "backend/backend.h"
+#include "model/model.h"
+#include "model/seq.h"
+
+typedef struct td_fwd_item {
+    td_seq *seq;
+    const int32_t *tokens; /* n tokens, at positions seq->n_past .. +n-1 */
+    int n;
+    int logits_rows;       /* 0: none; 1: last token only; n: every token */
+    float *logits;         /* caller-owned [logits_rows][vocab] */
+    float *hidden;         /* optional caller-owned [n][H]: final-normed hidden states */
+    bool checkpoint;       /* keep DeltaNet state after each token (n <= ckpt slots) */
+} td_fwd_item;
+
+typedef struct td_mtp_item {
+    td_seq *seq;
+    const int32_t *tokens; /* token at position p+1 for each entry */
+    const float *hidden;   /* [n][H] h_p (target's final-normed hidden) */
+    int pos0;              /* position of the first entry; entries pos0..pos0+n-1 */
+    int n;
+    int logits_rows;       /* 0, 1 (last) or n */
+    float *logits;         /* [logits_rows][vocab] */
+    float *hidden_out;     /* optional [n][H]: h' = mtp.norm(u), fed back for depth > 1 */
+} td_mtp_item;
+
+typedef struct td_fwd_ctx td_fwd_ctx;
+
+int td_fwd_ctx_new(const td_model *m, td_backend *b, td_fwd_ctx **out, td_err *err);
+void td_fwd_ctx_free(td_fwd_ctx *c);
+
+/* Runs the target model; advances each seq->n_past by its item's n. */
+int td_forward(td_fwd_ctx *c, td_fwd_item *items, int n_items, td_err *err);
+/* Runs the MTP head; writes MTP KV entries pos0.. and sets mtp_n = pos0 + n. */
+int td_mtp_forward(td_fwd_ctx *c, td_mtp_item *items, int n_items, td_err *err);
+
+#endif

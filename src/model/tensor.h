@@ -1,0 +1,66 @@
+/* Weight tensor view. Data is borrowed from a memory-mapped file (or owned by
+ * the model when converted at load). Quantized formats carry their scales so
+ * kernels can dequantize in registers instead of expanding in memory. */
+#ifndef TANDEM_MODEL_TENSOR_H
+#define TANDEM_MODEL_TENSOR_H
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum {
+    TD_DTYPE_F32 = 0,
+    TD_DTYPE_BF16,
+    TD_DTYPE_F16,
+    TD_DTYPE_F8_E4M3,   /* one byte per element; scale below */
+    TD_DTYPE_NVFP4,     /* E2M1 nibbles, uint8 [out, in/2]; block scales below */
+    TD_DTYPE_I32,
+    TD_DTYPE_I64,
+    TD_DTYPE_U8,
+    TD_DTYPE_COUNT
+} td_dtype;
+
+const char *td_dtype_name(td_dtype t);
+/* Bytes per element for plain dtypes; for NVFP4 returns 0 (two per byte). */
+size_t td_dtype_size(td_dtype t);
+
+#define TD_MAX_DIMS 4
+
+typedef struct td_tensor {
+    td_dtype dtype;
+    int ndim;
+    int64_t shape[TD_MAX_DIMS];
+    const void *data;
+    /* Quantization (unused for F32/BF16/F16):
+     *  F8_E4M3: per-tensor `scale_f` or block scales `scales` ([out/blk, in/blk] F32).
+     *  NVFP4:   `scales` = fp8 e4m3 [out, in/16], global multiplier `scale_f`. */
+    const void *scales;
+    td_dtype scales_dtype;
+    int64_t scale_block[2];
+    float scale_f;
+    const char *name; /* borrowed from the weight index */
+} td_tensor;
+
+static inline int64_t td_tensor_numel(const td_tensor *t) {
+    int64_t n = 1;
+    for (int i = 0; i < t->ndim; i++) n *= t->shape[i];
+    return n;
+}
+
+/* bf16/f16 <-> f32 conversions (exact for bf16 -> f32). */
+static inline float td_bf16_to_f32(uint16_t h) {
+    union { uint32_t u; float f; } v = { (uint32_t)h << 16 };
+    return v.f;
+}
+static inline uint16_t td_f32_to_bf16(float f) { /* round to nearest even */
+    union { float f; uint32_t u; } v = { f };
+    if ((v.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((v.u >> 16) | 0x40);
+    uint32_t r = 0x7fffu + ((v.u >> 16) & 1u);
+    return (uint16_t)((v.u + r) >> 16);
+}
+float td_f16_to_f32(uint16_t h);
+
+/* Reads element i of a plain (non-quantized) float tensor as f32. */
+float td_tensor_get_f32(const td_tensor *t, int64_t i);
+/* Converts row `row` of a 2-D float tensor (any float dtype) to f32 `out[shape[1]]`. */
+void td_tensor_row_f32(const td_tensor *t, int64_t row, float *out);
+
+#endif
