@@ -229,7 +229,7 @@ int td_weights_open_dir(const char *dir, td_weights **out, td_err *err) {
             break;
         }
         int seen = 0;
-        for (int i = 0; i < n_names && !seen; i++) seen = strcmp(names[i], f) == 0;
+        for (int i = 0; i < n_names && !seen; i++) seen = strcmp(strrchr(names[i], '/') + 1, f) == 0;
         if (!seen) {
             size_t len = strlen(dir) + strlen(f) + 2;
             names[n_names] = malloc(len);

@@ -1,0 +1,92 @@
+#include "engine/engine.h"
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include "util/err.h"
+
+int td_engine_load(const char *model_dir, const td_engine_opts *opts, td_engine **out, td_err *err) {
+    *out = NULL;
+    td_engine *e = TD_CALLOC(err, 1, sizeof *e);
+    if (!e) return TD_ERR_NOMEM;
+    if (opts) e->opts = *opts;
+    int rc = td_model_load(model_dir, &e->model, err);
+    if (rc) goto fail;
+    int threads = e->opts.n_threads;
+    if (threads <= 0) {
+        long n = sysconf(_SC_NPROCESSORS_ONLN);
+        threads = n > 0 ? (int)n : 1;
+    }
+    if ((rc = td_backend_cpu_create(threads, &e->backend, err))) goto fail;
+    if ((rc = td_fwd_ctx_new(e->model, e->backend, &e->fwd, err))) goto fail;
+    int maxc = e->opts.max_context;
+    if (maxc <= 0) maxc = e->model->cfg.max_position_embeddings < 32768 ? e->model->cfg.max_position_embeddings : 32768;
+    if (maxc > e->model->cfg.max_position_embeddings) maxc = e->model->cfg.max_position_embeddings;
+    e->max_context = maxc;
+    if (e->opts.spec_depth < 0 || e->opts.spec_depth > 64) {
+        rc = TD_FAIL(err, TD_ERR_ARG, "spec depth %d out of range 0..64", e->opts.spec_depth);
+        goto fail;
+    }
+    *out = e;
+    return TD_OK;
+fail:
+    td_engine_free(e);
+    return rc;
+}
+
+void td_engine_free(td_engine *e) {
+    if (!e) return;
+    td_fwd_ctx_free(e->fwd);
+    td_backend_free(e->backend);
+    td_model_free(e->model);
+    free(e);
+}
+
+void td_engine_info(const td_engine *e, td_model_info *o) {
+    const td_config *c = &e->model->cfg;
+    memset(o, 0, sizeof *o);
+    o->vocab_size = c->vocab_size;
+    o->hidden_size = c->hidden_size;
+    o->n_layers = c->n_layers;
+    o->n_full_attn_layers = c->n_full_attn;
+    o->n_mtp_layers = e->model->has_mtp ? c->mtp_layers : 0;
+    o->max_position_embeddings = e->max_context;
+    o->n_eos = c->n_eos;
+    memcpy(o->eos_token_ids, c->eos_token_ids, sizeof o->eos_token_ids);
+    o->model_type = c->model_type;
+}
+
+int td_session_new(td_engine *eng, td_session **out, td_err *err) {
+    *out = NULL;
+    td_session *s = TD_CALLOC(err, 1, sizeof *s);
+    if (!s) return TD_ERR_NOMEM;
+    s->eng = eng;
+    const td_config *c = &eng->model->cfg;
+    int rc = td_seq_init(&s->seq, eng->model, eng->max_context, eng->opts.spec_depth + 1, err);
+    if (rc) { free(s); return rc; }
+    s->logits = TD_CALLOC(err, (size_t)c->vocab_size, sizeof(float));
+    s->hidden = TD_CALLOC(err, (size_t)c->hidden_size, sizeof(float));
+    if (!s->logits || !s->hidden) { td_session_free(s); return TD_ERR_NOMEM; }
+    *out = s;
+    return TD_OK;
+}
+
+void td_session_free(td_session *s) {
+    if (!s) return;
+    td_seq_free(&s->seq);
+    free(s->logits);
+    free(s->hidden);
+    free(s);
+}
+
+int td_session_len(const td_session *s) { return s->seq.n_past; }
+const int32_t *td_session_tokens(const td_session *s) { return s->seq.tokens; }
+void td_session_reset(td_session *s) { td_seq_reset(&s->seq); }
+
+int td_session_feed(td_session *s, const int32_t *tokens, int n, const float **logits, td_err *err) {
+    if (n <= 0) return TD_FAIL(err, TD_ERR_ARG, "feed of %d tokens", n);
+    td_fwd_item it = {.seq = &s->seq, .tokens = tokens, .n = n, .logits_rows = 1, .logits = s->logits};
+    int rc = td_forward(s->eng->fwd, &it, 1, err);
+    if (rc) return rc;
+    if (logits) *logits = s->logits;
+    return TD_OK;
+}

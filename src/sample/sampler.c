@@ -1,0 +1,155 @@
+#include "sample/sampler.h"
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include "util/err.h"
+
+void td_sampling_default(td_sampling *p) {
+    memset(p, 0, sizeof *p);
+    p->temperature = 0.0f;
+    p->top_p = 1.0f;
+    p->repetition_penalty = 1.0f;
+}
+
+static uint64_t splitmix64(uint64_t *x) {
+    uint64_t z = (*x += 0x9e3779b97f4a7c15ull);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    return z ^ (z >> 31);
+}
+void td_rng_seed(td_rng *r, uint64_t seed) {
+    for (int i = 0; i < 4; i++) r->s[i] = splitmix64(&seed);
+}
+static inline uint64_t rotl(uint64_t x, int k) { return (x << k) | (x >> (64 - k)); }
+uint64_t td_rng_next(td_rng *r) { /* xoshiro256** */
+    uint64_t *s = r->s, out = rotl(s[1] * 5, 7) * 9, t = s[1] << 17;
+    s[2] ^= s[0]; s[3] ^= s[1]; s[1] ^= s[2]; s[0] ^= s[3]; s[2] ^= t; s[3] = rotl(s[3], 45);
+    return out;
+}
+double td_rng_uniform(td_rng *r) { return (double)(td_rng_next(r) >> 11) * 0x1.0p-53; }
+
+int td_sampler_init(td_sampler *s, const td_sampling *p, int vocab, const int32_t *prompt, int n_prompt, td_err *err) {
+    memset(s, 0, sizeof *s);
+    if (!(p->temperature >= 0.0f) || !(p->top_p > 0.0f && p->top_p <= 1.0f) || !(p->min_p >= 0.0f && p->min_p <= 1.0f) ||
+        p->top_k < 0 || !(p->repetition_penalty > 0.0f))
+        return TD_FAIL(err, TD_ERR_ARG, "invalid sampling parameters (temperature >= 0, 0 < top_p <= 1, 0 <= min_p <= 1, top_k >= 0, repetition_penalty > 0)");
+    s->p = *p;
+    s->vocab = vocab;
+    s->counts = TD_CALLOC(err, (size_t)vocab, sizeof *s->counts);
+    s->in_prompt = TD_CALLOC(err, (size_t)vocab, 1);
+    s->work = TD_MALLOC(err, (size_t)vocab * sizeof(float));
+    s->idx = TD_MALLOC(err, (size_t)vocab * sizeof(int32_t));
+    if (!s->counts || !s->in_prompt || !s->work || !s->idx) { td_sampler_free(s); return TD_ERR_NOMEM; }
+    for (int i = 0; i < n_prompt; i++)
+        if (prompt[i] >= 0 && prompt[i] < vocab) s->in_prompt[prompt[i]] = 1;
+    td_rng_seed(&s->rng, p->seed);
+    return TD_OK;
+}
+
+void td_sampler_free(td_sampler *s) {
+    free(s->counts); free(s->in_prompt); free(s->work); free(s->idx);
+    memset(s, 0, sizeof *s);
+}
+
+void td_sampler_accept(td_sampler *s, int32_t tok) {
+    if (tok >= 0 && tok < s->vocab) s->counts[tok]++;
+}
+
+int td_sampler_is_greedy(const td_sampler *s) { return s->p.temperature <= 0.0f; }
+
+static int has_penalties(const td_sampler *s) {
+    return s->p.repetition_penalty != 1.0f || s->p.presence_penalty != 0.0f || s->p.frequency_penalty != 0.0f;
+}
+
+/* work = logits with penalties applied. */
+static void penalize(td_sampler *s, const float *logits) {
+    memcpy(s->work, logits, (size_t)s->vocab * sizeof(float));
+    if (!has_penalties(s)) return;
+    float rp = s->p.repetition_penalty;
+    for (int i = 0; i < s->vocab; i++) {
+        float *x = &s->work[i];
+        if (rp != 1.0f && (s->counts[i] || s->in_prompt[i])) *x = *x > 0 ? *x / rp : *x * rp;
+        if (s->counts[i]) *x -= s->p.frequency_penalty * (float)s->counts[i] + s->p.presence_penalty;
+    }
+}
+
+static int32_t argmax(const float *x, int n) {
+    int32_t best = 0;
+    for (int i = 1; i < n; i++)
+        if (x[i] > x[best]) best = i;
+    return best;
+}
+
+int32_t td_sampler_greedy(td_sampler *s, const float *logits) {
+    if (!has_penalties(s)) return argmax(logits, s->vocab);
+    penalize(s, logits);
+    return argmax(s->work, s->vocab);
+}
+
+static int cmp_desc(const void *a, const void *b, void *keys) {
+    const float *k = keys;
+    float x = k[*(const int32_t *)a], y = k[*(const int32_t *)b];
+    if (x != y) return x > y ? -1 : 1;
+    return *(const int32_t *)a - *(const int32_t *)b;
+}
+
+void td_sampler_probs(td_sampler *s, const float *logits, float *probs) {
+    int V = s->vocab;
+    penalize(s, logits);
+    float *x = s->work, inv_t = 1.0f / (s->p.temperature > 0 ? s->p.temperature : 1.0f);
+    float mx = -INFINITY;
+    for (int i = 0; i < V; i++) { x[i] *= inv_t; if (x[i] > mx) mx = x[i]; }
+    double sum = 0.0;
+    for (int i = 0; i < V; i++) { probs[i] = expf(x[i] - mx); sum += probs[i]; }
+    for (int i = 0; i < V; i++) probs[i] = (float)(probs[i] / sum);
+    int need_sort = (s->p.top_k > 0 && s->p.top_k < V) || s->p.top_p < 1.0f;
+    if (need_sort) {
+        /* Sorted by probability, descending, ties by id: a total order. */
+        for (int i = 0; i < V; i++) s->idx[i] = i;
+        qsort_r(s->idx, (size_t)V, sizeof(int32_t), cmp_desc, probs);
+        int keep = V;
+        if (s->p.top_k > 0 && s->p.top_k < keep) keep = s->p.top_k;
+        if (s->p.top_p < 1.0f) {
+            double kept = 0.0;
+            for (int i = 0; i < keep; i++) kept += probs[s->idx[i]];
+            double cum = 0.0;
+            int n = 0;
+            for (; n < keep; n++) { /* smallest prefix whose mass reaches top_p (of the top-k mass) */
+                cum += probs[s->idx[n]];
+                if (cum >= s->p.top_p * kept) { n++; break; }
+            }
+            keep = n < 1 ? 1 : n;
+        }
+        for (int i = keep; i < V; i++) probs[s->idx[i]] = 0.0f;
+    }
+    if (s->p.min_p > 0.0f) {
+        float pmax = 0.0f;
+        for (int i = 0; i < V; i++) if (probs[i] > pmax) pmax = probs[i];
+        for (int i = 0; i < V; i++) if (probs[i] < s->p.min_p * pmax) probs[i] = 0.0f;
+    }
+    sum = 0.0;
+    for (int i = 0; i < V; i++) sum += probs[i];
+    for (int i = 0; i < V; i++) probs[i] = (float)(probs[i] / sum);
+}
+
+int32_t td_sample_from(td_sampler *s, const float *probs) {
+    double u = td_rng_uniform(&s->rng), cum = 0.0;
+    int32_t last = 0;
+    for (int i = 0; i < s->vocab; i++) {
+        if (probs[i] <= 0.0f) continue;
+        cum += probs[i];
+        last = i;
+        if (u < cum) return i;
+    }
+    return last; /* rounding: u beyond the accumulated mass */
+}
+
+int32_t td_sampler_sample(td_sampler *s, const float *logits) {
+    if (td_sampler_is_greedy(s)) return td_sampler_greedy(s, logits);
+    float *probs = malloc((size_t)s->vocab * sizeof(float));
+    if (!probs) return td_sampler_greedy(s, logits);
+    td_sampler_probs(s, logits, probs);
+    int32_t t = td_sample_from(s, probs);
+    free(probs);
+    return t;
+}

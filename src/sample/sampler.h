@@ -1,0 +1,40 @@
+/* Token sampling for one request: penalties, temperature, top-k, top-p,
+ * min-p and a seeded RNG owned by the sampler (same seed, same output).
+ * Order (as transformers' logits processors): repetition penalty,
+ * presence/frequency penalties, temperature, top-k, top-p, min-p. */
+#ifndef TANDEM_SAMPLE_SAMPLER_H
+#define TANDEM_SAMPLE_SAMPLER_H
+#include <stdint.h>
+#include "tandem.h"
+
+typedef struct td_rng { uint64_t s[4]; } td_rng;
+void td_rng_seed(td_rng *r, uint64_t seed);
+uint64_t td_rng_next(td_rng *r);
+double td_rng_uniform(td_rng *r); /* [0, 1) */
+
+typedef struct td_sampler {
+    td_sampling p;
+    int vocab;
+    uint32_t *counts;      /* [vocab] occurrences in the generated output */
+    uint8_t *in_prompt;    /* [vocab] 1 when the token is in the prompt */
+    float *work;           /* [vocab] processed logits / probabilities */
+    int32_t *idx;          /* [vocab] sort scratch */
+    td_rng rng;
+} td_sampler;
+
+int td_sampler_init(td_sampler *s, const td_sampling *p, int vocab, const int32_t *prompt, int n_prompt, td_err *err);
+void td_sampler_free(td_sampler *s);
+/* Records a generated token (for penalties). */
+void td_sampler_accept(td_sampler *s, int32_t tok);
+/* True when sampling reduces to argmax (temperature 0). */
+int td_sampler_is_greedy(const td_sampler *s);
+/* Applies penalties to a copy of logits; greedy: returns the argmax. */
+int32_t td_sampler_greedy(td_sampler *s, const float *logits);
+/* Writes the final normalized distribution (after every processor) into
+ * probs[vocab]. Not valid for greedy samplers. */
+void td_sampler_probs(td_sampler *s, const float *logits, float *probs);
+/* Draws from a normalized distribution with the sampler's RNG. */
+int32_t td_sample_from(td_sampler *s, const float *probs);
+/* One step: greedy argmax or a draw from td_sampler_probs. */
+int32_t td_sampler_sample(td_sampler *s, const float *logits);
+#endif
