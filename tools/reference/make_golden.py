@@ -362,14 +362,17 @@ def save_weights(d, sd, spec, dtype):
         sd["model.visual.blocks.0.fake.weight"] = torch.randn(4, 8, generator=g).to(dtype)
         if spec["shards"] > 1:
             sd["model.visual.merger.fake.weight"] = torch.randn(8, generator=g).to(dtype)
-    names = sorted(sd)
+    visual = sorted(k for k in sd if k.startswith("model.visual."))
+    names = sorted(k for k in sd if not k.startswith("model.visual."))
+    # one dummy vision tensor at each end, so with 2 shards each shard has one
+    names = visual[:1] + names + visual[1:]
     meta = {"format": "pt"}
     if spec["shards"] == 1:
         save_file(sd, os.path.join(d, "model.safetensors"), metadata=meta)
         return
     n = spec["shards"]
-    # split the sorted name list in n contiguous parts (layers may straddle shards,
-    # like real HF exports); model.visual.* are the first/last names of the split
+    # split the name list in n contiguous parts (layers may straddle shards, like
+    # real HF exports)
     per = (len(names) + n - 1) // n
     weight_map = {}
     total = 0
