@@ -58,8 +58,7 @@ struct tokenizer {
     int32_t post_pre[8], post_post[8]; /* TemplateProcessing "single" around $A */
     int n_post_pre, n_post_post;
 
-    void *config;              /* json_t * of tokenizer_config.json or NULL */
-    char *bos, *eos, *pad, *unk, *chat_template;
+    tok_chat_config cfg;       /* tokenizer_config.json / chat_template.jinja */
 
     pthread_mutex_t mu;        /* guards enc */
     tok_encoder *enc;

@@ -369,43 +369,62 @@ static char *read_file(const char *path, size_t *len) {
     return b;
 }
 
-static int parse_config(tokenizer *t, const char *path, const char *jinja_path, td_err *err) {
+static int parse_config(tok_chat_config *cfg, const char *path, const char *jinja_path, td_err *err) {
     json_error_t je;
     json_t *c = json_load_file(path, 0, &je);
     if (!c) {
         FILE *f = fopen(path, "rb");
-        if (!f) goto jinja; /* optional file */
-        fclose(f);
-        return TD_FAIL(err, TD_ERR_FORMAT, "%s:%d:%d: %s", path, je.line, je.column, je.text);
-    }
-    t->config = c;
-    t->bos = token_name(json_object_get(c, "bos_token"));
-    t->eos = token_name(json_object_get(c, "eos_token"));
-    t->pad = token_name(json_object_get(c, "pad_token"));
-    t->unk = token_name(json_object_get(c, "unk_token"));
-    json_t *ct = json_object_get(c, "chat_template");
-    if (json_is_string(ct)) {
-        t->chat_template = xstrdup(json_string_value(ct), json_string_length(ct));
-    } else if (json_is_array(ct)) { /* [{name, template}]: the "default" one */
-        size_t i;
-        json_t *v;
-        json_array_foreach(ct, i, v) {
-            const char *name = json_string_value(json_object_get(v, "name"));
-            json_t *tp = json_object_get(v, "template");
-            if (name && !strcmp(name, "default") && json_is_string(tp))
-                t->chat_template = xstrdup(json_string_value(tp), json_string_length(tp));
+        if (f) {
+            fclose(f);
+            return TD_FAIL(err, TD_ERR_FORMAT, "%s:%d:%d: %s", path, je.line, je.column, je.text);
+        }
+        /* the file is optional */
+    } else {
+        cfg->json = c;
+        cfg->bos = token_name(json_object_get(c, "bos_token"));
+        cfg->eos = token_name(json_object_get(c, "eos_token"));
+        cfg->pad = token_name(json_object_get(c, "pad_token"));
+        cfg->unk = token_name(json_object_get(c, "unk_token"));
+        json_t *ct = json_object_get(c, "chat_template");
+        if (json_is_string(ct)) {
+            cfg->chat_template = xstrdup(json_string_value(ct), json_string_length(ct));
+        } else if (json_is_array(ct)) { /* [{name, template}]: the "default" one */
+            size_t i;
+            json_t *v;
+            json_array_foreach(ct, i, v) {
+                const char *name = json_string_value(json_object_get(v, "name"));
+                json_t *tp = json_object_get(v, "template");
+                if (name && !strcmp(name, "default") && json_is_string(tp) && !cfg->chat_template)
+                    cfg->chat_template = xstrdup(json_string_value(tp), json_string_length(tp));
+            }
         }
     }
-jinja:
     if (jinja_path) {
         size_t n;
         char *s = read_file(jinja_path, &n);
         if (s) { /* transformers lets chat_template.jinja override the config */
-            free(t->chat_template);
-            t->chat_template = s;
+            free(cfg->chat_template);
+            cfg->chat_template = s;
         }
     }
     return 0;
+}
+
+int tok_chat_config_load(const char *dir, tok_chat_config *out, td_err *err) {
+    memset(out, 0, sizeof *out);
+    char a[4096], b[4096];
+    if (snprintf(a, sizeof a, "%s/tokenizer_config.json", dir) >= (int)sizeof a ||
+        snprintf(b, sizeof b, "%s/chat_template.jinja", dir) >= (int)sizeof b)
+        return TD_FAIL(err, TD_ERR_ARG, "path too long");
+    int rc = parse_config(out, a, b, err);
+    if (rc) tok_chat_config_free(out);
+    return rc;
+}
+
+void tok_chat_config_free(tok_chat_config *c) {
+    json_decref(c->json);
+    free(c->bos); free(c->eos); free(c->pad); free(c->unk); free(c->chat_template);
+    memset(c, 0, sizeof *c);
 }
 
 int tok_load_files(const char *tokenizer_json, const char *config_json, tokenizer **out, td_err *err) {
@@ -456,7 +475,7 @@ int tok_load_files(const char *tokenizer_json, const char *config_json, tokenize
         const char *slash = strrchr(config_json, '/');
         int dl = slash ? (int)(slash - config_json) : 1;
         snprintf(jp, sizeof jp, "%.*s/chat_template.jinja", dl, slash ? config_json : ".");
-        if ((rc = parse_config(t, config_json, jp, err))) goto fail;
+        if ((rc = parse_config(&t->cfg, config_json, jp, err))) goto fail;
     }
     *out = t;
     return 0;
@@ -490,8 +509,7 @@ void tok_free(tokenizer *t) {
     }
     free(t->added);
     for (int i = 0; i < t->n_pt; i++) pcre2_code_free(t->pt[i].re);
-    json_decref(t->config);
-    free(t->bos); free(t->eos); free(t->pad); free(t->unk); free(t->chat_template);
+    tok_chat_config_free(&t->cfg);
     free(t);
 }
 
@@ -510,11 +528,11 @@ bool tok_is_special(const tokenizer *t, int32_t id) {
     return id >= 0 && id < t->n_ids && t->is_special[id];
 }
 
-const char *tok_bos_token(const tokenizer *t) { return t->bos; }
-const char *tok_eos_token(const tokenizer *t) { return t->eos; }
-const char *tok_pad_token(const tokenizer *t) { return t->pad; }
-const char *tok_unk_token(const tokenizer *t) { return t->unk; }
-int32_t tok_bos_id(const tokenizer *t) { return t->bos ? tok_token_id(t, t->bos) : -1; }
-int32_t tok_eos_id(const tokenizer *t) { return t->eos ? tok_token_id(t, t->eos) : -1; }
-const char *tok_chat_template(const tokenizer *t) { return t->chat_template; }
-const void *tok_config_json(const tokenizer *t) { return t->config; }
+const char *tok_bos_token(const tokenizer *t) { return t->cfg.bos; }
+const char *tok_eos_token(const tokenizer *t) { return t->cfg.eos; }
+const char *tok_pad_token(const tokenizer *t) { return t->cfg.pad; }
+const char *tok_unk_token(const tokenizer *t) { return t->cfg.unk; }
+int32_t tok_bos_id(const tokenizer *t) { return t->cfg.bos ? tok_token_id(t, t->cfg.bos) : -1; }
+int32_t tok_eos_id(const tokenizer *t) { return t->cfg.eos ? tok_token_id(t, t->cfg.eos) : -1; }
+const char *tok_chat_template(const tokenizer *t) { return t->cfg.chat_template; }
+const void *tok_config_json(const tokenizer *t) { return t->cfg.json; }

@@ -98,6 +98,16 @@ int tok_stream_push(tok_stream *s, int32_t id, const char **text, size_t *len, t
 /* Ends the stream: a pending incomplete sequence becomes U+FFFD. */
 int tok_stream_flush(tok_stream *s, const char **text, size_t *len, td_err *err);
 
+/* Just the chat-related part of a model directory: tokenizer_config.json
+ * (special tokens, chat_template) and chat_template.jinja, without the
+ * vocabulary. Strings are NULL when absent. */
+typedef struct tok_chat_config {
+    char *bos, *eos, *pad, *unk, *chat_template;
+    void *json; /* json_t * of tokenizer_config.json, or NULL */
+} tok_chat_config;
+int tok_chat_config_load(const char *dir, tok_chat_config *out, td_err *err);
+void tok_chat_config_free(tok_chat_config *c);
+
 /* UTF-8 helpers shared with the template engine. */
 /* Appends src (n bytes) to a malloc'd buffer with invalid sequences
  * replaced by U+FFFD; returns the new buffer (NUL-terminated) or NULL. */

@@ -1,0 +1,165 @@
+/* Internals of the Jinja subset: arena, values, tokens, AST. */
+#ifndef TANDEM_JINJA_H
+#define TANDEM_JINJA_H
+#include <setjmp.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <string.h>
+#include "template/template.h"
+
+/* ---- arena: every allocation of a parse or a render lives here ---- */
+typedef struct jarena {
+    struct jchunk *head;
+    jmp_buf *oom;      /* longjmp target on allocation failure */
+} jarena;
+void *ja_alloc(jarena *a, size_t n);
+char *ja_strndup(jarena *a, const char *s, size_t n);
+void ja_free(jarena *a);
+
+/* ---- values (Python semantics) ---- */
+typedef enum { V_UNDEF, V_NONE, V_BOOL, V_INT, V_FLOAT, V_STR, V_LIST, V_DICT, V_MACRO, V_FUNC } jvkind;
+enum { JF_TUPLE = 1, JF_NS = 2, JF_LOOP = 4, JF_SAFE = 8 };
+
+typedef struct jlist jlist;
+typedef struct jdict jdict;
+typedef struct jv {
+    uint8_t k, flags;
+    union {
+        bool b;
+        int64_t i;
+        double f;
+        struct { const char *p; size_t n; } s;
+        jlist *l;
+        jdict *d;
+        const struct jnode *m;  /* V_MACRO */
+        int fn;                 /* V_FUNC: builtin global */
+        const char *undef;      /* V_UNDEF: name, for messages (may be NULL) */
+    };
+} jv;
+struct jlist { size_t n, cap; jv *v; };
+struct jdict { size_t n, cap; jv *k, *v; };
+
+static inline jv jv_undef(const char *name) { jv v = {.k = V_UNDEF}; v.undef = name; return v; }
+static inline jv jv_none(void) { return (jv){.k = V_NONE}; }
+static inline jv jv_bool(bool b) { jv v = {.k = V_BOOL}; v.b = b; return v; }
+static inline jv jv_int(int64_t i) { jv v = {.k = V_INT}; v.i = i; return v; }
+static inline jv jv_float(double f) { jv v = {.k = V_FLOAT}; v.f = f; return v; }
+static inline jv jv_str(const char *p, size_t n) { jv v = {.k = V_STR}; v.s.p = p; v.s.n = n; return v; }
+
+/* growable byte buffer in the arena */
+typedef struct jbuf { char *p; size_t n, cap; jarena *a; } jbuf;
+void jb_put(jbuf *b, const char *s, size_t n);
+static inline void jb_puts(jbuf *b, const char *s) { jb_put(b, s, strlen(s)); }
+void jb_printf(jbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+jlist *jl_new(jarena *a, size_t cap);
+void jl_push(jarena *a, jlist *l, jv v);
+jdict *jd_new(jarena *a, size_t cap);
+void jd_set(jarena *a, jdict *d, jv key, jv val);
+bool jd_get(const jdict *d, const char *key, size_t n, jv *out);
+bool jd_getv(const jdict *d, jv key, jv *out);
+static inline jv jv_list(jlist *l) { jv v = {.k = V_LIST}; v.l = l; return v; }
+static inline jv jv_dict(jdict *d) { jv v = {.k = V_DICT}; v.d = d; return v; }
+
+bool jv_truthy(jv v);
+bool jv_eq(jv a, jv b);
+/* Python str() (and repr() when repr is true) appended to b. */
+void jv_str_to(jbuf *b, jv v, bool repr);
+/* json.dumps(v, ensure_ascii=False, indent, separators, sort_keys);
+ * returns false (with *bad set) on an unserialisable value. */
+bool jv_json_to(jbuf *b, jv v, const char *indent, int level, const char *item_sep, const char *key_sep,
+                bool sort_keys, jv *bad);
+jv jv_from_json(jarena *a, const json_t *j);
+const char *jv_type_name(jv v);
+/* Python repr of a float (shortest round-trip). */
+void jv_float_repr(char out[40], double f);
+/* number of code points */
+size_t ju_len(const char *s, size_t n);
+/* byte offset of code point index i (clamped to n) */
+size_t ju_off(const char *s, size_t n, size_t i);
+
+/* ---- tokens ---- */
+typedef enum {
+    TK_DATA, TK_VAR_BEGIN, TK_VAR_END, TK_BLOCK_BEGIN, TK_BLOCK_END,
+    TK_NAME, TK_STRING, TK_INT, TK_FLOAT, TK_OP, TK_EOF
+} jtk;
+typedef struct jtok {
+    jtk t;
+    const char *s;   /* text (names, operators, decoded strings, data) */
+    size_t n;
+    int line, col;
+    int64_t i;
+    double f;
+} jtok;
+
+/* ---- AST ---- */
+typedef enum {
+    /* expressions */
+    N_LIT, N_NAME, N_LIST, N_TUPLE, N_DICT, N_ATTR, N_ITEM, N_SLICE, N_CALL, N_FILTER, N_TEST,
+    N_BIN, N_NEG, N_POS, N_NOT, N_AND, N_OR, N_COND, N_CONCAT, N_CMP,
+    /* statements */
+    N_DATA, N_OUT, N_IF, N_FOR, N_SET, N_SETBLOCK, N_MACRO, N_BREAK, N_CONTINUE, N_BODY
+} jnk;
+
+typedef struct jnode {
+    jnk k;
+    int line, col;
+    const char *name;     /* N_NAME, N_ATTR, N_FILTER, N_TEST, N_BIN/N_CMP op, N_MACRO, N_SET attr */
+    size_t name_n;
+    jv lit;               /* N_LIT */
+    struct jnode **a;     /* children (meaning depends on kind) */
+    int na;
+    const char **kw;      /* keyword names for N_CALL/N_FILTER/N_TEST/N_MACRO: kwargs are a[nargs..] */
+    int nkw;
+    bool neg;             /* N_TEST: is not */
+} jnode;
+
+typedef struct jparse {
+    jarena *a;
+    jtok *toks;
+    size_t nt, pos;
+    jmp_buf jb;
+    td_err *err;
+} jparse;
+
+int jinja_lex(jarena *a, const char *src, size_t len, jtok **toks, size_t *nt, td_err *err);
+jnode *jinja_parse(jparse *p);
+
+struct tpl {
+    jarena arena;
+    jnode *root;
+};
+
+/* ---- render ---- */
+typedef struct jframe {
+    struct jframe *parent;
+    jdict *vars;
+} jframe;
+
+typedef struct jctx {
+    jarena *a;
+    jmp_buf jb;
+    td_err *err;
+    jframe *root;
+    int depth;            /* macro recursion guard */
+} jctx;
+
+_Noreturn void jfail(jctx *c, const jnode *n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+jv jeval(jctx *c, jframe *f, const jnode *n);
+int jexec(jctx *c, jframe *f, const jnode *n, jbuf *out);
+jlist *jiter(jctx *c, const jnode *n, jv v);     /* items a for loop visits */
+int jv_cmp(jctx *c, const jnode *n, jv a, jv b);  /* Python ordering or error */
+bool jv_contains(jctx *c, const jnode *n, jv hay, jv needle);
+jv jcall_macro(jctx *c, const jnode *macro, jv *args, int nargs, const char **kw, jv *kwv, int nkw, const jnode *at);
+
+/* builtins (jinja_builtins.c) */
+jv jfilter(jctx *c, jframe *f, const jnode *n, jv v, jv *args, int nargs, const char **kw, jv *kwv, int nkw);
+bool jtest(jctx *c, const jnode *n, const char *name, jv v, jv *args, int nargs);
+/* method call obj.name(args); sets *found=false if no such method */
+jv jmethod(jctx *c, const jnode *n, jv obj, const char *name, jv *args, int nargs, const char **kw, jv *kwv,
+           int nkw, bool *found);
+enum { FN_RANGE = 1, FN_NAMESPACE, FN_DICT, FN_RAISE, FN_STRFTIME, FN_JOINER, FN_CYCLER };
+jv jcall_global(jctx *c, const jnode *n, int fn, jv *args, int nargs, const char **kw, jv *kwv, int nkw);
+jv jstr_value(jctx *c, jv v); /* str(v) as a V_STR */
+#endif
