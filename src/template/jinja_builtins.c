@@ -428,7 +428,7 @@ jv jfilter(jctx *c, jframe *f, const jnode *n, jv v, jv *args, int nargs, const 
         double x = v.k == V_FLOAT ? v.f : (double)as_int(c, n, v, "round");
         double p = pow(10, (double)prec);
         double r = m.k == V_STR && !strcmp(m.s.p, "floor") ? floor(x * p) / p
-                 : m.k == V_STR && !strcmp(m.s.p, "ceil") ? ceil(x * p) / p : round(x * p) / p;
+                 : m.k == V_STR && !strcmp(m.s.p, "ceil") ? ceil(x * p) / p : rint(x * p) / p; /* Python rounds half to even */
         return jv_float(r);
     }
     if (!strcmp(nm, "map")) {

@@ -275,7 +275,9 @@ jv jcall_macro(jctx *c, const jnode *m, jv *args, int nargs, const char **kw, jv
         if (jd_get(f->vars, m->kw[i], strlen(m->kw[i]), NULL)) continue;
         set_var(c, f, m->kw[i], m->a[i] ? jeval(c, f, m->a[i]) : jv_undef(m->kw[i]));
     }
-    set_var(c, f, "varargs", jv_list(varargs));
+    jv va = jv_list(varargs);
+    va.flags = JF_TUPLE;
+    set_var(c, f, "varargs", va);
     set_var(c, f, "kwargs", jv_dict(kwargs));
     jbuf out = {.a = c->a};
     jb_put(&out, "", 0);

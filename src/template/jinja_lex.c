@@ -242,8 +242,23 @@ static size_t raw_tag(const lexer *L, size_t i, const char *word, bool *strip_af
     return 0;
 }
 
-int jinja_lex(jarena *a, const char *src, size_t len, jtok **toks, size_t *nt, td_err *err) {
+int jinja_lex(jarena *a, const char *src0, size_t len0, jtok **toks, size_t *nt, td_err *err) {
     jmp_buf jb;
+    /* Like Jinja: every \r\n or \r becomes \n before lexing, and one
+     * trailing newline is dropped (keep_trailing_newline=False). */
+    char *norm = ja_alloc(a, len0 + 1);
+    size_t len = 0;
+    for (size_t i = 0; i < len0; i++) {
+        if (src0[i] == '\r') {
+            norm[len++] = '\n';
+            if (i + 1 < len0 && src0[i + 1] == '\n') i++;
+        } else {
+            norm[len++] = src0[i];
+        }
+    }
+    if (len && norm[len - 1] == '\n') len--;
+    norm[len] = 0;
+    const char *src = norm;
     lexer L = {.a = a, .src = src, .len = len, .err = err, .jb = &jb};
     if (setjmp(jb)) return err ? err->code : TD_ERR_FORMAT;
     size_t pos = 0;
@@ -257,9 +272,6 @@ int jinja_lex(jarena *a, const char *src, size_t len, jtok **toks, size_t *nt, t
             lstrip_next = false;
         }
         if (tag >= len) {
-            /* keep_trailing_newline=False: one final newline is dropped */
-            if (tn && text[tn - 1] == '\n') { tn--; if (tn && text[tn - 1] == '\r') tn--; }
-            else if (tn && text[tn - 1] == '\r') tn--;
             push_data(&L, text, tn, (size_t)(text - src));
             break;
         }

@@ -593,7 +593,11 @@ static jnode *parse_body(jparse *p, const char **ends, const char **which) {
     for (;;) {
         jtok *t = next(p);
         if (t->t == TK_EOF) {
-            if (ends) pfail(p, t, "unexpected end of template (missing '{%% %s %%}')", ends[0]);
+            if (ends) {
+                int k = 0;
+                while (ends[k + 1]) k++;
+                pfail(p, t, "unexpected end of template (missing '{%% %s %%}')", ends[k]);
+            }
             p->pos = p->nt - 1;
             return body_node(p, &v, start);
         }
