@@ -97,6 +97,49 @@ typedef struct td_sampling {
 } td_sampling;
 void td_sampling_default(td_sampling *p);
 
+/* ---- generation with speculative decoding ------------------------------ */
+
+#define TD_MAX_SPEC_DEPTH 16
+
+typedef struct td_gen_opts {
+    int max_tokens;          /* generated tokens at most (> 0) */
+    int spec_depth;          /* MTP draft tokens per step; 0 = off; <= engine's spec_depth */
+    bool draft_sampling;     /* sample drafts from the MTP distribution (keeps q) instead of argmax */
+    bool ignore_eos;
+    const int32_t *stop_ids; /* extra token ids that end generation (borrowed) */
+    int n_stop;
+} td_gen_opts;
+
+/* Speculative decoding counters, named as vLLM's spec_decode metrics.
+ * accepted_per_pos[i] counts drafts with at least i+1 accepted tokens. */
+typedef struct td_spec_counters {
+    uint64_t drafts, draft_tokens, accepted_tokens;
+    uint64_t accepted_per_pos[TD_MAX_SPEC_DEPTH];
+} td_spec_counters;
+
+typedef enum { TD_FINISH_NONE = 0, TD_FINISH_STOP, TD_FINISH_LENGTH, TD_FINISH_CANCEL } td_finish;
+
+typedef struct td_gen_result {
+    int n_prompt;            /* prompt tokens */
+    int n_reused;            /* prompt tokens whose state the session already held */
+    int n_generated;
+    td_finish finish;
+    double prefill_seconds, decode_seconds;
+    td_spec_counters spec;
+} td_gen_result;
+
+/* Called for every generated token in order; return non-zero to stop
+ * (finish = TD_FINISH_CANCEL, or STOP if the callback says so by returning 2). */
+typedef int (*td_token_fn)(void *user, int32_t token);
+
+/* Generates after `prompt`. If the session already holds a prefix of the
+ * prompt (multi-turn), only the rest is computed. `res` is caller-owned. */
+int td_session_generate(td_session *s, const int32_t *prompt, int n_prompt, const td_sampling *sampling,
+                        const td_gen_opts *opts, td_token_fn fn, void *user, td_gen_result *res, td_err *err);
+
+/* Totals over every generation on this engine (caller-owned copy). */
+void td_engine_spec_counters(const td_engine *eng, td_spec_counters *out);
+
 #ifdef __cplusplus
 }
 #endif

@@ -65,7 +65,9 @@ int td_session_new(td_engine *eng, td_session **out, td_err *err) {
     if (rc) { free(s); return rc; }
     s->logits = TD_CALLOC(err, (size_t)c->vocab_size, sizeof(float));
     s->hidden = TD_CALLOC(err, (size_t)c->hidden_size, sizeof(float));
-    if (!s->logits || !s->hidden) { td_session_free(s); return TD_ERR_NOMEM; }
+    s->pend_cap = TD_MAX_SPEC_DEPTH + 4;
+    s->pend = TD_CALLOC(err, (size_t)s->pend_cap * c->hidden_size, sizeof(float));
+    if (!s->logits || !s->hidden || !s->pend) { td_session_free(s); return TD_ERR_NOMEM; }
     *out = s;
     return TD_OK;
 }
@@ -75,16 +77,24 @@ void td_session_free(td_session *s) {
     td_seq_free(&s->seq);
     free(s->logits);
     free(s->hidden);
+    free(s->pend);
+    free(s->work);
     free(s);
 }
 
 int td_session_len(const td_session *s) { return s->seq.n_past; }
 const int32_t *td_session_tokens(const td_session *s) { return s->seq.tokens; }
-void td_session_reset(td_session *s) { td_seq_reset(&s->seq); }
+void td_session_reset(td_session *s) {
+    td_seq_reset(&s->seq);
+    s->mtp_ok = false;
+}
+
+void td_engine_spec_counters(const td_engine *e, td_spec_counters *out) { *out = e->spec_totals; }
 
 int td_session_feed(td_session *s, const int32_t *tokens, int n, const float **logits, td_err *err) {
     if (n <= 0) return TD_FAIL(err, TD_ERR_ARG, "feed of %d tokens", n);
     td_fwd_item it = {.seq = &s->seq, .tokens = tokens, .n = n, .logits_rows = 1, .logits = s->logits};
+    s->mtp_ok = false; /* no hidden states kept: MTP history is lost */
     int rc = td_forward(s->eng->fwd, &it, 1, err);
     if (rc) return rc;
     if (logits) *logits = s->logits;

@@ -16,6 +16,8 @@ struct td_fwd_ctx {
     td_backend *b;
     int cap_M;
     float *x, *xn, *t0, *t1, *t2, *t3, *t4, *t5;
+    float *lg;        /* [cap_lg][vocab] logits rows */
+    int cap_lg;
     int *layer_slot;  /* layer -> index among full-attn or among DeltaNet layers */
     float *inv_freq;  /* [rot/2] */
 };
@@ -52,7 +54,7 @@ int td_fwd_ctx_new(const td_model *m, td_backend *b, td_fwd_ctx **out, td_err *e
 
 void td_fwd_ctx_free(td_fwd_ctx *c) {
     if (!c) return;
-    free(c->x); free(c->xn); free(c->t0); free(c->t1); free(c->t2); free(c->t3); free(c->t4); free(c->t5);
+    free(c->x); free(c->xn); free(c->t0); free(c->t1); free(c->t2); free(c->t3); free(c->t4); free(c->t5); free(c->lg);
     free(c->layer_slot);
     free(c->inv_freq);
     free(c);
@@ -71,7 +73,7 @@ static int ensure_scratch(td_fwd_ctx *c, int M, td_err *err) {
     size_t w2 = (size_t)imax(imax(kvd, vd), ad);
     size_t w3 = (size_t)imax(ad, vd);
     size_t w4 = (size_t)imax(ad, 2 * g->lin_nv);
-    size_t w5 = (size_t)imax(H, g->vocab_size);
+    size_t w5 = (size_t)imax(H, g->lin_nv);
     float **bufs[] = {&c->x, &c->xn, &c->t0, &c->t1, &c->t2, &c->t3, &c->t4, &c->t5};
     size_t widths[] = {(size_t)H, (size_t)H, w0, w1, w2, w3, w4, w5};
     for (int i = 0; i < 8; i++) {
@@ -333,8 +335,8 @@ static void decoder_layer(td_fwd_ctx *c, const td_layer_weights *lw, int slot, i
 }
 
 /* Final norm into xn; copies hidden rows and computes the requested logits. */
-static void emit_outputs(td_fwd_ctx *c, const float *normw, int M, int n_items, const int *row0, const int *n,
-                         const int *logits_rows, float *const *logits, float *const *hidden) {
+static int emit_outputs(td_fwd_ctx *c, const float *normw, int M, int n_items, const int *row0, const int *n,
+                        const int *logits_rows, float *const *logits, float *const *hidden, td_err *err) {
     const td_model *m = c->m;
     int H = m->cfg.hidden_size, V = m->cfg.vocab_size;
     c->b->ops->rmsnorm(c->b, c->xn, c->x, normw, M, H, (float)m->cfg.rms_norm_eps);
@@ -346,15 +348,21 @@ static void emit_outputs(td_fwd_ctx *c, const float *normw, int M, int n_items, 
         memmove(c->t0 + (size_t)R * H, c->xn + (size_t)first * H, (size_t)logits_rows[i] * H * sizeof(float));
         R += logits_rows[i];
     }
-    if (!R) return;
-    float *lg = c->t5;
-    /* t5 holds M x max(H, V) floats; R <= M rows of V fit. */
+    if (!R) return TD_OK;
+    if (R > c->cap_lg) {
+        free(c->lg);
+        c->lg = malloc((size_t)R * V * sizeof(float));
+        c->cap_lg = c->lg ? R : 0;
+        if (!c->lg) return TD_FAIL(err, TD_ERR_NOMEM, "out of memory for %d logits rows", R);
+    }
+    float *lg = c->lg;
     c->b->ops->matmul(c->b, &m->lm_head, c->t0, R, lg);
     R = 0;
     for (int i = 0; i < n_items; i++) {
         memcpy(logits[i], lg + (size_t)R * V, (size_t)logits_rows[i] * V * sizeof(float));
         R += logits_rows[i];
     }
+    return TD_OK;
 }
 
 #define MAX_ITEMS 256
@@ -407,7 +415,7 @@ int td_forward(td_fwd_ctx *c, td_fwd_item *items, int n_items, td_err *err) {
     for (int i = 0; i < n_items; i++) {
         row0[i] = segs[i].row0; nn[i] = items[i].n; lr[i] = items[i].logits_rows; lg[i] = items[i].logits; hd[i] = items[i].hidden;
     }
-    emit_outputs(c, m->final_norm1, M, n_items, row0, nn, lr, lg, hd);
+    rc = emit_outputs(c, m->final_norm1, M, n_items, row0, nn, lr, lg, hd, err);
     for (int i = 0; i < n_items; i++) {
         td_seq *s = items[i].seq;
         memcpy(s->tokens + s->n_past, items[i].tokens, (size_t)items[i].n * sizeof(int32_t));
@@ -417,7 +425,7 @@ int td_forward(td_fwd_ctx *c, td_fwd_item *items, int n_items, td_err *err) {
     }
     free(row_seg);
     free(toks);
-    return TD_OK;
+    return rc;
 }
 
 int td_mtp_forward(td_fwd_ctx *c, td_mtp_item *items, int n_items, td_err *err) {
@@ -470,9 +478,9 @@ int td_mtp_forward(td_fwd_ctx *c, td_mtp_item *items, int n_items, td_err *err) 
     for (int i = 0; i < n_items; i++) {
         row0[i] = segs[i].row0; nn[i] = items[i].n; lr[i] = items[i].logits_rows; lg[i] = items[i].logits; hd[i] = items[i].hidden_out;
     }
-    emit_outputs(c, w->norm1, M, n_items, row0, nn, lr, lg, hd);
+    rc = emit_outputs(c, w->norm1, M, n_items, row0, nn, lr, lg, hd, err);
     for (int i = 0; i < n_items; i++) items[i].seq->mtp_n = items[i].pos0 + items[i].n;
     free(row_seg);
     free(toks);
-    return TD_OK;
+    return rc;
 }

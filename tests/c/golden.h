@@ -7,12 +7,12 @@
 #include <string.h>
 #include "format/safetensors.h"
 
-static const char *golden_root(void) {
+static inline const char *golden_root(void) {
     const char *r = getenv("TANDEM_GOLDEN");
     return r ? r : "tests/golden";
 }
 
-static const void *ref_tensor(td_weights *w, const char *name, int64_t *n_out) {
+static inline const void *ref_tensor(td_weights *w, const char *name, int64_t *n_out) {
     const td_st_entry *e = td_weights_find(w, name);
     if (!e) { fprintf(stderr, "reference tensor %s missing\n", name); exit(2); }
     int64_t n = 1;
@@ -22,7 +22,7 @@ static const void *ref_tensor(td_weights *w, const char *name, int64_t *n_out) {
 }
 
 /* max |a-b| / max(|b|) over n values. */
-static double rel_err(const float *a, const float *b, int64_t n) {
+static inline double rel_err(const float *a, const float *b, int64_t n) {
     double num = 0, den = 1e-30;
     for (int64_t i = 0; i < n; i++) {
         double d = fabs((double)a[i] - b[i]);
@@ -32,7 +32,7 @@ static double rel_err(const float *a, const float *b, int64_t n) {
     return num / den;
 }
 
-static int32_t argmax_f(const float *x, int n) {
+static inline int32_t argmax_f(const float *x, int n) {
     int32_t b = 0;
     for (int i = 1; i < n; i++) if (x[i] > x[b]) b = i;
     return b;

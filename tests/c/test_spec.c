@@ -1,0 +1,260 @@
+/* Speculative decoding (issue 4):
+ *  (a) greedy output at depths 1..8 byte-identical to depth 0 (>= 512 tokens
+ *      per model) and over an 8-turn conversation reusing the session;
+ *  (b) sampled output at depth 3 follows the target distribution
+ *      (chi-square, 20,000 samples, p > 0.01), argmax and sampled drafts;
+ *      built with -DSPEC_MUTANT (a wrong residual), the same test must fail;
+ *  (d) an agreeing MTP head is accepted ~100%, a disagreeing one 0%. */
+#include <math.h>
+#include "check.h"
+#include "engine/engine.h"
+#include "golden.h"
+
+typedef struct { int32_t *buf; int n, cap; } tokvec;
+static int collect(void *u, int32_t t) {
+    tokvec *v = u;
+    if (v->n < v->cap) v->buf[v->n++] = t;
+    return 0;
+}
+
+static td_engine *load(const char *dir, int depth) {
+    td_err err = {0};
+    td_engine_opts o = {.n_threads = 2, .spec_depth = depth, .max_context = 4096};
+    td_engine *e = NULL;
+    int rc = td_engine_load(dir, &o, &e, &err);
+    CHECK(rc == 0, "%s: %s", dir, err.msg);
+    return e;
+}
+
+static int gen(td_session *s, const int32_t *prompt, int n, int depth, int max_tokens, const td_sampling *sp, int32_t *out,
+               td_gen_result *res, bool draft_sampling) {
+    td_err err = {0};
+    td_gen_opts o = {.max_tokens = max_tokens, .spec_depth = depth, .ignore_eos = true, .draft_sampling = draft_sampling};
+    tokvec v = {out, 0, max_tokens};
+    int rc = td_session_generate(s, prompt, n, sp, &o, collect, &v, res, &err);
+    CHECK(rc == 0, "generate: %s", err.msg);
+    return v.n;
+}
+
+#ifndef SPEC_MUTANT
+static void greedy_identity(const char *dir) {
+    td_engine *e = load(dir, 8);
+    if (!e) return;
+    td_sampling sp;
+    td_sampling_default(&sp);
+    int32_t prompt[16], ref[512], out[512];
+    for (int i = 0; i < 16; i++) prompt[i] = (i * 7 + 3) % (e->model->cfg.vocab_size - 8);
+    td_session *s;
+    td_err err;
+    td_session_new(e, &s, &err);
+    td_gen_result r;
+    int n0 = gen(s, prompt, 16, 0, 512, &sp, ref, &r, false);
+    CHECK(n0 == 512, "%s: depth 0 gave %d tokens", dir, n0);
+    int identical = 0;
+    double acc[9] = {0};
+    for (int d = 1; d <= 8; d++) {
+        td_session_reset(s);
+        int n = gen(s, prompt, 16, d, 512, &sp, out, &r, false);
+        bool same = n == n0 && memcmp(out, ref, sizeof(int32_t) * (size_t)n) == 0;
+        CHECK(same, "%s: depth %d output differs from depth 0", dir, d);
+        identical += same;
+        acc[d] = r.spec.draft_tokens ? (double)r.spec.accepted_tokens / (double)r.spec.draft_tokens : 0;
+    }
+    printf("%s: depths 1-8 identical to depth 0 over 512 tokens: %d/8 (acceptance d1 %.2f d4 %.2f d8 %.2f)\n", dir, identical, acc[1], acc[4], acc[8]);
+    td_session_free(s);
+    td_engine_free(e);
+}
+
+/* 8 turns; each turn's prompt = previous prompt + output + new user tokens. */
+static void multi_turn(const char *dir) {
+    td_engine *e = load(dir, 6);
+    if (!e) return;
+    td_sampling sp;
+    td_sampling_default(&sp);
+    int V = e->model->cfg.vocab_size;
+    int depths[] = {0, 1, 3, 6};
+    int32_t convo[4][2048], outs[4][8][64];
+    int len[4] = {0};
+    td_err err;
+    int reused_total = 0;
+    for (int di = 0; di < 4; di++) {
+        td_session *s;
+        td_session_new(e, &s, &err);
+        for (int turn = 0; turn < 8; turn++) {
+            for (int i = 0; i < 24; i++) convo[di][len[di]++] = (turn * 31 + i * 13 + 5) % (V - 8);
+            td_gen_result r;
+            int n = gen(s, convo[di], len[di], depths[di], 64, &sp, outs[di][turn], &r, false);
+            if (turn > 0) CHECK(r.n_reused > 0, "%s: turn %d reused nothing", dir, turn);
+            reused_total += r.n_reused;
+            memcpy(convo[di] + len[di], outs[di][turn], sizeof(int32_t) * (size_t)n);
+            len[di] += n;
+        }
+        td_session_free(s);
+    }
+    /* depth 0 on a fresh session every turn: reuse must not change output */
+    td_session *fresh;
+    td_session_new(e, &fresh, &err);
+    int32_t out[64];
+    int plen = 0, ok_fresh = 1;
+    for (int turn = 0; turn < 8; turn++) {
+        plen += 24;
+        td_session_reset(fresh);
+        td_gen_result r;
+        gen(fresh, convo[0], plen, 0, 64, &sp, out, &r, false);
+        ok_fresh &= memcmp(out, outs[0][turn], sizeof out) == 0;
+        plen += 64;
+    }
+    td_session_free(fresh);
+    CHECK(ok_fresh, "%s: session reuse changed depth-0 output", dir);
+    int same = 1;
+    for (int di = 1; di < 4; di++) same &= memcmp(outs[di], outs[0], sizeof outs[0]) == 0;
+    CHECK(same, "%s: 8-turn conversation differs between depths", dir);
+    printf("%s: 8-turn conversation identical at depths 0/1/3/6 with session reuse (%d tokens reused)\n", dir, reused_total);
+    td_engine_free(e);
+}
+
+static void acceptance(const char *dir, double lo, double hi) {
+    td_engine *e = load(dir, 4);
+    if (!e) return;
+    td_sampling sp;
+    td_sampling_default(&sp);
+    td_session *s;
+    td_err err;
+    td_session_new(e, &s, &err);
+    int32_t prompt[4] = {1, 2, 3, 4}, ref[256], out[256];
+    td_gen_result r;
+    gen(s, prompt, 4, 0, 256, &sp, ref, &r, false);
+    td_session_reset(s);
+    gen(s, prompt, 4, 4, 256, &sp, out, &r, false);
+    double rate = (double)r.spec.accepted_tokens / (double)r.spec.draft_tokens;
+    CHECK(rate >= lo && rate <= hi, "%s: acceptance %.3f outside [%.2f, %.2f]", dir, rate, lo, hi);
+    CHECK(memcmp(out, ref, sizeof ref) == 0, "%s: output differs from depth 0", dir);
+    printf("%s: depth-4 acceptance %.3f, per position", dir, rate);
+    for (int i = 0; i < 4; i++) printf(" %.3f", (double)r.spec.accepted_per_pos[i] / (double)r.spec.drafts);
+    printf("; output identical to depth 0\n");
+    td_session_free(s);
+    td_engine_free(e);
+}
+#endif
+
+/* Regularized lower incomplete gamma P(a, x) (series / continued fraction). */
+static double gammp(double a, double x) {
+    if (x <= 0) return 0;
+    double gln = lgamma(a);
+    if (x < a + 1) {
+        double ap = a, sum = 1.0 / a, del = sum;
+        for (int n = 0; n < 1000; n++) { ap += 1; del *= x / ap; sum += del; if (fabs(del) < fabs(sum) * 1e-14) break; }
+        return sum * exp(-x + a * log(x) - gln);
+    }
+    double b = x + 1 - a, c = 1e300, d = 1 / b, h = d;
+    for (int i = 1; i < 1000; i++) {
+        double an = -i * (i - a);
+        b += 2;
+        d = an * d + b; if (fabs(d) < 1e-300) d = 1e-300;
+        c = b + an / c; if (fabs(c) < 1e-300) c = 1e-300;
+        d = 1 / d;
+        double del = d * c;
+        h *= del;
+        if (fabs(del - 1) < 1e-14) break;
+    }
+    return 1 - exp(-x + a * log(x) - gln) * h;
+}
+
+/* Chi-square p-value of observed counts vs expected probabilities; cells
+ * with expected count < 5 are pooled. */
+static double chi2_p(const double *prob, const int *count, int cells, int N, double *stat_out) {
+    double stat = 0, pool_e = 0, pool_o = 0;
+    int dof = -1;
+    for (int i = 0; i < cells; i++) {
+        double ex = prob[i] * N;
+        if (ex < 5) { pool_e += ex; pool_o += count[i]; continue; }
+        stat += (count[i] - ex) * (count[i] - ex) / ex;
+        dof++;
+    }
+    if (pool_e > 0) { stat += (pool_o - pool_e) * (pool_o - pool_e) / (pool_e > 1e-9 ? pool_e : 1e-9); dof++; }
+    *stat_out = stat;
+    return 1 - gammp(dof / 2.0, stat / 2.0);
+}
+
+/* Target with MIX = 0 is a Markov chain P[a][b]; enumerate the exact joint
+ * law of (x3, x4) and x2 after prompt [t0] and compare. */
+static double distribution_test(bool draft_sampling) {
+    td_engine *e = load("tests/models/spec-agree", 3);
+    if (!e) return 0;
+    int V = e->model->cfg.vocab_size;
+    double P[16][16];
+    td_session *s;
+    td_err err;
+    td_session_new(e, &s, &err);
+    for (int a = 0; a < V; a++) {
+        const float *lg;
+        td_session_reset(s);
+        int32_t t = a;
+        td_session_feed(s, &t, 1, &lg, &err);
+        double mx = -1e30, sum = 0;
+        for (int b = 0; b < V; b++) if (lg[b] > mx) mx = lg[b];
+        for (int b = 0; b < V; b++) sum += exp(lg[b] - mx);
+        for (int b = 0; b < V; b++) P[a][b] = exp(lg[b] - mx) / sum;
+    }
+    int t0 = 3;
+    double m1[16] = {0}, m2[16] = {0}, pair[256] = {0};
+    for (int a = 0; a < V; a++) m1[a] = P[t0][a];
+    for (int a = 0; a < V; a++) for (int b = 0; b < V; b++) m2[b] += m1[a] * P[a][b];
+    for (int b = 0; b < V; b++) for (int c = 0; c < V; c++) for (int d = 0; d < V; d++)
+        pair[c * V + d] += m2[b] * P[b][c] * P[c][d];
+    double x2[16] = {0};
+    for (int i = 0; i < V; i++) x2[i] = m2[i];
+    const int N = 20000;
+    int cnt_pair[256] = {0}, cnt_x2[16] = {0};
+    td_sampling sp;
+    td_sampling_default(&sp);
+    sp.temperature = 1.0f;
+    uint64_t drafted = 0, accepted = 0;
+    for (int i = 0; i < N; i++) {
+        sp.seed = 1000 + (uint64_t)i;
+        int32_t prompt = t0, out[4];
+        td_gen_result r;
+        td_session_reset(s);
+        int n = gen(s, &prompt, 1, 3, 4, &sp, out, &r, draft_sampling);
+        if (n != 4) { CHECK(n == 4, "sample %d has %d tokens", i, n); break; }
+        cnt_x2[out[1]]++;
+        cnt_pair[out[2] * V + out[3]]++;
+        drafted += r.spec.draft_tokens;
+        accepted += r.spec.accepted_tokens;
+    }
+    double st1, st2;
+    double p_pair = chi2_p(pair, cnt_pair, V * V, N, &st1), p_x2 = chi2_p(x2, cnt_x2, V, N, &st2);
+    printf("distribution at depth 3 (%s drafts, %d samples, acceptance %.2f): chi2 (x3,x4) %.1f p=%.3f; x2 %.1f p=%.3f\n",
+           draft_sampling ? "sampled" : "argmax", N, (double)accepted / (double)drafted, st1, p_pair, st2, p_x2);
+    td_session_free(s);
+    td_engine_free(e);
+    return p_pair < p_x2 ? p_pair : p_x2;
+}
+
+int main(void) {
+#ifdef SPEC_MUTANT
+    /* The residual distribution is deliberately wrong in this build: the
+     * chi-square test must detect it. */
+    double p = distribution_test(false);
+    CHECK(p < 0.01, "mutant residual not detected: p = %.3f", p);
+    TEST_MAIN_END("spec-mutant");
+#else
+    const char *golden[] = {"tiny-a/f32", "tiny-a/bf16", "tiny-b/f32", "tiny-b/bf16", "tiny-c/f32", "tiny-c/bf16"};
+    char dir[256];
+    for (int i = 0; i < 6; i++) {
+        snprintf(dir, sizeof dir, "%s/%s", golden_root(), golden[i]);
+        greedy_identity(dir);
+    }
+    greedy_identity("tests/models/spec-partial");
+    multi_turn("tests/models/spec-partial");
+    snprintf(dir, sizeof dir, "%s/tiny-b/f32", golden_root());
+    multi_turn(dir);
+    acceptance("tests/models/spec-agree", 0.95, 1.0);
+    acceptance("tests/models/spec-disagree", 0.0, 0.0);
+    double p = distribution_test(false);
+    CHECK(p > 0.01, "argmax-draft rejection sampling fails chi-square: p = %.4f", p);
+    p = distribution_test(true);
+    CHECK(p > 0.01, "sampled-draft rejection sampling fails chi-square: p = %.4f", p);
+    TEST_MAIN_END("spec");
+#endif
+}
