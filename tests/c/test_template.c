@@ -64,7 +64,7 @@ static void run_chats(const char *path) {
     json_error_t je;
     int line = 0;
     json_t *rec;
-    while ((rec = json_loadf(f, JSON_DISABLE_EOF_CHECK, &je))) {
+    while ((rec = json_loadf(f, JSON_DISABLE_EOF_CHECK | JSON_ALLOW_NUL, &je))) {
         line++;
         const char *name = json_string_value(json_object_get(rec, "template"));
         char tp[700];
@@ -103,7 +103,7 @@ static void run_features(const char *path) {
     json_error_t je;
     int line = 0;
     json_t *rec;
-    while ((rec = json_loadf(f, JSON_DISABLE_EOF_CHECK, &je))) {
+    while ((rec = json_loadf(f, JSON_DISABLE_EOF_CHECK | JSON_ALLOW_NUL, &je))) {
         line++;
         json_t *src = json_object_get(rec, "source");
         td_err err = {0};
