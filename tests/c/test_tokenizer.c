@@ -357,6 +357,108 @@ static void unit_checks(const tokenizer *t) {
     tok_encoder_free(e);
 }
 
+
+/* The CLI, when the binary is built (src/cli/main.c dispatches to
+ * src/cli/tok_cmds.c): tokenize / detokenize on a sample of the golden
+ * vectors, template on one conversation per real template. */
+static char *run_cmd(const char *cmd, const char *in, size_t inlen, size_t *outlen) {
+    char tin[] = "/tmp/tandem_cli_in_XXXXXX";
+    int fd = mkstemp(tin);
+    if (fd < 0) return NULL;
+    if (write(fd, in, inlen) != (ssize_t)inlen) { close(fd); return NULL; }
+    close(fd);
+    char full[2048];
+    snprintf(full, sizeof full, "%s < %s", cmd, tin);
+    FILE *p = popen(full, "r");
+    char *out = malloc(1 << 20);
+    size_t n = p ? fread(out, 1, (1 << 20) - 1, p) : 0;
+    int rc = p ? pclose(p) : -1;
+    unlink(tin);
+    out[n] = 0;
+    *outlen = n;
+    if (rc != 0) { free(out); return NULL; }
+    return out;
+}
+
+static void cli_checks(void) {
+    const char *b = getenv("BUILD");
+    char bin[512];
+    snprintf(bin, sizeof bin, "%s/tandem", b ? b : "build");
+    if (access(bin, X_OK) != 0) {
+        printf("test_tokenizer: %s not built, CLI checks skipped\n", bin);
+        return;
+    }
+    FILE *f = fopen("tests/golden/tokenizer/qwen3.jsonl", "r");
+    if (!f) return;
+    json_error_t je;
+    json_t *rec;
+    int line = 0;
+    char cmd[8192], buf[4096];
+    while ((rec = json_loadf(f, JSON_DISABLE_EOF_CHECK | JSON_ALLOW_NUL, &je))) {
+        line++;
+        json_t *tx = json_object_get(rec, "text");
+        const char *hx = json_string_value(json_object_get(rec, "hex"));
+        /* each call loads the 11 MB tokenizer: a handful of vectors only */
+        if ((line % 80 == 1 && tx) || (hx && line % 5 == 0)) {
+            size_t tl = tx ? json_string_length(tx) : unhex(hx, buf);
+            if (tx) memcpy(buf, json_string_value(tx), tl < sizeof buf ? tl : 0);
+            snprintf(cmd, sizeof cmd, "%s tokenize -m %s", bin, g_dir);
+            size_t ol;
+            char *out = tl < sizeof buf ? run_cmd(cmd, buf, tl, &ol) : NULL;
+            json_t *got = out ? json_loads(out, 0, &je) : NULL;
+            CHECK(got && json_equal(got, json_object_get(rec, "ids")), "tandem tokenize, qwen3.jsonl:%d", line);
+            char *ids = json_dumps(json_object_get(rec, "ids"), JSON_COMPACT);
+            snprintf(cmd, sizeof cmd, "%s detokenize -m %s", bin, g_dir);
+            char *text = run_cmd(cmd, ids, strlen(ids), &ol);
+            json_t *dec = json_object_get(rec, "decoded");
+            CHECK(text && ol == json_string_length(dec) && !memcmp(text, json_string_value(dec), ol),
+                  "tandem detokenize, qwen3.jsonl:%d", line);
+            free(ids); free(text); free(out);
+            json_decref(got);
+        }
+        json_decref(rec);
+    }
+    fclose(f);
+    /* template: the first rendered chat of each template, via a model dir
+     * holding tokenizer_config.json and that template as chat_template.jinja */
+    f = fopen("tests/golden/templates/chats.jsonl", "r");
+    if (!f) return;
+    char done[3][32] = {{0}};
+    int nd = 0;
+    while ((rec = json_loadf(f, JSON_DISABLE_EOF_CHECK | JSON_ALLOW_NUL, &je)) && nd < 3) {
+        const char *name = json_string_value(json_object_get(rec, "template"));
+        json_t *kw = json_object_get(rec, "kwargs");
+        bool seen = false;
+        for (int i = 0; i < nd; i++) seen |= !strcmp(done[i], name);
+        if (seen || json_is_true(json_object_get(rec, "error")) || !json_object_get(rec, "tools") ||
+            json_is_null(json_object_get(rec, "tools"))) { json_decref(rec); continue; }
+        char dir[] = "/tmp/tandem_cli_dir_XXXXXX";
+        if (!mkdtemp(dir)) { json_decref(rec); break; }
+        snprintf(cmd, sizeof cmd, "cp %s/tokenizer_config.json %s/ && cp %s/../chat-templates/%s.jinja %s/chat_template.jinja",
+                 g_dir, dir, g_dir, name, dir);
+        CHECK(system(cmd) == 0, "copy template");
+        char mpath[600], tpath[600];
+        snprintf(mpath, sizeof mpath, "%s/m.json", dir);
+        snprintf(tpath, sizeof tpath, "%s/t.json", dir);
+        json_dump_file(json_object_get(rec, "messages"), mpath, 0);
+        json_dump_file(json_object_get(rec, "tools"), tpath, 0);
+        char *kws = json_dumps(kw, JSON_COMPACT);
+        snprintf(cmd, sizeof cmd, "%s template -m %s --messages %s --tools %s %s --kwargs '%s'", bin, dir, mpath, tpath,
+                 json_is_true(json_object_get(rec, "add_generation_prompt")) ? "" : "--no-generation-prompt", kws);
+        size_t ol;
+        char *out = run_cmd(cmd, "", 0, &ol);
+        json_t *exp = json_object_get(rec, "expected");
+        CHECK(out && ol == json_string_length(exp) && !memcmp(out, json_string_value(exp), ol), "tandem template (%s)", name);
+        free(out);
+        free(kws);
+        snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+        if (system(cmd) != 0) fprintf(stderr, "cannot remove %s\n", dir);
+        snprintf(done[nd++], sizeof done[0], "%s", name);
+        json_decref(rec);
+    }
+    fclose(f);
+}
+
 int main(void) {
     const char *sh = getenv("TANDEM_SHARED");
     snprintf(g_dir, sizeof g_dir, "%s/data/qwen3-tokenizer", sh ? sh : "../shared");
@@ -376,6 +478,7 @@ int main(void) {
     tok_free(t);
     qwen35_regex(&nv);
     small_tokenizers();
+    cli_checks();
     printf("test_tokenizer: %d golden vectors\n", nv);
     CHECK(nv >= 600, "too few vectors: %d", nv);
     TEST_MAIN_END("test_tokenizer");
