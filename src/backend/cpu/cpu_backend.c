@@ -39,6 +39,10 @@ static void matmul_task(void *ctx, int task) {
 static void cpu_matmul(td_backend *b, const td_tensor *W, const float *x, int M, float *y) {
     matmul_job j = {.W = W, .x = x, .y = y, .M = M, .N = W->shape[0], .K = W->shape[1]};
     int tasks = (int)((j.N + ROWS_PER_TASK - 1) / ROWS_PER_TASK);
+    if ((double)M * (double)j.N * (double)j.K < 32768.0) { /* too small to share */
+        for (int t = 0; t < tasks; t++) matmul_task(&j, t);
+        return;
+    }
     td_pool_for(b->impl, tasks, matmul_task, &j);
 }
 

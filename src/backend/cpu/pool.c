@@ -1,18 +1,25 @@
 #include "backend/cpu/pool.h"
 #include <pthread.h>
+#include <sched.h>
 #include <stdatomic.h>
 #include <stdbool.h>
 #include <stdlib.h>
 #include "util/err.h"
 
+/* Workers spin briefly on the job counter before sleeping: a decode step
+ * issues hundreds of small parallel loops, and a futex wake per loop costs
+ * more than the loop itself on small models. */
+#define SPIN_ITERS 20000
+
 struct td_pool {
     int n_threads;            /* including the caller */
     pthread_t *threads;
     pthread_mutex_t mu;
-    pthread_cond_t cv_work, cv_done;
-    unsigned long generation; /* bumped per job */
-    int pending;              /* workers still busy on this job */
-    bool quit;
+    pthread_cond_t cv;
+    atomic_uint generation;   /* bumped per job */
+    atomic_int pending;       /* workers still busy on this job */
+    atomic_int sleepers;
+    atomic_bool quit;
     /* current job */
     void (*fn)(void *, int);
     void *ctx;
@@ -20,9 +27,15 @@ struct td_pool {
     int n;
 };
 
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
 static void run_job(td_pool *p) {
-    /* Dynamic chunks of 1 index: each index is computed identically
-     * regardless of which thread runs it. */
+    /* Chunks of one index, taken dynamically: each index is computed
+     * identically regardless of which thread runs it. */
     for (;;) {
         int i = atomic_fetch_add(&p->next, 1);
         if (i >= p->n) break;
@@ -32,18 +45,25 @@ static void run_job(td_pool *p) {
 
 static void *worker(void *arg) {
     td_pool *p = arg;
-    unsigned long seen = 0;
-    pthread_mutex_lock(&p->mu);
+    unsigned seen = 0; /* generation at creation: a job posted before this thread runs is still seen */
     for (;;) {
-        while (!p->quit && p->generation == seen) pthread_cond_wait(&p->cv_work, &p->mu);
-        if (p->quit) break;
-        seen = p->generation;
-        pthread_mutex_unlock(&p->mu);
+        int spins = 0;
+        while (atomic_load(&p->generation) == seen && !atomic_load(&p->quit) && spins < SPIN_ITERS) {
+            cpu_relax();
+            spins++;
+        }
+        if (atomic_load(&p->generation) == seen && !atomic_load(&p->quit)) {
+            pthread_mutex_lock(&p->mu);
+            atomic_fetch_add(&p->sleepers, 1);
+            while (atomic_load(&p->generation) == seen && !atomic_load(&p->quit)) pthread_cond_wait(&p->cv, &p->mu);
+            atomic_fetch_sub(&p->sleepers, 1);
+            pthread_mutex_unlock(&p->mu);
+        }
+        if (atomic_load(&p->quit)) break;
+        seen = atomic_load(&p->generation);
         run_job(p);
-        pthread_mutex_lock(&p->mu);
-        if (--p->pending == 0) pthread_cond_signal(&p->cv_done);
+        atomic_fetch_sub(&p->pending, 1);
     }
-    pthread_mutex_unlock(&p->mu);
     return NULL;
 }
 
@@ -54,8 +74,7 @@ int td_pool_create(int n_threads, td_pool **out, td_err *err) {
     if (!p) return TD_ERR_NOMEM;
     p->n_threads = n_threads;
     pthread_mutex_init(&p->mu, NULL);
-    pthread_cond_init(&p->cv_work, NULL);
-    pthread_cond_init(&p->cv_done, NULL);
+    pthread_cond_init(&p->cv, NULL);
     p->threads = TD_CALLOC(err, (size_t)n_threads, sizeof *p->threads);
     if (!p->threads) { free(p); return TD_ERR_NOMEM; }
     for (int i = 1; i < n_threads; i++) {
@@ -72,13 +91,12 @@ int td_pool_create(int n_threads, td_pool **out, td_err *err) {
 void td_pool_free(td_pool *p) {
     if (!p) return;
     pthread_mutex_lock(&p->mu);
-    p->quit = true;
-    pthread_cond_broadcast(&p->cv_work);
+    atomic_store(&p->quit, true);
+    pthread_cond_broadcast(&p->cv);
     pthread_mutex_unlock(&p->mu);
     for (int i = 1; i < p->n_threads; i++) pthread_join(p->threads[i], NULL);
     pthread_mutex_destroy(&p->mu);
-    pthread_cond_destroy(&p->cv_work);
-    pthread_cond_destroy(&p->cv_done);
+    pthread_cond_destroy(&p->cv);
     free(p->threads);
     free(p);
 }
@@ -91,17 +109,21 @@ void td_pool_for(td_pool *p, int n, void (*fn)(void *ctx, int i), void *ctx) {
         for (int i = 0; i < n; i++) fn(ctx, i);
         return;
     }
-    pthread_mutex_lock(&p->mu);
     p->fn = fn;
     p->ctx = ctx;
     p->n = n;
     atomic_store(&p->next, 0);
-    p->pending = p->n_threads - 1;
-    p->generation++;
-    pthread_cond_broadcast(&p->cv_work);
-    pthread_mutex_unlock(&p->mu);
+    atomic_store(&p->pending, p->n_threads - 1);
+    atomic_fetch_add(&p->generation, 1);
+    if (atomic_load(&p->sleepers) > 0) {
+        pthread_mutex_lock(&p->mu);
+        pthread_cond_broadcast(&p->cv);
+        pthread_mutex_unlock(&p->mu);
+    }
     run_job(p);
-    pthread_mutex_lock(&p->mu);
-    while (p->pending > 0) pthread_cond_wait(&p->cv_done, &p->mu);
-    pthread_mutex_unlock(&p->mu);
+    int spins = 0;
+    while (atomic_load(&p->pending) > 0) {
+        if (++spins < SPIN_ITERS) cpu_relax();
+        else sched_yield();
+    }
 }

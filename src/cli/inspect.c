@@ -1,0 +1,46 @@
+/* `tandem inspect`: what a model directory holds, by part. */
+#include <stdio.h>
+#include <string.h>
+#include "cli/cli.h"
+#include "cli/opts.h"
+#include "model/model.h"
+
+static void row(const char *part, int64_t params, size_t bytes) {
+    printf("| %-22s | %14lld | %10.2f MiB |\n", part, (long long)params, (double)bytes / (1024.0 * 1024.0));
+}
+
+int cmd_inspect(int argc, char **argv) {
+    const char *dir = TD_DEFAULT_MODEL;
+    for (int i = 1; i < argc; i++) {
+        if ((!strcmp(argv[i], "-m") || !strcmp(argv[i], "--model")) && i + 1 < argc) dir = argv[++i];
+        else { fprintf(stderr, "usage: tandem inspect -m DIR\n"); return 2; }
+    }
+    td_err err = {0};
+    td_model *m;
+    if (td_model_load(dir, &m, &err)) { fprintf(stderr, "tandem: %s\n", err.msg); return 1; }
+    const td_config *c = &m->cfg;
+    printf("model: %s (%s), %d layers (%d full attention, %d Gated DeltaNet), hidden %d, vocab %d, MTP layers %d%s\n", dir,
+           c->model_type, c->n_layers, c->n_full_attn, c->n_layers - c->n_full_attn, c->hidden_size, c->vocab_size,
+           m->has_mtp ? c->mtp_layers : 0, c->tie_word_embeddings ? ", tied embeddings" : "");
+    printf("\n| part                   |     parameters |        bytes |\n|---|---|---|\n");
+    row("embeddings", m->n_params_embed, m->bytes_embed);
+    row("layers + final norm", m->n_params_main, m->bytes_main);
+    row("lm_head", m->n_params_head, m->bytes_head);
+    row("MTP head", m->n_params_mtp, m->bytes_mtp);
+    row("total", m->n_params_embed + m->n_params_main + m->n_params_head + m->n_params_mtp,
+        m->bytes_embed + m->bytes_main + m->bytes_head + m->bytes_mtp);
+    /* dtypes present in the files */
+    int counts[TD_DTYPE_COUNT + 1] = {0};
+    size_t bytes[TD_DTYPE_COUNT + 1] = {0};
+    for (int i = 0; i < m->weights->n_entries; i++) {
+        const td_st_entry *e = &m->weights->entries[i];
+        counts[e->dtype]++;
+        bytes[e->dtype] += e->nbytes;
+    }
+    printf("\n| dtype | tensors | bytes |\n|---|---|---|\n");
+    for (int t = 0; t <= TD_DTYPE_COUNT; t++)
+        if (counts[t]) printf("| %s | %d | %.2f MiB |\n", t == TD_DTYPE_COUNT ? "other" : td_dtype_name((td_dtype)t), counts[t], (double)bytes[t] / (1024.0 * 1024.0));
+    printf("\nfiles: %d safetensors, %d tensors\n", m->weights->n_files, m->weights->n_entries);
+    td_model_free(m);
+    return 0;
+}

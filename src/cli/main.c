@@ -1,0 +1,28 @@
+/* tandem: one binary, sub-commands. */
+#include <stdio.h>
+#include <string.h>
+#include "cli/cli.h"
+
+static const struct { const char *name; int (*fn)(int, char **); const char *help; } commands[] = {
+    {"run", cmd_run, "generate from a prompt, streaming the text"},
+    {"inspect", cmd_inspect, "parameter counts, dtypes and bytes of a model"},
+    {"tokenize", cmd_tokenize, "text on stdin -> JSON ids"},
+    {"detokenize", cmd_detokenize, "JSON ids on stdin -> text"},
+    {"template", cmd_template, "render the chat template"},
+};
+
+static int usage(FILE *f) {
+    fprintf(f, "usage: tandem COMMAND [options]\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) fprintf(f, "  %-11s %s\n", commands[i].name, commands[i].help);
+    fprintf(f, "\n`tandem COMMAND --help` for its options.\n");
+    return f == stderr ? 2 : 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) return usage(stderr);
+    if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) return usage(stdout);
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (!strcmp(argv[1], commands[i].name)) return commands[i].fn(argc - 1, argv + 1);
+    fprintf(stderr, "tandem: unknown command \"%s\"\n", argv[1]);
+    return usage(stderr);
+}

@@ -1,0 +1,95 @@
+#include "cli/opts.h"
+#include <errno.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+void common_opts_init(common_opts *o) {
+    memset(o, 0, sizeof *o);
+    o->model = TD_DEFAULT_MODEL;
+    td_sampling_default(&o->sampling);
+}
+
+long parse_size_suffix(const char *s) {
+    char *end;
+    errno = 0;
+    double v = strtod(s, &end);
+    if (errno || end == s || v < 0) return -1;
+    if (*end == 'k' || *end == 'K') v *= 1024, end++;
+    else if (*end == 'm' || *end == 'M') v *= 1024 * 1024, end++;
+    if (*end || v > 1e12) return -1;
+    return (long)v;
+}
+
+static int bad(const char *opt, const char *val) {
+    fprintf(stderr, "tandem: invalid value \"%s\" for %s\n", val ? val : "", opt);
+    return -1;
+}
+
+static int num(const char *opt, const char *val, double lo, double hi, double *out) {
+    char *end;
+    if (!val) return bad(opt, val);
+    double v = strtod(val, &end);
+    if (end == val || *end || !(v >= lo && v <= hi)) return bad(opt, val);
+    *out = v;
+    return 0;
+}
+
+/* vLLM's --speculative-config '{"method":"mtp","num_speculative_tokens":N}' */
+static int speculative_config(common_opts *o, const char *val) {
+    json_error_t je;
+    json_t *j = json_loads(val ? val : "", 0, &je);
+    if (!json_is_object(j)) { json_decref(j); return bad("--speculative-config", val); }
+    const char *method = json_string_value(json_object_get(j, "method"));
+    json_t *n = json_object_get(j, "num_speculative_tokens");
+    int rc = 0;
+    if (method && strcmp(method, "mtp") != 0 && strcmp(method, "qwen3_next_mtp") != 0) {
+        fprintf(stderr, "tandem: --speculative-config method \"%s\" is not supported (only \"mtp\")\n", method);
+        rc = -1;
+    } else if (!json_is_integer(n) || json_integer_value(n) < 0 || json_integer_value(n) > TD_MAX_SPEC_DEPTH) {
+        rc = bad("--speculative-config num_speculative_tokens", val);
+    } else {
+        o->spec_depth = (int)json_integer_value(n);
+    }
+    json_decref(j);
+    return rc;
+}
+
+int common_opts_parse(common_opts *o, int argc, char **argv, int *i) {
+    const char *a = argv[*i], *val = *i + 1 < argc ? argv[*i + 1] : NULL;
+    double v;
+#define TAKE() (*i)++
+    if (!strcmp(a, "-m") || !strcmp(a, "--model")) { if (!val) return bad(a, val); o->model = val; TAKE(); return 1; }
+    if (!strcmp(a, "-t") || !strcmp(a, "--threads")) { if (num(a, val, 0, 1024, &v)) return -1; o->threads = (int)v; TAKE(); return 1; }
+    if (!strcmp(a, "--max-model-len") || !strcmp(a, "-c")) {
+        long n = val ? parse_size_suffix(val) : -1;
+        if (n < 1 || n > (1 << 24)) return bad(a, val);
+        o->max_model_len = (int)n; TAKE(); return 1;
+    }
+    if (!strcmp(a, "--spec-depth")) { if (num(a, val, 0, TD_MAX_SPEC_DEPTH, &v) || v != (int)v) return bad(a, val); o->spec_depth = (int)v; TAKE(); return 1; }
+    if (!strcmp(a, "--speculative-config")) { if (speculative_config(o, val)) return -1; TAKE(); return 1; }
+    if (!strcmp(a, "--draft-sampling")) { o->draft_sampling = true; return 1; }
+    td_sampling *s = &o->sampling;
+    if (!strcmp(a, "--temperature") || !strcmp(a, "--temp")) { if (num(a, val, 0, 100, &v)) return -1; s->temperature = (float)v; TAKE(); return 1; }
+    if (!strcmp(a, "--top-k")) { if (num(a, val, 0, 1e9, &v)) return -1; s->top_k = (int)v; TAKE(); return 1; }
+    if (!strcmp(a, "--top-p")) { if (num(a, val, 1e-9, 1, &v)) return -1; s->top_p = (float)v; TAKE(); return 1; }
+    if (!strcmp(a, "--min-p")) { if (num(a, val, 0, 1, &v)) return -1; s->min_p = (float)v; TAKE(); return 1; }
+    if (!strcmp(a, "--repetition-penalty")) { if (num(a, val, 1e-3, 100, &v)) return -1; s->repetition_penalty = (float)v; TAKE(); return 1; }
+    if (!strcmp(a, "--presence-penalty")) { if (num(a, val, -2, 2, &v)) return -1; s->presence_penalty = (float)v; TAKE(); return 1; }
+    if (!strcmp(a, "--frequency-penalty")) { if (num(a, val, -2, 2, &v)) return -1; s->frequency_penalty = (float)v; TAKE(); return 1; }
+    if (!strcmp(a, "--seed")) { if (num(a, val, 0, 1.8e19, &v)) return -1; s->seed = (uint64_t)v; TAKE(); return 1; }
+#undef TAKE
+    return 0;
+}
+
+const char *common_opts_help(void) {
+    return "  -m, --model DIR           Hugging Face model directory (default " TD_DEFAULT_MODEL ")\n"
+           "  -t, --threads N           CPU threads (default: all cores)\n"
+           "  -c, --max-model-len N     context window, k/M suffixes allowed\n"
+           "  --spec-depth N            MTP draft tokens per step (0 = off, up to 16)\n"
+           "  --speculative-config JSON vLLM form: '{\"method\":\"mtp\",\"num_speculative_tokens\":N}'\n"
+           "  --draft-sampling          sample drafts (keep q) instead of argmax drafts\n"
+           "  --temperature T  --top-k K  --top-p P  --min-p P\n"
+           "  --repetition-penalty R  --presence-penalty P  --frequency-penalty F  --seed S\n";
+}

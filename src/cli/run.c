@@ -1,0 +1,136 @@
+/* `tandem run`: generate from a prompt, stream the text, report speed. */
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "cli/cli.h"
+#include "cli/opts.h"
+#include "template/template.h"
+#include "tokenizer/tokenizer.h"
+
+typedef struct {
+    tok_stream ts;
+    td_err err;
+} stream_ctx;
+
+static int on_token(void *u, int32_t t) {
+    stream_ctx *c = u;
+    const char *text;
+    size_t len;
+    if (tok_stream_push(&c->ts, t, &text, &len, &c->err) == 0 && len) {
+        fwrite(text, 1, len, stdout);
+        fflush(stdout);
+    }
+    return 0;
+}
+
+static void print_stats(const td_gen_result *r, int depth) {
+    const td_spec_counters *s = &r->spec;
+    fprintf(stderr, "\nspeculative decoding (depth %d): drafts %llu, draft tokens %llu, accepted %llu", depth,
+            (unsigned long long)s->drafts, (unsigned long long)s->draft_tokens, (unsigned long long)s->accepted_tokens);
+    if (!s->drafts) { fprintf(stderr, "\n"); return; }
+    fprintf(stderr, " (%.1f%%), mean acceptance length %.2f\n", 100.0 * (double)s->accepted_tokens / (double)s->draft_tokens,
+            1.0 + (double)s->accepted_tokens / (double)s->drafts);
+    fprintf(stderr, "| position | accepted | rate |\n|---|---|---|\n");
+    for (int i = 0; i < depth && i < TD_MAX_SPEC_DEPTH; i++)
+        fprintf(stderr, "| %d | %llu | %.1f%% |\n", i + 1, (unsigned long long)s->accepted_per_pos[i],
+                100.0 * (double)s->accepted_per_pos[i] / (double)s->drafts);
+}
+
+/* Renders a one-message chat with the model's template. */
+static char *chat_prompt(const char *dir, const char *user, bool thinking) {
+    td_err err = {0};
+    tok_chat_config cc;
+    if (tok_chat_config_load(dir, &cc, &err)) { fprintf(stderr, "tandem: %s\n", err.msg); return NULL; }
+    char *out = NULL;
+    size_t len;
+    tpl *t = NULL;
+    if (!cc.chat_template) {
+        fprintf(stderr, "tandem: %s has no chat template\n", dir);
+    } else if (tpl_parse(cc.chat_template, strlen(cc.chat_template), &t, &err) == 0) {
+        json_t *msgs = json_pack("[{s:s, s:s}]", "role", "user", "content", user);
+        json_t *kw = json_pack("{s:b}", "enable_thinking", thinking);
+        tpl_chat_args a = {.messages = msgs, .kwargs = kw, .add_generation_prompt = true, .bos_token = cc.bos, .eos_token = cc.eos,
+                           .pad_token = cc.pad, .unk_token = cc.unk};
+        if (tpl_apply_chat(t, &a, &out, &len, &err)) { fprintf(stderr, "tandem: template: %s\n", err.msg); out = NULL; }
+        json_decref(msgs);
+        json_decref(kw);
+        tpl_free(t);
+    } else {
+        fprintf(stderr, "tandem: template: %s\n", err.msg);
+    }
+    tok_chat_config_free(&cc);
+    return out;
+}
+
+int cmd_run(int argc, char **argv) {
+    common_opts o;
+    common_opts_init(&o);
+    const char *prompt = NULL;
+    bool chat = false, stats = false, thinking = false, ignore_eos = false;
+    int n_predict = 128;
+    for (int i = 1; i < argc; i++) {
+        int r = common_opts_parse(&o, argc, argv, &i);
+        if (r < 0) return 2;
+        if (r) continue;
+        if ((!strcmp(argv[i], "-p") || !strcmp(argv[i], "--prompt")) && i + 1 < argc) prompt = argv[++i];
+        else if ((!strcmp(argv[i], "-n") || !strcmp(argv[i], "--max-tokens")) && i + 1 < argc) n_predict = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--chat")) chat = true;
+        else if (!strcmp(argv[i], "--think")) thinking = true;
+        else if (!strcmp(argv[i], "--stats")) stats = true;
+        else if (!strcmp(argv[i], "--ignore-eos")) ignore_eos = true;
+        else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            printf("usage: tandem run [-m DIR] -p TEXT [--chat] [--think] [-n N] [--stats] [--ignore-eos] [options]\n%s", common_opts_help());
+            return 0;
+        } else {
+            fprintf(stderr, "tandem run: unknown option %s (see --help)\n", argv[i]);
+            return 2;
+        }
+    }
+    if (!prompt) { fprintf(stderr, "tandem run: -p TEXT is required\n"); return 2; }
+    if (n_predict <= 0) { fprintf(stderr, "tandem run: -n must be positive\n"); return 2; }
+    td_err err = {0};
+    tokenizer *tok = NULL;
+    if (tok_load(o.model, &tok, &err)) { fprintf(stderr, "tandem: %s\n", err.msg); return 1; }
+    td_engine_opts eo = {.n_threads = o.threads, .max_context = o.max_model_len, .spec_depth = o.spec_depth};
+    td_engine *eng = NULL;
+    if (td_engine_load(o.model, &eo, &eng, &err)) { fprintf(stderr, "tandem: %s\n", err.msg); tok_free(tok); return 1; }
+    int rc = 1;
+    char *text = chat ? chat_prompt(o.model, prompt, thinking) : strdup(prompt);
+    int32_t *ids = NULL;
+    size_t n_ids = 0;
+    td_session *s = NULL;
+    if (!text) goto out;
+    if (tok_encode(tok, text, strlen(text), !chat, &ids, &n_ids, &err)) { fprintf(stderr, "tandem: %s\n", err.msg); goto out; }
+    if (td_session_new(eng, &s, &err)) { fprintf(stderr, "tandem: %s\n", err.msg); goto out; }
+    int32_t stop[2];
+    int n_stop = 0;
+    if (tok_eos_id(tok) >= 0) stop[n_stop++] = tok_eos_id(tok);
+    td_gen_opts go = {.max_tokens = n_predict, .spec_depth = o.spec_depth, .draft_sampling = o.draft_sampling,
+                      .ignore_eos = ignore_eos, .stop_ids = ignore_eos ? NULL : stop, .n_stop = ignore_eos ? 0 : n_stop};
+    stream_ctx sc = {0};
+    tok_stream_init(&sc.ts, tok, true);
+    td_gen_result res;
+    if (td_session_generate(s, ids, (int)n_ids, &o.sampling, &go, on_token, &sc, &res, &err)) {
+        fprintf(stderr, "\ntandem: %s\n", err.msg);
+    } else {
+        const char *tail;
+        size_t tl;
+        if (tok_stream_flush(&sc.ts, &tail, &tl, &err) == 0 && tl) fwrite(tail, 1, tl, stdout);
+        printf("\n");
+        fflush(stdout);
+        fprintf(stderr, "prompt: %d tokens, %.1f tokens/s; generation: %d tokens, %.1f tokens/s\n", res.n_prompt,
+                res.prefill_seconds > 0 ? (res.n_prompt - res.n_reused) / res.prefill_seconds : 0.0, res.n_generated,
+                res.decode_seconds > 0 ? res.n_generated / res.decode_seconds : 0.0);
+        if (stats) print_stats(&res, o.spec_depth);
+        rc = 0;
+    }
+    tok_stream_free(&sc.ts);
+out:
+    free(ids);
+    free(text);
+    td_session_free(s);
+    td_engine_free(eng);
+    tok_free(tok);
+    return rc;
+}
