@@ -147,12 +147,21 @@ static int parse_header(td_st_file *f, int file_idx, td_st_entry **entries, int 
         n_spans++;
     }
     if (rc == TD_OK) {
+        /* Sorted by begin, each non-empty span must start at or after the
+         * furthest end so far (not only the previous span's: a 0-byte tensor
+         * in between must not hide an overlap). */
         qsort(spans, n_spans, sizeof *spans, cmp_span);
-        for (size_t i = 1; i < n_spans; i++)
-            if (spans[i].begin < spans[i - 1].end && spans[i].end > spans[i].begin) {
-                rc = TD_FAIL(err, TD_ERR_FORMAT, "%s: tensors %s and %s overlap", path, spans[i - 1].name, spans[i].name);
+        size_t max_end = 0;
+        const char *max_name = NULL;
+        for (size_t i = 0; i < n_spans; i++) {
+            if (spans[i].end == spans[i].begin) continue;
+            if (max_name && spans[i].begin < max_end) {
+                rc = TD_FAIL(err, TD_ERR_FORMAT, "%s: tensors %s and %s overlap", path, max_name, spans[i].name);
                 break;
             }
+            max_end = spans[i].end;
+            max_name = spans[i].name;
+        }
     }
     free(spans);
 out:
@@ -163,7 +172,7 @@ out:
 int td_weights_open_files(const char *const *paths, int n, td_weights **out, td_err *err) {
     *out = NULL;
     td_weights *w = calloc(1, sizeof *w);
-    if (!w || !(w->files = calloc((size_t)n, sizeof *w->files))) {
+    if (!w || !(w->files = calloc(n > 0 ? (size_t)n : 1, sizeof *w->files))) {
         free(w);
         return TD_FAIL(err, TD_ERR_NOMEM, "out of memory");
     }
@@ -175,7 +184,7 @@ int td_weights_open_files(const char *const *paths, int n, td_weights **out, td_
             rc = parse_header(&w->files[i], i, &w->entries, &w->n_entries, &cap, err);
         }
     }
-    if (rc == TD_OK) {
+    if (rc == TD_OK && w->n_entries > 0) { /* entries is NULL when there are none */
         qsort(w->entries, (size_t)w->n_entries, sizeof *w->entries, cmp_entry);
         for (int i = 1; i < w->n_entries; i++)
             if (strcmp(w->entries[i].name, w->entries[i - 1].name) == 0) {
@@ -272,6 +281,7 @@ void td_weights_free(td_weights *w) {
 }
 
 const td_st_entry *td_weights_find(const td_weights *w, const char *name) {
+    if (w->n_entries == 0) return NULL;
     td_st_entry key;
     key.name = (char *)name;
     return bsearch(&key, w->entries, (size_t)w->n_entries, sizeof key, cmp_entry);

@@ -13,6 +13,8 @@ static int get_int(json_t *o, const char *k, long def, long lo, long hi, int *ou
     json_t *v = json_object_get(o, k);
     if (!v || json_is_null(v)) {
         if (def < 0 && lo >= 0) return TD_FAIL(err, TD_ERR_FORMAT, "%s: missing \"%s\"", path, k);
+        if (def < lo || def > hi) /* a derived default, e.g. head_dim = hidden_size / num_attention_heads */
+            return TD_FAIL(err, TD_ERR_FORMAT, "%s: \"%s\" is missing and its default %ld is outside [%ld, %ld]", path, k, def, lo, hi);
         *out = (int)def;
         return TD_OK;
     }
@@ -101,13 +103,15 @@ static int parse_text_config(json_t *t, json_t *outer, td_config *c, const char 
     json_t *eos = json_object_get(t, "eos_token_id");
     if (!eos && outer) eos = json_object_get(outer, "eos_token_id");
     c->n_eos = 0;
-    if (json_is_integer(eos)) c->eos_token_ids[c->n_eos++] = (int)json_integer_value(eos);
-    else if (json_is_array(eos))
-        for (size_t i = 0; i < json_array_size(eos) && c->n_eos < TD_MAX_EOS; i++)
-            if (json_is_integer(json_array_get(eos, i))) c->eos_token_ids[c->n_eos++] = (int)json_integer_value(json_array_get(eos, i));
-    for (int i = 0; i < c->n_eos; i++)
-        if (c->eos_token_ids[i] < 0 || c->eos_token_ids[i] >= c->vocab_size)
-            return TD_FAIL(err, TD_ERR_FORMAT, "%s: eos_token_id %d outside the vocabulary", path, c->eos_token_ids[i]);
+    size_t n_eos = json_is_integer(eos) ? 1 : json_is_array(eos) ? json_array_size(eos) : 0;
+    for (size_t i = 0; i < n_eos && c->n_eos < TD_MAX_EOS; i++) {
+        json_t *x = json_is_integer(eos) ? eos : json_array_get(eos, i);
+        if (!json_is_integer(x)) continue;
+        json_int_t id = json_integer_value(x); /* range-checked before narrowing */
+        if (id < 0 || id >= c->vocab_size)
+            return TD_FAIL(err, TD_ERR_FORMAT, "%s: eos_token_id %lld outside the vocabulary", path, (long long)id);
+        c->eos_token_ids[c->n_eos++] = (int)id;
+    }
     return TD_OK;
 }
 

@@ -10,6 +10,7 @@ typedef struct {
     td_model *m;
     const char *dir;
     td_err *err;
+    char index_path[4200];
     float **owned;
     int n_owned, cap_owned;
 } loader;
@@ -18,14 +19,25 @@ static const td_st_entry *lookup(loader *L, const char *name) { return td_weight
 
 static const char *file_of(loader *L, const td_st_entry *e) { return L->m->weights->files[e->file].path; }
 
+/* Where a missing tensor was looked for: the one weights file, else the index. */
+static const char *weights_source(loader *L) {
+    const td_weights *w = L->m->weights;
+    return w->n_files == 1 ? w->files[0].path : L->index_path;
+}
+
 static bool is_float_dtype(td_dtype t) { return t == TD_DTYPE_F32 || t == TD_DTYPE_BF16 || t == TD_DTYPE_F16; }
 
 /* Checks presence, dtype and shape of `name`; shape given as ndim then dims. */
 static int get_tensor(loader *L, td_tensor *out, const char *name, int ndim, ...) {
     const td_st_entry *e = lookup(L, name);
-    if (!e) return TD_FAIL(L->err, TD_ERR_FORMAT, "%s: missing tensor %s", L->dir, name);
+    if (!e) return TD_FAIL(L->err, TD_ERR_FORMAT, "%s: missing tensor %s", weights_source(L), name);
     if (!is_float_dtype(e->dtype))
         return TD_FAIL(L->err, TD_ERR_UNSUPPORTED, "%s: tensor %s has dtype %s (supported: F32, BF16, F16)", file_of(L, e), name, e->dtype_str);
+    /* Kernels load elements in place: the data must be aligned to them. */
+    size_t esize = td_dtype_size(e->dtype);
+    if (esize > 1 && (uintptr_t)e->data % esize)
+        return TD_FAIL(L->err, TD_ERR_FORMAT, "%s: tensor %s: data at file offset %zu is not aligned to its %zu-byte elements",
+                       file_of(L, e), name, (size_t)((const char *)e->data - (const char *)L->m->weights->files[e->file].map), esize);
     va_list ap;
     va_start(ap, ndim);
     int64_t want[TD_MAX_DIMS];
@@ -126,6 +138,7 @@ int td_model_load(const char *dir, td_model **out, td_err *err) {
     td_model *m = TD_CALLOC(err, 1, sizeof *m);
     if (!m) return TD_ERR_NOMEM;
     loader L = {.m = m, .dir = dir, .err = err};
+    snprintf(L.index_path, sizeof L.index_path, "%s/model.safetensors.index.json", dir);
     int rc = td_config_load(dir, &m->cfg, err);
     if (!rc) rc = td_weights_open_dir(dir, &m->weights, err);
     if (rc) goto fail;
@@ -134,7 +147,8 @@ int td_model_load(const char *dir, td_model **out, td_err *err) {
     if (has_prefix_tensor(m->weights, "model.language_model.")) snprintf(m->prefix, sizeof m->prefix, "model.language_model.");
     else if (has_prefix_tensor(m->weights, "model.")) snprintf(m->prefix, sizeof m->prefix, "model.");
     else {
-        rc = TD_FAIL(err, TD_ERR_FORMAT, "%s: missing tensor model.language_model.embed_tokens.weight (or model.embed_tokens.weight)", dir);
+        rc = TD_FAIL(err, TD_ERR_FORMAT, "%s: missing tensor model.language_model.embed_tokens.weight (or model.embed_tokens.weight)",
+                     weights_source(&L));
         goto fail;
     }
     char n[512];
@@ -172,7 +186,8 @@ int td_model_load(const char *dir, td_model **out, td_err *err) {
     } else if (c->mtp_layers > 0) {
         for (int i = 0; i < m->weights->n_entries; i++)
             if (strncmp(m->weights->entries[i].name, "mtp.", 4) == 0) {
-                rc = TD_FAIL(err, TD_ERR_FORMAT, "%s: MTP head incomplete: has %s but no mtp.fc.weight", dir, m->weights->entries[i].name);
+                rc = TD_FAIL(err, TD_ERR_FORMAT, "%s: MTP head incomplete: has %s but no mtp.fc.weight", weights_source(&L),
+                             m->weights->entries[i].name);
                 goto fail;
             }
     }

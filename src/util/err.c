@@ -10,6 +10,10 @@ int td_err_set(td_err *e, int code, const char *file, int line, const char *fmt,
         va_start(ap, fmt);
         vsnprintf(e->msg + n, sizeof e->msg - (size_t)n, fmt, ap);
         va_end(ap);
+        /* One line, always: names and values from untrusted files may hold
+         * newlines or other control bytes. */
+        for (char *p = e->msg; *p; p++)
+            if ((unsigned char)*p < 0x20 || *p == 0x7f) *p = '?';
         e->code = code;
     }
     return code;
