@@ -6,4 +6,5 @@ int cmd_inspect(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_detokenize(int argc, char **argv);
 int cmd_template(int argc, char **argv);
+int cmd_plan(int argc, char **argv);
 #endif

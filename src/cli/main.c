@@ -9,6 +9,7 @@ static const struct { const char *name; int (*fn)(int, char **); const char *hel
     {"tokenize", cmd_tokenize, "text on stdin -> JSON ids"},
     {"detokenize", cmd_detokenize, "JSON ids on stdin -> text"},
     {"template", cmd_template, "render the chat template"},
+    {"plan", cmd_plan, "memory plan: weights, KV cache, whether a window and depth fit"},
 };
 
 static int usage(FILE *f) {
