@@ -34,7 +34,16 @@ $(BUILD)/tests/%: tests/c/%.c $(BUILD)/libtandem.a tests/c/check.h
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -Itests/c -o $@ $< $(BUILD)/libtandem.a $(LDLIBS)
 
-tests: $(TEST_BIN)
+# Test-only mutant: gen.c with a deliberately wrong rejection-sampling
+# residual; test_spec_mutant passes only if the chi-square test catches it.
+$(BUILD)/tests/mutant/gen.o: src/spec/gen.c
+	@mkdir -p $(dir $@)
+	$(CC) $(ALL_CFLAGS) -DTD_MUTATE_RESIDUAL -c $< -o $@
+
+$(BUILD)/tests/test_spec_mutant: tests/c/test_spec.c $(BUILD)/tests/mutant/gen.o $(BUILD)/libtandem.a tests/c/check.h
+	$(CC) $(ALL_CFLAGS) -DSPEC_MUTANT -Itests/c -o $@ $< $(BUILD)/tests/mutant/gen.o $(BUILD)/libtandem.a $(LDLIBS)
+
+tests: $(TEST_BIN) $(BUILD)/tests/test_spec_mutant
 
 # Runs every test (C unit + golden, then the Python end-to-end tests when present)
 # and ends with one "N passed, N failed" line.

@@ -1,0 +1,458 @@
+/* Generation with speculative decoding by the model's own MTP head.
+ *
+ * One decode step at depth k, with n tokens held and x the newest token
+ * (sampled and emitted, not yet fed):
+ *   1. draft d1..dk with the MTP head (entry p pairs target h_p with token
+ *      p+1; pending target hidden states are consumed first, then the MTP
+ *      feeds its own h' back for depth > 1);
+ *   2. verify [x, d1..dk] in ONE batched forward of the target, keeping the
+ *      DeltaNet state after every position;
+ *   3. accept (greedy: exact match; sampling: rejection sampling), roll the
+ *      sequence back to the last accepted token (attention KV truncates,
+ *      DeltaNet state restores from its checkpoint) and keep the target's
+ *      hidden states of the accepted positions, so the MTP entries drafted
+ *      from h' are rewritten from the target's states before the next draft.
+ * Kernels are batch-invariant (backend.h): greedy output is bit-identical
+ * to depth 0 whatever else shares the batch. */
+#include "spec/gen.h"
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include "engine/engine.h"
+#include "sample/sampler.h"
+#include "util/err.h"
+
+#define PREFILL_CHUNK 256
+#define MAX_BATCH 256
+
+typedef enum { G_PREFILL, G_DECODE, G_DONE } gen_phase;
+
+typedef struct {
+    float *vlogits;  /* [(k+1) x V] verify logits */
+    float *vhidden;  /* [max(k+1, CHUNK) x H] target hidden rows */
+    float *mhidden;  /* [pend_cap + 1 x H] MTP h' rows */
+    float *qprobs;   /* [k x V] draft distributions (draft sampling) */
+    float *probs;    /* [V] */
+    float *mlogits;  /* [V] */
+} gen_buffers;
+
+struct td_gen {
+    td_session *s;
+    td_engine *e;
+    td_sampler sm;
+    td_gen_opts o;
+    int32_t *stop_ids;
+    td_gen_emit_fn emit;
+    void *user;
+    td_gen_result res;
+    int32_t *prompt;
+    int n_prompt, fed;     /* prompt tokens whose state is held */
+    int depth;
+    bool track;            /* keep MTP entries in step with the target */
+    gen_phase phase;
+    int32_t x;             /* newest token: emitted, not fed */
+    gen_buffers b;
+    double t_begin, t_first;
+    /* this step */
+    int chunk, k, n0;
+    int32_t toks[TD_MAX_SPEC_DEPTH + 1];
+    float *h;              /* MTP hidden fed back */
+};
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int alloc_buffers(td_gen *g, td_err *err) {
+    td_session *s = g->s;
+    const td_config *c = &g->e->model->cfg;
+    int k = g->depth;
+    size_t V = (size_t)c->vocab_size, H = (size_t)c->hidden_size;
+    size_t rows_h = (size_t)(k + 1 > PREFILL_CHUNK ? k + 1 : PREFILL_CHUNK);
+    size_t need = (size_t)(k + 1) * V + rows_h * H + (size_t)(s->pend_cap + 1) * H + (size_t)(k ? k : 1) * V + 2 * V;
+    if (need > s->work_cap) {
+        free(s->work);
+        s->work = malloc(need * sizeof(float));
+        s->work_cap = s->work ? need : 0;
+        if (!s->work) return TD_FAIL(err, TD_ERR_NOMEM, "out of memory for generation buffers");
+    }
+    float *p = s->work;
+    g->b.vlogits = p; p += (size_t)(k + 1) * V;
+    g->b.vhidden = p; p += rows_h * H;
+    g->b.mhidden = p; p += (size_t)(s->pend_cap + 1) * H;
+    g->b.qprobs = p; p += (size_t)(k ? k : 1) * V;
+    g->b.probs = p; p += V;
+    g->b.mlogits = p;
+    return TD_OK;
+}
+
+/* ---- MTP bookkeeping ---------------------------------------------------- */
+
+/* Writes MTP entries for all pending rows but the last (their next token is
+ * held), leaving one pending row. */
+static int mtp_catch_up(td_session *s, int n_past, td_err *err) {
+    td_seq *q = &s->seq;
+    int P = n_past - q->mtp_n, H = s->eng->model->cfg.hidden_size;
+    if (P <= 1) return TD_OK;
+    td_mtp_item it = {.seq = q, .tokens = q->tokens + q->mtp_n + 1, .hidden = s->pend, .pos0 = q->mtp_n, .n = P - 1};
+    int rc = td_mtp_forward(s->eng->fwd, &it, 1, err);
+    if (rc) return rc;
+    memmove(s->pend, s->pend + (size_t)(P - 1) * H, (size_t)H * sizeof(float));
+    return TD_OK;
+}
+
+/* Appends target hidden rows of the newest n positions to pend. */
+static int pend_push(td_session *s, const float *rows, int n, td_err *err) {
+    int H = s->eng->model->cfg.hidden_size;
+    for (int i = 0; i < n; i++) {
+        int pos = s->seq.n_past - n + i;
+        if (pos - s->seq.mtp_n >= s->pend_cap) {
+            int rc = mtp_catch_up(s, pos, err);
+            if (rc) return rc;
+        }
+        memcpy(s->pend + (size_t)(pos - s->seq.mtp_n) * H, rows + (size_t)i * H, (size_t)H * sizeof(float));
+    }
+    return TD_OK;
+}
+
+/* ---- tokens out --------------------------------------------------------- */
+
+static bool is_stop(const td_gen *g, int32_t t) {
+    const td_config *c = &g->e->model->cfg;
+    if (!g->o.ignore_eos)
+        for (int i = 0; i < c->n_eos; i++)
+            if (t == c->eos_token_ids[i]) return true;
+    for (int i = 0; i < g->o.n_stop; i++)
+        if (t == g->stop_ids[i]) return true;
+    return false;
+}
+
+static void finish(td_gen *g, td_finish f) {
+    g->res.finish = f;
+    g->phase = G_DONE;
+}
+
+/* Emits one token (already recorded in the sampler); false when generation ends. */
+static bool emit(td_gen *g, int32_t t, const float *row) {
+    if (g->res.n_generated == 0) g->t_first = now_s();
+    g->res.n_generated++;
+    int r = g->emit ? g->emit(g->user, t, row) : 0;
+    if (r) finish(g, r == 1 ? TD_FINISH_STOP : TD_FINISH_CANCEL);
+    else if (is_stop(g, t)) finish(g, TD_FINISH_STOP);
+    else if (g->res.n_generated >= g->o.max_tokens) finish(g, TD_FINISH_LENGTH);
+    return g->phase != G_DONE;
+}
+
+/* Samples and emits the next token from a target logits row. */
+static void next_token(td_gen *g, const float *row) {
+    g->x = td_sampler_sample(&g->sm, row);
+    td_sampler_accept(&g->sm, g->x);
+    emit(g, g->x, row);
+}
+
+/* Draws from the residual normalize(max(0, p - q)); q == NULL means one-hot at d. */
+static int32_t sample_residual(td_sampler *sm, float *p, const float *q, int32_t d, int V) {
+    double sum = 0;
+    for (int i = 0; i < V; i++) {
+#ifdef TD_MUTATE_RESIDUAL /* test-only build: a deliberately wrong residual */
+        float r = p[i];
+        (void)q;
+#else
+        float r = q ? p[i] - q[i] : (i == d ? 0.0f : p[i]);
+#endif
+        p[i] = r > 0 ? r : 0.0f;
+        sum += p[i];
+    }
+    if (sum <= 0) return d; /* p == q: rejection had probability 0 */
+    for (int i = 0; i < V; i++) p[i] = (float)(p[i] / sum);
+    return td_sample_from(sm, p);
+}
+
+static void choose_draft(td_gen *g, int j) {
+    int V = g->e->model->cfg.vocab_size;
+    const float *lg = g->b.mlogits;
+    if (g->o.draft_sampling && !td_sampler_is_greedy(&g->sm)) {
+        float *qp = g->b.qprobs + (size_t)j * V;
+        td_sampler_probs(&g->sm, lg, qp);
+        g->toks[1 + j] = td_sample_from(&g->sm, qp);
+    } else {
+        int32_t best = 0;
+        for (int i = 1; i < V; i++) if (lg[i] > lg[best]) best = i;
+        g->toks[1 + j] = best;
+    }
+}
+
+/* Accepts drafts after the verify forward, rolls back, emits. */
+static int accept_verified(td_gen *g, td_err *err) {
+    td_seq *q = &g->s->seq;
+    int V = g->e->model->cfg.vocab_size, H = g->e->model->cfg.hidden_size, k = g->k;
+    int a = 0;
+    int32_t next = -1;
+    for (; a < k; a++) {
+        const float *row = g->b.vlogits + (size_t)a * V;
+        int32_t d = g->toks[1 + a];
+        if (td_sampler_is_greedy(&g->sm)) {
+            int32_t t = td_sampler_greedy(&g->sm, row);
+            if (t != d) { next = t; break; }
+        } else {
+            td_sampler_probs(&g->sm, row, g->b.probs);
+            const float *qrow = g->o.draft_sampling ? g->b.qprobs + (size_t)a * V : NULL;
+            float qd = qrow ? qrow[d] : 1.0f;
+            double u = td_rng_uniform(&g->sm.rng);
+            if (!(qd > 0 && u < (double)g->b.probs[d] / qd)) { next = sample_residual(&g->sm, g->b.probs, qrow, d, V); break; }
+        }
+        td_sampler_accept(&g->sm, d);
+    }
+    if (next < 0) next = td_sampler_sample(&g->sm, g->b.vlogits + (size_t)k * V); /* bonus token */
+    td_spec_counters *sc = &g->res.spec;
+    sc->drafts++;
+    sc->draft_tokens += (uint64_t)k;
+    sc->accepted_tokens += (uint64_t)a;
+    for (int i = 0; i < a; i++) sc->accepted_per_pos[i]++;
+    int emitted = 0;
+    bool going = true;
+    while (emitted < a && going) {
+        going = emit(g, g->toks[1 + emitted], g->b.vlogits + (size_t)emitted * V);
+        emitted++;
+    }
+    /* hold x and the accepted drafts, except a final token that ended generation */
+    int keep = going ? g->n0 + 1 + a : g->n0 + emitted;
+    int rc = td_seq_truncate(q, keep, err);
+    if (rc) return rc;
+    q->mtp_n = g->n0; /* entries >= n0 were drafted from h': rewrite from target states */
+    memcpy(g->s->pend, g->b.vhidden, (size_t)(keep - g->n0) * H * sizeof(float));
+    if (going) {
+        g->x = next;
+        td_sampler_accept(&g->sm, next);
+        emit(g, next, g->b.vlogits + (size_t)a * V);
+    }
+    return TD_OK;
+}
+
+/* ---- lifecycle ---------------------------------------------------------- */
+
+int td_gen_begin(td_session *s, const int32_t *prompt, int n_prompt, const td_sampling *sp, const td_gen_opts *o,
+                 td_gen_emit_fn emitfn, void *user, td_gen **out, td_err *err) {
+    *out = NULL;
+    td_engine *e = s->eng;
+    const td_config *c = &e->model->cfg;
+    td_seq *q = &s->seq;
+    if (n_prompt <= 0) return TD_FAIL(err, TD_ERR_ARG, "empty prompt");
+    if (o->max_tokens <= 0) return TD_FAIL(err, TD_ERR_ARG, "max_tokens must be positive");
+    if (o->spec_depth < 0 || o->spec_depth > TD_MAX_SPEC_DEPTH) return TD_FAIL(err, TD_ERR_ARG, "spec depth %d out of 0..%d", o->spec_depth, TD_MAX_SPEC_DEPTH);
+    if (o->spec_depth > q->n_ckpt_slots - 1)
+        return TD_FAIL(err, TD_ERR_ARG, "spec depth %d exceeds the engine's %d (set td_engine_opts.spec_depth)", o->spec_depth, q->n_ckpt_slots - 1);
+    if (n_prompt >= e->max_context)
+        return TD_FAIL(err, TD_ERR_LIMIT, "request (%d tokens) exceeds the available context size (%d tokens)", n_prompt, e->max_context);
+    for (int i = 0; i < n_prompt; i++)
+        if (prompt[i] < 0 || prompt[i] >= c->vocab_size) return TD_FAIL(err, TD_ERR_ARG, "token id %d outside the vocabulary", prompt[i]);
+    td_gen *g = TD_CALLOC(err, 1, sizeof *g);
+    if (!g) return TD_ERR_NOMEM;
+    g->s = s;
+    g->e = e;
+    g->o = *o;
+    g->emit = emitfn;
+    g->user = user;
+    g->depth = e->model->has_mtp ? o->spec_depth : 0;
+    g->track = g->depth > 0;
+    g->prompt = TD_MALLOC(err, (size_t)n_prompt * sizeof(int32_t));
+    g->stop_ids = TD_MALLOC(err, (size_t)(o->n_stop + 1) * sizeof(int32_t));
+    int rc = (!g->prompt || !g->stop_ids) ? TD_ERR_NOMEM : alloc_buffers(g, err);
+    if (!rc) rc = td_sampler_init(&g->sm, sp, c->vocab_size, prompt, n_prompt, err);
+    if (rc) {
+        free(g->prompt);
+        free(g->stop_ids);
+        free(g);
+        return rc;
+    }
+    memcpy(g->prompt, prompt, (size_t)n_prompt * sizeof(int32_t));
+    if (o->n_stop) memcpy(g->stop_ids, o->stop_ids, (size_t)o->n_stop * sizeof(int32_t));
+    g->o.stop_ids = g->stop_ids;
+    g->n_prompt = n_prompt;
+    /* Reuse the session's state when it holds a strict prefix of the prompt. */
+    int reuse = q->n_past;
+    if (reuse >= n_prompt || memcmp(q->tokens, prompt, (size_t)reuse * sizeof(int32_t)) != 0 || (g->track && !s->mtp_ok && reuse > 0)) {
+        td_session_reset(s);
+        reuse = 0;
+    }
+    if (reuse == 0) { q->mtp_n = 0; s->mtp_ok = true; }
+    if (!g->track) s->mtp_ok = false;
+    g->fed = reuse;
+    g->res.n_prompt = n_prompt;
+    g->res.n_reused = reuse;
+    g->phase = G_PREFILL;
+    g->t_begin = now_s();
+    *out = g;
+    return TD_OK;
+}
+
+bool td_gen_done(const td_gen *g) { return g->phase == G_DONE; }
+int td_gen_prefill_left(const td_gen *g) { return g->phase == G_PREFILL ? g->n_prompt - g->fed : 0; }
+
+const td_gen_result *td_gen_result_of(const td_gen *g) { return &g->res; }
+
+void td_gen_cancel(td_gen *g) {
+    if (g->phase != G_DONE) finish(g, TD_FINISH_CANCEL);
+}
+
+void td_gen_end(td_gen *g) {
+    if (!g) return;
+    td_spec_counters *tot = &g->e->spec_totals;
+    tot->drafts += g->res.spec.drafts;
+    tot->draft_tokens += g->res.spec.draft_tokens;
+    tot->accepted_tokens += g->res.spec.accepted_tokens;
+    for (int i = 0; i < TD_MAX_SPEC_DEPTH; i++) tot->accepted_per_pos[i] += g->res.spec.accepted_per_pos[i];
+    td_sampler_free(&g->sm);
+    free(g->prompt);
+    free(g->stop_ids);
+    free(g);
+}
+
+/* ---- the batched step ---------------------------------------------------- */
+
+static void update_times(td_gen *g) {
+    double t = now_s();
+    if (g->res.n_generated == 0) g->res.prefill_seconds = t - g->t_begin;
+    else {
+        g->res.prefill_seconds = g->t_first - g->t_begin;
+        g->res.decode_seconds = t - g->t_first;
+    }
+}
+
+int td_gen_step(td_gen **gens, int n, int prefill_budget, td_err *err) {
+    if (n <= 0) return TD_OK;
+    if (n > MAX_BATCH) return TD_FAIL(err, TD_ERR_ARG, "step over %d requests (max %d)", n, MAX_BATCH);
+    td_engine *e = gens[0]->e;
+    const int H = e->model->cfg.hidden_size;
+    td_fwd_item items[MAX_BATCH];
+    td_mtp_item mitems[MAX_BATCH];
+    td_gen *active[MAX_BATCH];
+    int n_active = 0, max_k = 0, rc;
+    if (prefill_budget <= 0) prefill_budget = PREFILL_CHUNK;
+    /* 1. plan: prefill chunks within the budget, decode depth per request */
+    for (int i = 0; i < n; i++) {
+        td_gen *g = gens[i];
+        if (g->e != e) return TD_FAIL(err, TD_ERR_ARG, "requests of different engines in one step");
+        g->chunk = 0;
+        g->k = 0;
+        if (g->phase == G_PREFILL) {
+            int c = g->n_prompt - g->fed;
+            if (c > PREFILL_CHUNK) c = PREFILL_CHUNK;
+            if (c > prefill_budget) c = prefill_budget;
+            if (c <= 0) continue;
+            prefill_budget -= c;
+            g->chunk = c;
+        } else if (g->phase == G_DECODE) {
+            td_seq *q = &g->s->seq;
+            if (q->n_past + 1 >= e->max_context) { finish(g, TD_FINISH_LENGTH); update_times(g); continue; }
+            int k = g->depth;
+            if (k > g->o.max_tokens - g->res.n_generated) k = g->o.max_tokens - g->res.n_generated;
+            if (k > e->max_context - 1 - q->n_past) k = e->max_context - 1 - q->n_past;
+            g->k = k > 0 ? k : 0;
+            if (g->k > max_k) max_k = g->k;
+        } else {
+            continue;
+        }
+        active[n_active++] = g;
+    }
+    if (!n_active) return TD_OK;
+    /* 2. drafts: one batched MTP pass per depth */
+    int32_t mtoks[MAX_BATCH][TD_MAX_SPEC_DEPTH + 8];
+    for (int j = 0; j < max_k; j++) {
+        int m = 0;
+        td_gen *drafting[MAX_BATCH];
+        for (int i = 0; i < n_active; i++) {
+            td_gen *g = active[i];
+            if (g->k <= j) continue;
+            td_seq *q = &g->s->seq;
+            if (j == 0) { /* pending target rows, then x */
+                int P = q->n_past - q->mtp_n;
+                TD_ASSERT(P >= 1 && P <= g->s->pend_cap);
+                for (int t = 0; t < P - 1; t++) mtoks[m][t] = q->tokens[q->mtp_n + 1 + t];
+                mtoks[m][P - 1] = g->x;
+                mitems[m] = (td_mtp_item){.seq = q, .tokens = mtoks[m], .hidden = g->s->pend, .pos0 = q->mtp_n, .n = P,
+                                          .logits_rows = 1, .logits = g->b.mlogits, .hidden_out = g->b.mhidden};
+            } else {
+                mitems[m] = (td_mtp_item){.seq = q, .tokens = &g->toks[j], .hidden = g->h, .pos0 = q->n_past - 1 + j, .n = 1,
+                                          .logits_rows = 1, .logits = g->b.mlogits, .hidden_out = g->b.mhidden};
+            }
+            drafting[m++] = g;
+        }
+        if ((rc = td_mtp_forward(e->fwd, mitems, m, err))) return rc;
+        for (int i = 0; i < m; i++) {
+            td_gen *g = drafting[i];
+            if (j == 0) { /* keep the last row's h' at row 0 */
+                int P = mitems[i].n;
+                memmove(g->b.mhidden, g->b.mhidden + (size_t)(P - 1) * H, (size_t)H * sizeof(float));
+            }
+            g->h = g->b.mhidden;
+            choose_draft(g, j);
+        }
+    }
+    /* 3. one target forward for everything */
+    for (int i = 0; i < n_active; i++) {
+        td_gen *g = active[i];
+        td_session *s = g->s;
+        if (g->phase == G_PREFILL) {
+            bool last = g->fed + g->chunk == g->n_prompt;
+            items[i] = (td_fwd_item){.seq = &s->seq, .tokens = g->prompt + g->fed, .n = g->chunk, .logits_rows = last ? 1 : 0,
+                                     .logits = s->logits, .hidden = g->track ? g->b.vhidden : NULL};
+        } else if (g->k > 0) {
+            g->toks[0] = g->x;
+            g->n0 = s->seq.n_past;
+            items[i] = (td_fwd_item){.seq = &s->seq, .tokens = g->toks, .n = g->k + 1, .logits_rows = g->k + 1, .logits = g->b.vlogits,
+                                     .hidden = g->b.vhidden, .checkpoint = true};
+        } else {
+            items[i] = (td_fwd_item){.seq = &s->seq, .tokens = &g->x, .n = 1, .logits_rows = 1, .logits = s->logits,
+                                     .hidden = g->track ? g->b.vhidden : NULL};
+        }
+    }
+    if ((rc = td_forward(e->fwd, items, n_active, err))) return rc;
+    /* 4. per request: MTP bookkeeping, acceptance, tokens out */
+    for (int i = 0; i < n_active; i++) {
+        td_gen *g = active[i];
+        td_session *s = g->s;
+        if (g->phase == G_PREFILL) {
+            g->fed += g->chunk;
+            if (g->track && ((rc = pend_push(s, g->b.vhidden, g->chunk, err)) || (rc = mtp_catch_up(s, s->seq.n_past, err)))) return rc;
+            if (g->fed == g->n_prompt) {
+                g->phase = G_DECODE;
+                next_token(g, s->logits);
+            }
+        } else if (g->k > 0) {
+            if ((rc = accept_verified(g, err))) return rc;
+        } else {
+            if (g->track && (rc = pend_push(s, g->b.vhidden, 1, err))) return rc;
+            next_token(g, s->logits);
+        }
+        update_times(g);
+    }
+    return TD_OK;
+}
+
+/* ---- single request ------------------------------------------------------ */
+
+typedef struct { td_token_fn fn; void *user; } simple_cb;
+static int simple_emit(void *u, int32_t t, const float *row) {
+    (void)row;
+    simple_cb *c = u;
+    int r = c->fn ? c->fn(c->user, t) : 0; /* td_token_fn: 2 = stop, other non-zero = cancel */
+    return r == 0 ? 0 : r == 2 ? 1 : 2;
+}
+
+int td_session_generate(td_session *s, const int32_t *prompt, int n_prompt, const td_sampling *sp, const td_gen_opts *o,
+                        td_token_fn fn, void *user, td_gen_result *res, td_err *err) {
+    memset(res, 0, sizeof *res);
+    simple_cb cb = {fn, user};
+    td_gen *g;
+    int rc = td_gen_begin(s, prompt, n_prompt, sp, o, simple_emit, &cb, &g, err);
+    if (rc) return rc;
+    while (!td_gen_done(g) && rc == 0) rc = td_gen_step(&g, 1, PREFILL_CHUNK, err);
+    if (rc) s->mtp_ok = false;
+    *res = *td_gen_result_of(g);
+    td_gen_end(g);
+    return rc;
+}
