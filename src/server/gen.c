@@ -1,0 +1,478 @@
+/* One generation request: scheduler callbacks (on the scheduler thread),
+ * detokenization, stop strings, reasoning/tool-call parsing, SSE chunks for
+ * streamed responses and the final JSON for the others.
+ *
+ * Locking: every field after creation is guarded by job->mu. The job is
+ * reference-counted: the scheduler (until on_done), the connection context
+ * (until libmicrohttpd's request-completed callback) and a streamed
+ * response (until its free callback) each hold one. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include "server/srv_internal.h"
+#include "util/err.h"
+
+static int on_event(void *user, const cp_event *ev);
+
+job *job_new(srv *s, oai_req *r, int n_prompt, int reasoning_mode, td_err *err) {
+    job *j = TD_CALLOC(err, 1, sizeof *j);
+    if (!j) return NULL;
+    if (pthread_mutex_init(&j->mu, NULL)) { free(j); TD_FAIL(err, TD_ERR_INTERNAL, "mutex"); return NULL; }
+    j->srv = s;
+    j->refs = 1;
+    pthread_mutex_lock(&s->jobs_mu);
+    s->n_open++; /* job_unref's decrement balances it */
+    pthread_mutex_unlock(&s->jobs_mu);
+    j->fd = -1;
+    j->req = *r;
+    memset(r, 0, sizeof *r);
+    j->n_prompt = n_prompt;
+    j->n_ctx = s->n_ctx;
+    uint64_t id = srv_next_id(s);
+    snprintf(j->id, sizeof j->id, "%s-%016llx%08llx", j->req.kind == OAI_CHAT ? "chatcmpl" : "cmpl",
+             (unsigned long long)(s->id_base ^ (id * 0x9e3779b97f4a7c15ull)), (unsigned long long)(id & 0xffffffffull));
+    j->created = (long long)time(NULL);
+    j->t_arrival = srv_now();
+    tok_stream_init(&j->ts, s->tok, j->req.skip_special);
+    bool ok = stop_init(&j->stop, (const char *const *)j->req.stops, j->req.n_stops, j->req.include_stop, err) == 0;
+    if (j->req.kind == OAI_CHAT) {
+        cp_config cfg = {.reasoning = reasoning_mode, .parse_tools = j->req.parse_tools, .tools = j->req.tools,
+                         .id_seed = s->id_base ^ (id << 20)};
+        cp_init(&j->cp, &cfg, on_event, j);
+        j->use_cp = true;
+        j->calls = json_array();
+        ok = ok && j->calls;
+    }
+    if (j->req.logprobs >= 0) {
+        j->lp_pending = json_array();
+        j->lp_all = json_array();
+        ok = ok && j->lp_pending && j->lp_all;
+    }
+    if (!j->req.seed_set && !s->cfg.sampling_seed_set) j->req.sampling.seed = s->id_base ^ (id * 0xbf58476d1ce4e5b9ull);
+    if (!ok) {
+        if (!err || !err->code) TD_FAIL(err, TD_ERR_NOMEM, "out of memory");
+        job_unref(j);
+        return NULL;
+    }
+    return j;
+}
+
+void job_ref(job *j) {
+    pthread_mutex_lock(&j->mu);
+    j->refs++;
+    pthread_mutex_unlock(&j->mu);
+}
+
+void job_unref(job *j) {
+    if (!j) return;
+    pthread_mutex_lock(&j->mu);
+    int left = --j->refs;
+    pthread_mutex_unlock(&j->mu);
+    if (left) return;
+    srv *s = j->srv;
+    tok_stream_free(&j->ts);
+    stop_free(&j->stop);
+    if (j->use_cp) cp_free(&j->cp);
+    sb_free(&j->scratch);
+    sb_free(&j->out);
+    sb_free(&j->dtext);
+    sb_free(&j->content);
+    sb_free(&j->reasoning);
+    for (int i = 0; i < j->cargs_cap; i++) sb_free(&j->cargs[i]);
+    free(j->cargs);
+    json_decref(j->calls);
+    json_decref(j->lp_pending);
+    json_decref(j->lp_all);
+    free(j->body);
+    oai_req_free(&j->req);
+    pthread_mutex_destroy(&j->mu);
+    free(j);
+    pthread_mutex_lock(&s->jobs_mu);
+    s->n_open--;
+    pthread_cond_broadcast(&s->jobs_cv);
+    pthread_mutex_unlock(&s->jobs_mu);
+}
+
+/* ---- JSON pieces --------------------------------------------------------- */
+
+static json_t *usage_json(const job *j) {
+    int gen = j->res.n_generated;
+    return json_pack("{s:i, s:i, s:i, s:{s:i}}", "prompt_tokens", j->n_prompt, "completion_tokens", gen, "total_tokens",
+                     j->n_prompt + gen, "prompt_tokens_details", "cached_tokens", j->res.n_reused);
+}
+
+static json_t *bytes_json(const char *s) {
+    json_t *a = json_array();
+    for (const unsigned char *p = (const unsigned char *)s; a && *p; p++) json_array_append_new(a, json_integer(*p));
+    return a;
+}
+
+/* One chat-format logprob entry for a generated token. */
+static json_t *lp_entry(job *j, const td_token_event *ev) {
+    char *t = oai_token_text(j->srv, ev->token);
+    json_t *e = json_pack("{s:s, s:f, s:o, s:[]}", "token", t ? t : "", "logprob", (double)ev->logprob, "bytes", bytes_json(t ? t : ""),
+                          "top_logprobs");
+    free(t);
+    json_t *top = json_object_get(e, "top_logprobs");
+    int n = ev->n_top < j->req.logprobs ? ev->n_top : j->req.logprobs;
+    for (int i = 0; e && i < n; i++) {
+        char *tt = oai_token_text(j->srv, ev->top_ids[i]);
+        json_array_append_new(top, json_pack("{s:s, s:f, s:o}", "token", tt ? tt : "", "logprob", (double)ev->top_logprobs[i], "bytes",
+                                             bytes_json(tt ? tt : "")));
+        free(tt);
+    }
+    return e;
+}
+
+/* Chat entries -> the completions logprobs object. */
+static json_t *lp_completions(job *j, const json_t *entries) {
+    json_t *toks = json_array(), *lps = json_array(), *tops = json_array(), *offs = json_array();
+    size_t i;
+    const json_t *e;
+    json_array_foreach(entries, i, e) {
+        const char *t = json_string_value(json_object_get(e, "token"));
+        json_array_append(toks, json_object_get(e, "token"));
+        json_array_append(lps, json_object_get(e, "logprob"));
+        json_t *m = json_object();
+        size_t k;
+        const json_t *alt;
+        json_array_foreach(json_object_get(e, "top_logprobs"), k, alt)
+            json_object_set(m, json_string_value(json_object_get(alt, "token")), json_object_get(alt, "logprob"));
+        json_array_append_new(tops, m);
+        json_array_append_new(offs, json_integer((json_int_t)j->text_offset));
+        j->text_offset += t ? strlen(t) : 0;
+    }
+    return json_pack("{s:o, s:o, s:o, s:o}", "tokens", toks, "token_logprobs", lps, "top_logprobs", tops, "text_offset", offs);
+}
+
+/* Logprobs object for a chunk/response from entries (steals nothing). */
+static json_t *lp_object(job *j, json_t *entries) {
+    if (!entries || j->req.logprobs < 0) return json_null();
+    if (j->req.kind == OAI_CHAT) return json_pack("{s:O}", "content", entries);
+    return lp_completions(j, entries);
+}
+
+static const char *finish_reason(const job *j) {
+    switch (j->res.finish) {
+    case TD_FINISH_LENGTH: return "length";
+    case TD_FINISH_CANCEL: return "abort";
+    default: return j->n_calls ? "tool_calls" : "stop";
+    }
+}
+
+/* ---- streamed output ------------------------------------------------------ */
+
+static int sse(job *j, json_t *obj) { /* steals obj */
+    char *s = obj ? json_dumps(obj, JSON_COMPACT) : NULL;
+    json_decref(obj);
+    int rc = !s || sb_adds(&j->out, "data: ") || sb_adds(&j->out, s) || sb_adds(&j->out, "\n\n") ? -1 : 0;
+    free(s);
+    return rc;
+}
+
+static json_t *chunk(job *j, json_t *choice) { /* steals choice (may be NULL: choices []) */
+    json_t *c = json_pack("{s:s, s:s, s:I, s:s, s:[]}", "id", j->id, "object",
+                          j->req.kind == OAI_CHAT ? "chat.completion.chunk" : "text_completion", "created", (json_int_t)j->created,
+                          "model", j->srv->model_name, "choices");
+    if (c && choice) json_array_append_new(json_object_get(c, "choices"), choice);
+    else json_decref(choice);
+    return c;
+}
+
+/* A chunk with a chat delta (or completions text) and pending logprobs. */
+static int emit_chunk(job *j, json_t *delta, const char *text, size_t len, const char *finish) {
+    json_t *lp = json_null();
+    if (j->lp_pending && json_array_size(j->lp_pending)) {
+        json_decref(lp);
+        lp = lp_object(j, j->lp_pending);
+        json_array_clear(j->lp_pending);
+    }
+    json_t *choice;
+    if (j->req.kind == OAI_CHAT)
+        choice = json_pack("{s:i, s:o, s:o, s:s?}", "index", 0, "delta", delta ? delta : json_object(), "logprobs", lp, "finish_reason", finish);
+    else
+        choice = json_pack("{s:i, s:s%, s:o, s:s?}", "index", 0, "text", text ? text : "", text ? len : 0, "logprobs", lp, "finish_reason",
+                           finish);
+    if (choice && !finish) json_object_set_new(choice, "finish_reason", json_null());
+    return sse(j, chunk(j, choice));
+}
+
+static int flush_delta(job *j) {
+    if (!j->dkind) return 0;
+    int rc;
+    if (j->req.kind != OAI_CHAT) {
+        rc = emit_chunk(j, NULL, j->dtext.p, j->dtext.len, NULL);
+    } else {
+        json_t *d;
+        json_t *txt = json_stringn(j->dtext.p ? j->dtext.p : "", j->dtext.len);
+        if (j->dkind == CP_REASONING) d = json_pack("{s:o}", "reasoning_content", txt);
+        else if (j->dkind == CP_CONTENT) d = json_pack("{s:o}", "content", txt);
+        else d = json_pack("{s:[{s:i, s:{s:o}}]}", "tool_calls", "index", j->dindex, "function", "arguments", txt);
+        rc = d ? emit_chunk(j, d, NULL, 0, NULL) : -1;
+    }
+    j->dkind = 0;
+    sb_clear(&j->dtext);
+    return rc;
+}
+
+static int cargs_at(job *j, int i) {
+    if (i < j->cargs_cap) return 0;
+    int cap = j->cargs_cap ? j->cargs_cap * 2 : 4;
+    while (cap <= i) cap *= 2;
+    sbuf *n = realloc(j->cargs, (size_t)cap * sizeof *n);
+    if (!n) return -1;
+    memset(n + j->cargs_cap, 0, (size_t)(cap - j->cargs_cap) * sizeof *n);
+    j->cargs = n;
+    j->cargs_cap = cap;
+    return 0;
+}
+
+/* Parser events -> deltas (stream) or accumulated message (non-stream). */
+static int on_event(void *user, const cp_event *ev) {
+    job *j = user;
+    if (ev->kind == CP_TOOL_START) {
+        j->n_calls++;
+        if (j->req.stream) {
+            if (flush_delta(j)) return TD_ERR_NOMEM;
+            json_t *d = json_pack("{s:[{s:i, s:s, s:s, s:{s:s, s:s}}]}", "tool_calls", "index", ev->index, "id", ev->id, "type", "function",
+                                  "function", "name", ev->name, "arguments", "");
+            return d && !emit_chunk(j, d, NULL, 0, NULL) ? 0 : TD_ERR_NOMEM;
+        }
+        if (cargs_at(j, ev->index)) return TD_ERR_NOMEM;
+        json_t *c = json_pack("{s:s, s:s, s:{s:s, s:s}}", "id", ev->id, "type", "function", "function", "name", ev->name, "arguments", "");
+        return c && !json_array_append_new(j->calls, c) ? 0 : TD_ERR_NOMEM;
+    }
+    if (j->req.stream) {
+        if (j->dkind && (j->dkind != (int)ev->kind || j->dindex != ev->index) && flush_delta(j)) return TD_ERR_NOMEM;
+        j->dkind = (int)ev->kind;
+        j->dindex = ev->index;
+        return sb_add(&j->dtext, ev->text, ev->len) ? TD_ERR_NOMEM : 0;
+    }
+    sbuf *b = ev->kind == CP_REASONING ? &j->reasoning : ev->kind == CP_CONTENT ? &j->content : NULL;
+    if (!b) {
+        if (cargs_at(j, ev->index)) return TD_ERR_NOMEM;
+        b = &j->cargs[ev->index];
+    }
+    return sb_add(b, ev->text, ev->len) ? TD_ERR_NOMEM : 0;
+}
+
+/* Text out of the detokenizer: stop strings, then the chat parser.
+ * Returns 1 when a stop string matched, <0 on error. */
+static int process_text(job *j, const char *t, size_t n, td_err *err) {
+    sb_clear(&j->scratch);
+    int hit = stop_push(&j->stop, t, n, &j->scratch, err);
+    if (hit < 0) return hit;
+    int rc = 0;
+    if (j->scratch.len) {
+        if (j->use_cp) rc = cp_push(&j->cp, j->scratch.p, j->scratch.len, err);
+        else {
+            cp_event ev = {.kind = CP_CONTENT, .text = j->scratch.p, .len = j->scratch.len};
+            rc = on_event(j, &ev);
+        }
+    }
+    return rc < 0 ? rc : hit;
+}
+
+static int on_token(void *user, const td_token_event *ev) {
+    job *j = user;
+    srv *s = j->srv;
+    double now = srv_now();
+    pthread_mutex_lock(&j->mu);
+    if (!j->t_first) {
+        j->t_first = now;
+        metrics_observe(&s->metrics, M_TTFT, now - j->t_arrival);
+    } else {
+        metrics_observe(&s->metrics, M_ITL, now - j->t_last);
+    }
+    j->t_last = now;
+    if (j->conn_gone) {
+        pthread_mutex_unlock(&j->mu);
+        return 2;
+    }
+    if (j->req.logprobs >= 0) {
+        json_t *e = lp_entry(j, ev);
+        if (e) json_array_append(j->req.stream ? j->lp_pending : j->lp_all, e);
+        json_decref(e);
+    }
+    td_err err = {0};
+    const char *text = NULL;
+    size_t len = 0;
+    int rc = tok_stream_push(&j->ts, ev->token, &text, &len, &err);
+    if (rc == 0) rc = process_text(j, text, len, &err);
+    if (rc >= 0 && j->req.stream && flush_delta(j)) rc = TD_ERR_NOMEM;
+    if (rc < 0) snprintf(j->error, sizeof j->error, "output processing failed: %.400s", err.msg);
+    srv_wake(j);
+    pthread_mutex_unlock(&j->mu);
+    return rc < 0 ? 2 : rc == 1 ? 1 : 0;
+}
+
+static void finish_stream(job *j) {
+    int rc = 0;
+    if (j->error[0]) {
+        json_t *e = json_pack("{s:{s:s, s:s, s:i}}", "error", "message", j->error, "type", "server_error", "code", 500);
+        rc |= sse(j, e);
+    } else {
+        rc |= flush_delta(j);
+        rc |= emit_chunk(j, j->req.kind == OAI_CHAT ? json_object() : NULL, NULL, 0, finish_reason(j));
+        if (j->req.include_usage) {
+            json_t *c = chunk(j, NULL);
+            if (c) json_object_set_new(c, "usage", usage_json(j));
+            rc |= sse(j, c);
+        }
+    }
+    rc |= sb_adds(&j->out, "data: [DONE]\n\n");
+    if (rc) fprintf(stderr, "tandem serve: out of memory finishing %s\n", j->id);
+    j->out_done = true;
+}
+
+static void finish_body(job *j) {
+    json_t *o;
+    if (j->error[0]) {
+        o = json_pack("{s:{s:s, s:s, s:i}}", "error", "message", j->error, "type", "server_error", "code", 500);
+        j->body_status = 500;
+    } else {
+        json_t *lp = lp_object(j, j->lp_all), *choice;
+        if (j->req.kind == OAI_CHAT) {
+            json_t *msg = json_pack("{s:s}", "role", "assistant");
+            if (j->content.len || !j->n_calls) json_object_set_new(msg, "content", json_stringn(j->content.p ? j->content.p : "", j->content.len));
+            else json_object_set_new(msg, "content", json_null());
+            if (j->reasoning.len) json_object_set_new(msg, "reasoning_content", json_stringn(j->reasoning.p, j->reasoning.len));
+            if (j->n_calls) {
+                size_t i;
+                json_t *c;
+                json_array_foreach(j->calls, i, c) {
+                    sbuf *a = (int)i < j->cargs_cap ? &j->cargs[i] : NULL;
+                    json_object_set_new(json_object_get(c, "function"), "arguments",
+                                        json_stringn(a && a->p ? a->p : "{}", a && a->p ? a->len : 2));
+                }
+                json_object_set(msg, "tool_calls", j->calls);
+            }
+            choice = json_pack("{s:i, s:o, s:o, s:s}", "index", 0, "message", msg, "logprobs", lp, "finish_reason", finish_reason(j));
+        } else {
+            sbuf t = {0};
+            if (j->req.echo && j->req.prompt_text) sb_adds(&t, j->req.prompt_text);
+            sb_add(&t, j->content.p ? j->content.p : "", j->content.len);
+            choice = json_pack("{s:i, s:s%, s:o, s:s}", "index", 0, "text", t.p ? t.p : "", t.len, "logprobs", lp, "finish_reason",
+                               finish_reason(j));
+            sb_free(&t);
+        }
+        o = json_pack("{s:s, s:s, s:I, s:s, s:[o], s:o}", "id", j->id, "object", j->req.kind == OAI_CHAT ? "chat.completion" : "text_completion",
+                      "created", (json_int_t)j->created, "model", j->srv->model_name, "choices", choice, "usage", usage_json(j));
+        j->body_status = 200;
+    }
+    j->body = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    json_decref(o);
+    if (!j->body) j->body_status = 500;
+}
+
+static void on_done(void *user, const td_gen_result *res, const char *error) {
+    job *j = user;
+    srv *s = j->srv;
+    double now = srv_now();
+    pthread_mutex_lock(&j->mu);
+    if (res) j->res = *res;
+    if (error && !j->error[0]) snprintf(j->error, sizeof j->error, "%.500s", error);
+    if (!j->error[0] && !j->conn_gone) {
+        td_err err = {0};
+        const char *text = NULL;
+        size_t len = 0;
+        int rc = tok_stream_flush(&j->ts, &text, &len, &err);
+        if (rc == 0 && len) rc = process_text(j, text, len, &err);
+        if (rc >= 0 && !j->stop.hit) {
+            sb_clear(&j->scratch);
+            rc = stop_flush(&j->stop, &j->scratch, &err);
+            if (rc == 0 && j->scratch.len) {
+                if (j->use_cp) rc = cp_push(&j->cp, j->scratch.p, j->scratch.len, &err);
+                else {
+                    cp_event ev = {.kind = CP_CONTENT, .text = j->scratch.p, .len = j->scratch.len};
+                    rc = on_event(j, &ev);
+                }
+            }
+        }
+        if (rc >= 0 && j->use_cp) rc = cp_finish(&j->cp, &err);
+        if (rc < 0) snprintf(j->error, sizeof j->error, "output processing failed: %.400s", err.msg);
+    }
+    srv_finish_id f = j->error[0] ? F_ERROR : j->res.finish == TD_FINISH_LENGTH ? F_LENGTH : j->res.finish == TD_FINISH_CANCEL ? F_ABORT : F_STOP;
+    metrics_add(&s->metrics, &s->metrics.finished[f], 1);
+    if (j->n_calls) metrics_add(&s->metrics, &s->metrics.tool_calls, (uint64_t)j->n_calls);
+    metrics_observe(&s->metrics, M_E2E, now - j->t_arrival);
+    if (!j->conn_gone) {
+        if (j->req.stream) finish_stream(j);
+        else finish_body(j);
+    }
+    j->finished = true;
+    srv_wake(j);
+    if (!s->cfg.quiet)
+        fprintf(stderr, "tandem serve: %s %s prompt %d (cached %d) generated %d finish %s%s%s %.3fs\n", j->id, j->req.stream ? "stream" : "",
+                j->n_prompt, j->res.n_reused, j->res.n_generated, finish_reason(j), j->error[0] ? " error: " : "", j->error,
+                now - j->t_arrival);
+    pthread_mutex_unlock(&j->mu);
+    srv_job_finished(s, j);
+    job_unref(j);
+}
+
+void job_sched_request(job *j, const int32_t *prompt, int n_prompt, td_request *r) {
+    srv *s = j->srv;
+    memset(r, 0, sizeof *r);
+    r->prompt = prompt;
+    r->n_prompt = n_prompt;
+    r->sampling = j->req.sampling;
+    int32_t eos = tok_eos_id(s->tok);
+    if (!j->req.ignore_eos && eos >= 0) j->req.stop_ids[j->req.n_stop_ids++] = eos;
+    r->gen.max_tokens = j->req.max_tokens;
+    r->gen.spec_depth = s->cfg.spec_depth;
+    r->gen.draft_sampling = s->cfg.draft_sampling;
+    r->gen.ignore_eos = j->req.ignore_eos;
+    r->gen.stop_ids = j->req.stop_ids;
+    r->gen.n_stop = j->req.n_stop_ids;
+    r->top_logprobs = j->req.logprobs;
+    r->on_token = on_token;
+    r->on_done = on_done;
+    r->user = j;
+}
+
+int job_stream_begin(job *j) {
+    int rc = 0;
+    pthread_mutex_lock(&j->mu);
+    if (j->req.kind == OAI_CHAT) {
+        json_t *d = json_pack("{s:s, s:s}", "role", "assistant", "content", "");
+        rc = d ? emit_chunk(j, d, NULL, 0, NULL) : -1;
+    } else if (j->req.echo && j->req.prompt_text) {
+        rc = emit_chunk(j, NULL, j->req.prompt_text, strlen(j->req.prompt_text), NULL);
+    }
+    pthread_mutex_unlock(&j->mu);
+    return rc;
+}
+
+ssize_t job_stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
+    job *j = cls;
+    (void)pos;
+    pthread_mutex_lock(&j->mu);
+    size_t avail = j->out.len - j->out_sent;
+    if (avail) {
+        size_t n = avail < max ? avail : max;
+        memcpy(buf, j->out.p + j->out_sent, n);
+        j->out_sent += n;
+        if (j->out_sent == j->out.len) {
+            sb_clear(&j->out);
+            j->out_sent = 0;
+        }
+        pthread_mutex_unlock(&j->mu);
+        return (ssize_t)n;
+    }
+    if (j->out_done || j->conn_gone || (j->finished && !j->req.stream)) {
+        pthread_mutex_unlock(&j->mu);
+        return MHD_CONTENT_READER_END_OF_STREAM;
+    }
+    if (j->finished) { /* finished without output (client gone): end */
+        pthread_mutex_unlock(&j->mu);
+        return MHD_CONTENT_READER_END_WITH_ERROR;
+    }
+    j->suspended = true;
+    MHD_suspend_connection(j->conn);
+    pthread_mutex_unlock(&j->mu);
+    return 0;
+}
+
+void job_stream_free(void *cls) { job_unref(cls); }

@@ -1,0 +1,466 @@
+/* HTTP layer of `tandem serve`, on libmicrohttpd.
+ *
+ * Why libmicrohttpd (Debian libmicrohttpd-dev): a small, long-maintained C
+ * library (GNU project) with its own internal polling threads (epoll, a
+ * thread pool or thread-per-connection), connection suspend/resume so a
+ * streamed response can wait for the scheduler without a thread per
+ * client, chunked responses of unknown length for Server-Sent Events, a
+ * request-completed callback that tells us when a client went away, and
+ * no dependencies beyond libc.
+ *
+ * Threads: libmicrohttpd's polling threads run the handlers below; the
+ * scheduler thread runs gen.c's callbacks and resumes suspended
+ * connections; a watchdog thread polls the sockets of suspended requests
+ * (libmicrohttpd does not watch those) to cancel requests whose client
+ * disconnected. All state lives in struct srv. */
+#include <errno.h>
+#include <netdb.h>
+#include <poll.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+#include "server/srv_internal.h"
+#include "util/err.h"
+
+double srv_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+uint64_t srv_next_id(srv *s) { return atomic_fetch_add(&s->next_id, 1) + 1; }
+
+/* ---- replies ------------------------------------------------------------- */
+
+enum MHD_Result srv_reply(srv *s, struct MHD_Connection *c, int status, const char *ctype, const char *body, size_t len) {
+    struct MHD_Response *r = MHD_create_response_from_buffer(len, (void *)body, MHD_RESPMEM_MUST_COPY);
+    if (!r) return MHD_NO;
+    if (ctype) MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
+    enum MHD_Result rc = MHD_queue_response(c, (unsigned)status, r);
+    MHD_destroy_response(r);
+    metrics_http(&s->metrics, status);
+    return rc;
+}
+
+enum MHD_Result srv_reply_json(srv *s, struct MHD_Connection *c, int status, json_t *body) {
+    char *t = body ? json_dumps(body, JSON_COMPACT) : NULL;
+    json_decref(body);
+    if (!t) {
+        static const char oom[] = "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"code\":500}}";
+        return srv_reply(s, c, 500, "application/json", oom, sizeof oom - 1);
+    }
+    enum MHD_Result rc = srv_reply(s, c, status, "application/json", t, strlen(t));
+    free(t);
+    return rc;
+}
+
+enum MHD_Result srv_reply_error(srv *s, struct MHD_Connection *c, const http_err *e) {
+    json_t *err = json_pack("{s:s, s:s, s:i}", "message", e->msg, "type", e->type ? e->type : "invalid_request_error", "code", e->status);
+    if (err) json_object_set_new(err, "param", e->param ? json_string(e->param) : json_null());
+    if (err && e->n_ctx > 0) {
+        json_object_set_new(err, "n_prompt_tokens", json_integer(e->n_prompt));
+        json_object_set_new(err, "n_ctx", json_integer(e->n_ctx));
+    }
+    json_t *o = err ? json_pack("{s:o}", "error", err) : NULL;
+    char *t = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    json_decref(o);
+    const char *body = t ? t : "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"code\":500}}";
+    struct MHD_Response *r = MHD_create_response_from_buffer(strlen(body), (void *)body, MHD_RESPMEM_MUST_COPY);
+    free(t);
+    if (!r) return MHD_NO;
+    MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
+    if (e->retry_after) MHD_add_response_header(r, MHD_HTTP_HEADER_RETRY_AFTER, "1");
+    if (e->status == 401) MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
+    enum MHD_Result rc = MHD_queue_response(c, (unsigned)e->status, r);
+    MHD_destroy_response(r);
+    metrics_http(&s->metrics, e->status);
+    return rc;
+}
+
+static enum MHD_Result reply_err(srv *s, struct MHD_Connection *c, int status, const char *type, const char *msg) {
+    http_err e;
+    http_err_set(&e, status, type, "%s", msg);
+    return srv_reply_error(s, c, &e);
+}
+
+/* ---- scheduler access ------------------------------------------------------ */
+
+void srv_cancel(srv *s, uint64_t id) {
+    pthread_rwlock_rdlock(&s->sched_lock);
+    if (s->sched) td_sched_cancel(s->sched, id);
+    pthread_rwlock_unlock(&s->sched_lock);
+}
+
+void srv_wake(job *j) {
+    bool has = !j->req.stream || j->out.len > j->out_sent || j->out_done || j->finished;
+    if (j->suspended && has) {
+        j->suspended = false;
+        MHD_resume_connection(j->conn);
+    }
+}
+
+void srv_track(srv *s, job *j) {
+    pthread_mutex_lock(&s->jobs_mu);
+    j->next = s->jobs;
+    j->prev = NULL;
+    if (s->jobs) s->jobs->prev = j;
+    s->jobs = j;
+    j->listed = true;
+    pthread_mutex_unlock(&s->jobs_mu);
+}
+
+void srv_untrack(srv *s, job *j) {
+    pthread_mutex_lock(&s->jobs_mu);
+    if (j->listed) {
+        if (j->prev) j->prev->next = j->next;
+        else s->jobs = j->next;
+        if (j->next) j->next->prev = j->prev;
+        j->listed = false;
+    }
+    pthread_mutex_unlock(&s->jobs_mu);
+}
+
+void srv_job_finished(srv *s, job *j) {
+    pthread_mutex_lock(&s->jobs_mu);
+    if (j->counted_active) {
+        j->counted_active = false;
+        s->n_active--;
+    }
+    pthread_cond_broadcast(&s->jobs_cv);
+    pthread_mutex_unlock(&s->jobs_mu);
+}
+
+/* Polls the sockets of running requests: a peer that closed (or reset) its
+ * side is cancelled now, not only when the next write fails. */
+static void *watchdog_main(void *arg) {
+    srv *s = arg;
+    pthread_mutex_lock(&s->jobs_mu);
+    while (!s->stopping) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 100 * 1000 * 1000;
+        if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+        pthread_cond_timedwait(&s->jobs_cv, &s->jobs_mu, &ts);
+        if (s->stopping) break;
+        uint64_t ids[64];
+        int n = 0;
+        for (job *j = s->jobs; j && n < 64; j = j->next) {
+            pthread_mutex_lock(&j->mu);
+            if (j->submitted && !j->finished && !j->cancel_sent && j->fd >= 0) {
+                struct pollfd p = {.fd = j->fd, .events = POLLRDHUP};
+                if (poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR))) {
+                    j->cancel_sent = true;
+                    j->conn_gone = true;
+                    ids[n++] = j->sched_id;
+                }
+            }
+            pthread_mutex_unlock(&j->mu);
+        }
+        if (!n) continue;
+        pthread_mutex_unlock(&s->jobs_mu);
+        for (int i = 0; i < n; i++) srv_cancel(s, ids[i]);
+        metrics_add(&s->metrics, &s->metrics.cancelled_disconnect, (uint64_t)n);
+        pthread_mutex_lock(&s->jobs_mu);
+    }
+    pthread_mutex_unlock(&s->jobs_mu);
+    return NULL;
+}
+
+/* ---- connections ------------------------------------------------------------ */
+
+typedef struct conn_ctx {
+    sbuf body;
+    bool too_large, answered;
+    job *job;
+} conn_ctx;
+
+static bool authorized(srv *s, struct MHD_Connection *c) {
+    if (!s->api_key) return true;
+    const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+    if (!h || strncasecmp(h, "Bearer ", 7)) return false;
+    h += 7;
+    while (*h == ' ') h++;
+    size_t a = strlen(h), b = strlen(s->api_key);
+    unsigned diff = (unsigned)(a ^ b);
+    for (size_t i = 0; i < a; i++) diff |= (unsigned char)h[i] ^ (unsigned char)s->api_key[i % (b ? b : 1)];
+    return diff == 0;
+}
+
+static bool is(const char *url, const char *a) { return !strcmp(url, a); }
+
+static enum MHD_Result route(srv *s, struct MHD_Connection *c, const char *url, const char *method, conn_ctx *ctx) {
+    bool get = !strcmp(method, "GET") || !strcmp(method, "HEAD"), post = !strcmp(method, "POST");
+    if (is(url, "/health") || is(url, "/v1/health")) {
+        if (!get) return reply_err(s, c, 405, "invalid_request_error", "method not allowed");
+        int r = atomic_load(&s->ready);
+        if (r == 1) return srv_reply(s, c, 200, "text/plain", "", 0);
+        return reply_err(s, c, 503, "service_unavailable_error", r == 0 ? "the model is loading" : "the server is shutting down");
+    }
+    if (!authorized(s, c)) {
+        http_err e;
+        http_err_set(&e, 401, "authentication_error", "Incorrect API key provided.");
+        e.param = NULL;
+        return srv_reply_error(s, c, &e);
+    }
+    int kind = 0;
+    enum { R_NONE, R_GET, R_POST } want = R_NONE;
+    if (is(url, "/v1/models") || is(url, "/metrics") || is(url, "/version")) want = R_GET;
+    else if (is(url, "/v1/chat/completions")) want = R_POST, kind = OAI_CHAT;
+    else if (is(url, "/v1/completions")) want = R_POST, kind = OAI_COMPLETION;
+    else if (is(url, "/tokenize") || is(url, "/detokenize") || is(url, "/v1/tokenize") || is(url, "/v1/detokenize")) want = R_POST;
+    if (want == R_NONE) {
+        char m[300];
+        snprintf(m, sizeof m, "Not found: %.200s", url);
+        return reply_err(s, c, 404, "not_found_error", m);
+    }
+    if ((want == R_GET && !get) || (want == R_POST && !post)) return reply_err(s, c, 405, "invalid_request_error", "method not allowed");
+    if (is(url, "/metrics")) return ep_metrics(s, c);
+    if (is(url, "/version")) return srv_reply_json(s, c, 200, json_pack("{s:s}", "version", "tandem-0.1"));
+    if (atomic_load(&s->ready) != 1)
+        return reply_err(s, c, 503, "service_unavailable_error",
+                         atomic_load(&s->ready) == 0 ? "the model is loading" : "the server is shutting down");
+    if (is(url, "/v1/models")) return ep_models(s, c);
+    const char *b = ctx->body.p ? ctx->body.p : "";
+    if (kind) return ep_generate(s, c, kind, b, ctx->body.len, &ctx->job);
+    if (strstr(url, "/detokenize")) return ep_detokenize(s, c, b, ctx->body.len);
+    return ep_tokenize(s, c, b, ctx->body.len);
+}
+
+static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method, const char *version,
+                                  const char *upload, size_t *upload_size, void **con_cls) {
+    srv *s = cls;
+    (void)version;
+    conn_ctx *ctx = *con_cls;
+    if (!ctx) {
+        ctx = calloc(1, sizeof *ctx);
+        if (!ctx) return MHD_NO;
+        *con_cls = ctx;
+        const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+        if (cl && strtoull(cl, NULL, 10) > s->cfg.max_body) {
+            ctx->answered = true;
+            char m[128];
+            snprintf(m, sizeof m, "request body over %zu bytes (--max-body)", s->cfg.max_body);
+            return reply_err(s, c, 413, "invalid_request_error", m);
+        }
+        return MHD_YES;
+    }
+    if (*upload_size) {
+        if (!ctx->answered && !ctx->too_large) {
+            if (ctx->body.len + *upload_size > s->cfg.max_body) {
+                ctx->too_large = true;
+                sb_free(&ctx->body);
+            } else if (sb_add(&ctx->body, upload, *upload_size)) {
+                return MHD_NO;
+            }
+        }
+        *upload_size = 0;
+        return MHD_YES;
+    }
+    if (ctx->job) { /* resumed: a non-streamed generation finished */
+        job *j = ctx->job;
+        pthread_mutex_lock(&j->mu);
+        if (!j->finished) {
+            j->suspended = true;
+            MHD_suspend_connection(c);
+            pthread_mutex_unlock(&j->mu);
+            return MHD_YES;
+        }
+        char *body = j->body;
+        int st = j->body_status ? j->body_status : 500;
+        j->body = NULL;
+        pthread_mutex_unlock(&j->mu);
+        enum MHD_Result rc;
+        if (body) rc = srv_reply(s, c, st, "application/json", body, strlen(body));
+        else rc = reply_err(s, c, 500, "server_error", "the request was cancelled");
+        free(body);
+        return rc;
+    }
+    if (ctx->answered) return MHD_YES;
+    ctx->answered = true;
+    if (ctx->too_large) {
+        char m[128];
+        snprintf(m, sizeof m, "request body over %zu bytes (--max-body)", s->cfg.max_body);
+        return reply_err(s, c, 413, "invalid_request_error", m);
+    }
+    return route(s, c, url, method, ctx);
+}
+
+static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, enum MHD_RequestTerminationCode toe) {
+    srv *s = cls;
+    (void)c;
+    (void)toe;
+    conn_ctx *ctx = *con_cls;
+    if (!ctx) return;
+    *con_cls = NULL;
+    job *j = ctx->job;
+    if (j) {
+        srv_untrack(s, j);
+        pthread_mutex_lock(&j->mu);
+        j->conn_gone = true;
+        j->fd = -1;
+        bool cancel = j->submitted && !j->finished && !j->cancel_sent;
+        if (cancel) j->cancel_sent = true;
+        uint64_t id = j->sched_id;
+        pthread_mutex_unlock(&j->mu);
+        if (cancel) {
+            metrics_add(&s->metrics, &s->metrics.cancelled_disconnect, 1);
+            srv_cancel(s, id);
+        }
+        job_unref(j);
+    }
+    sb_free(&ctx->body);
+    free(ctx);
+}
+
+/* ---- life cycle -------------------------------------------------------------- */
+
+/* libmicrohttpd's own messages (e.g. a client gone mid-stream). */
+static void mhd_log(void *cls, const char *fmt, va_list ap) {
+    srv *s = cls;
+    if (s->cfg.quiet) return;
+    char m[512];
+    vsnprintf(m, sizeof m, fmt, ap);
+    size_t n = strlen(m);
+    while (n && m[n - 1] == '\n') m[--n] = 0;
+    fprintf(stderr, "tandem serve: http: %s\n", m);
+}
+
+int srv_port(const srv *s) { return s->port; }
+
+static void srv_release(srv *s) {
+    if (!s) return;
+    tpl_free(s->chat_tpl);
+    free(s->host);
+    free(s->api_key);
+    free(s->model_name);
+    free(s->model_dir);
+    free(s->bos);
+    free(s->eos);
+    metrics_destroy(&s->metrics);
+    pthread_rwlock_destroy(&s->sched_lock);
+    pthread_cond_destroy(&s->jobs_cv);
+    pthread_mutex_destroy(&s->jobs_mu);
+    free(s);
+}
+
+int srv_start(const srv_config *cfg, srv **out, td_err *err) {
+    *out = NULL;
+    srv *s = TD_CALLOC(err, 1, sizeof *s);
+    if (!s) return TD_ERR_NOMEM;
+    s->cfg = *cfg;
+    if (!s->cfg.host) s->cfg.host = "127.0.0.1";
+    if (!s->cfg.max_body) s->cfg.max_body = 32u << 20;
+    if (s->cfg.http_threads <= 0) s->cfg.http_threads = 4;
+    s->host = strdup(s->cfg.host);
+    s->api_key = cfg->api_key && *cfg->api_key ? strdup(cfg->api_key) : NULL;
+    s->model_name = strdup(cfg->served_model_name ? cfg->served_model_name : "tandem");
+    s->model_dir = strdup(cfg->model_dir ? cfg->model_dir : "");
+    if (metrics_init(&s->metrics) || pthread_rwlock_init(&s->sched_lock, NULL) || pthread_mutex_init(&s->jobs_mu, NULL) ||
+        pthread_cond_init(&s->jobs_cv, NULL)) {
+        free(s);
+        return TD_FAIL(err, TD_ERR_INTERNAL, "cannot create locks");
+    }
+    if (!s->host || !s->model_name || !s->model_dir || (cfg->api_key && *cfg->api_key && !s->api_key)) {
+        srv_release(s);
+        return TD_FAIL(err, TD_ERR_NOMEM, "out of memory");
+    }
+    s->t_start = srv_now();
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    s->id_base = ((uint64_t)ts.tv_sec * 1000000007ull) ^ (uint64_t)ts.tv_nsec ^ ((uint64_t)getpid() << 32);
+    char port[16];
+    snprintf(port, sizeof port, "%d", cfg->port);
+    struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM, .ai_flags = AI_PASSIVE | AI_NUMERICSERV}, *ai = NULL;
+    int g = getaddrinfo(s->host, port, &hints, &ai);
+    if (g || !ai) {
+        srv_release(s);
+        return TD_FAIL(err, TD_ERR_ARG, "cannot resolve --host %s: %s", cfg->host, gai_strerror(g));
+    }
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
+    if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
+    s->daemon = MHD_start_daemon(flags, 0, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_NOTIFY_COMPLETED,
+                                 on_completed, s, MHD_OPTION_THREAD_POOL_SIZE, (unsigned)s->cfg.http_threads,
+                                 MHD_OPTION_CONNECTION_TIMEOUT, 600u, MHD_OPTION_CONNECTION_LIMIT, 1000u,
+                                 MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s, MHD_OPTION_END);
+    freeaddrinfo(ai);
+    if (!s->daemon) {
+        srv_release(s);
+        return TD_FAIL(err, TD_ERR_IO, "cannot listen on %s:%d (address in use or not allowed?)", cfg->host, cfg->port);
+    }
+    const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->daemon, MHD_DAEMON_INFO_BIND_PORT);
+    s->port = di ? di->port : cfg->port;
+    if (pthread_create(&s->watchdog, NULL, watchdog_main, s)) {
+        MHD_stop_daemon(s->daemon);
+        srv_release(s);
+        return TD_FAIL(err, TD_ERR_INTERNAL, "cannot start the watchdog thread");
+    }
+    s->watchdog_started = true;
+    *out = s;
+    return TD_OK;
+}
+
+int srv_set_model(srv *s, const srv_model *m, td_err *err) {
+    s->tok = m->tok;
+    s->eng = m->eng;
+    s->n_ctx = m->n_ctx;
+    td_model_info mi;
+    td_engine_info(m->eng, &mi);
+    s->vocab = mi.vocab_size;
+    const char *t = tok_chat_template(m->tok);
+    if (t && tpl_parse(t, strlen(t), &s->chat_tpl, err)) return err ? err->code : TD_ERR_FORMAT;
+    if (tok_bos_token(m->tok) && !(s->bos = strdup(tok_bos_token(m->tok)))) return TD_FAIL(err, TD_ERR_NOMEM, "out of memory");
+    if (tok_eos_token(m->tok) && !(s->eos = strdup(tok_eos_token(m->tok)))) return TD_FAIL(err, TD_ERR_NOMEM, "out of memory");
+    pthread_rwlock_wrlock(&s->sched_lock);
+    s->sched = m->sched;
+    pthread_rwlock_unlock(&s->sched_lock);
+    atomic_store(&s->ready, 1);
+    return TD_OK;
+}
+
+int srv_drain(srv *s, double timeout_s) {
+    if (atomic_load(&s->ready) == 1) atomic_store(&s->ready, 2);
+    double end = srv_now() + timeout_s;
+    pthread_mutex_lock(&s->jobs_mu);
+    while (s->n_active > 0 && srv_now() < end) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 50 * 1000 * 1000;
+        if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+        pthread_cond_timedwait(&s->jobs_cv, &s->jobs_mu, &ts);
+    }
+    int n = s->n_active;
+    pthread_mutex_unlock(&s->jobs_mu);
+    return n;
+}
+
+td_sched *srv_detach_sched(srv *s) {
+    if (atomic_load(&s->ready) == 1) atomic_store(&s->ready, 2);
+    pthread_rwlock_wrlock(&s->sched_lock);
+    td_sched *sc = s->sched;
+    s->sched = NULL;
+    pthread_rwlock_unlock(&s->sched_lock);
+    return sc;
+}
+
+void srv_free(srv *s, double timeout_s) {
+    if (!s) return;
+    if (atomic_load(&s->ready) == 1) atomic_store(&s->ready, 2);
+    double end = srv_now() + timeout_s;
+    pthread_mutex_lock(&s->jobs_mu);
+    while (s->n_open > 0 && srv_now() < end) {
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 50 * 1000 * 1000;
+        if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+        pthread_cond_timedwait(&s->jobs_cv, &s->jobs_mu, &ts);
+    }
+    s->stopping = true;
+    pthread_cond_broadcast(&s->jobs_cv);
+    pthread_mutex_unlock(&s->jobs_mu);
+    if (s->watchdog_started) pthread_join(s->watchdog, NULL);
+    MHD_stop_daemon(s->daemon);
+    srv_release(s);
+}

@@ -1,0 +1,182 @@
+/* Internals shared by the server's files (not a public API).
+ *
+ *   http.c      daemon, routing, auth, bodies, errors, suspend/resume,
+ *               disconnect watchdog
+ *   endpoints.c /v1/models, /health, /metrics, /tokenize, /detokenize,
+ *               and the generation handlers (prompt, submit)
+ *   oai_req.c   OpenAI request parsing and validation, chat messages
+ *   gen.c       one generation: scheduler callbacks, detokenize, stop
+ *               strings, reasoning/tool parsing, SSE chunks, final JSON
+ *   chat_parse.c incremental parsers (pure)
+ *   metrics.c   Prometheus text
+ */
+#ifndef TANDEM_SERVER_INTERNAL_H
+#define TANDEM_SERVER_INTERNAL_H
+#include <jansson.h>
+#include <microhttpd.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include "server/chat_parse.h"
+#include "server/metrics.h"
+#include "server/sbuf.h"
+#include "server/server.h"
+#include "template/template.h"
+
+typedef struct job job;
+
+struct srv {
+    srv_config cfg;
+    char *host, *api_key, *model_name, *model_dir; /* owned copies */
+    struct MHD_Daemon *daemon;
+    int port;
+    double t_start;
+    srv_metrics metrics;
+    _Atomic uint64_t next_id;       /* request ids, seeds */
+    uint64_t id_base;
+    /* model: set once by srv_set_model */
+    _Atomic int ready;              /* 0 loading, 1 serving, 2 draining */
+    tokenizer *tok;
+    td_engine *eng;
+    tpl *chat_tpl;                  /* NULL: the model has no chat template */
+    char *bos, *eos;                /* template special tokens */
+    int n_ctx, vocab;
+    /* scheduler: read under rdlock (submit, cancel, stats), cleared under wrlock */
+    pthread_rwlock_t sched_lock;
+    td_sched *sched;
+    /* jobs with a live connection, for the disconnect watchdog */
+    pthread_mutex_t jobs_mu;
+    pthread_cond_t jobs_cv;
+    job *jobs;                      /* doubly linked */
+    int n_active;                   /* submitted and not finished */
+    int n_open;                     /* jobs not yet freed */
+    pthread_t watchdog;
+    bool watchdog_started, stopping;
+};
+
+/* An error answered before any response started. */
+typedef struct http_err {
+    int status;                     /* 0: none */
+    const char *type;               /* OpenAI error type */
+    char msg[512];
+    const char *param;
+    int n_prompt, n_ctx;            /* context overflow details when n_ctx > 0 */
+    bool retry_after;               /* 503 queue full */
+} http_err;
+void http_err_set(http_err *e, int status, const char *type, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+
+/* ---- requests (oai_req.c) ---- */
+enum { OAI_CHAT = 1, OAI_COMPLETION };
+
+typedef struct oai_req {
+    int kind;
+    bool stream, include_usage;
+    int max_tokens;                 /* -1: unset */
+    td_sampling sampling;
+    bool seed_set;
+    char *stops[STOP_MAX];
+    int n_stops;
+    bool include_stop;
+    int32_t stop_ids[65];           /* + the tokenizer's EOS */
+    int n_stop_ids;
+    bool ignore_eos, skip_special;
+    int logprobs;                   /* -1 none, else number of alternatives */
+    bool echo;
+    /* chat */
+    json_t *messages;               /* normalized copy (owned) */
+    json_t *tools;                  /* owned ref or NULL */
+    json_t *kwargs;                 /* template kwargs (owned) */
+    bool add_generation_prompt, parse_tools, thinking;
+    /* completions */
+    char *prompt_text;              /* owned, or NULL when ids given */
+    int32_t *prompt_ids;            /* owned */
+    size_t n_prompt_ids;
+} oai_req;
+
+int oai_parse(srv *s, const json_t *body, int kind, oai_req *r, http_err *e);
+void oai_req_free(oai_req *r);
+/* Messages/tools/kwargs validation shared with /tokenize. */
+int oai_chat_fields(const json_t *body, oai_req *r, http_err *e);
+/* Renders the chat template; *text malloc'd. */
+int oai_render_chat(srv *s, const oai_req *r, char **text, size_t *len, http_err *e);
+/* Token text for logprobs (sanitized UTF-8, malloc'd). */
+char *oai_token_text(srv *s, int32_t id);
+
+/* ---- generation (gen.c) ---- */
+struct job {
+    srv *srv;
+    pthread_mutex_t mu;
+    int refs;
+    job *prev, *next;               /* srv->jobs, under jobs_mu */
+    bool listed;
+    struct MHD_Connection *conn;
+    int fd;                         /* client socket, for the watchdog */
+    oai_req req;
+    int n_prompt, n_ctx;
+    uint64_t sched_id;
+    bool submitted, suspended, finished, conn_gone, cancel_sent, out_done, counted_active;
+    char id[64];
+    long long created;
+    double t_arrival, t_first, t_last;
+    /* output path */
+    tok_stream ts;
+    stop_matcher stop;
+    chat_parser cp;
+    bool use_cp;
+    sbuf scratch;                   /* text out of the stop matcher */
+    /* stream */
+    sbuf out;                       /* SSE bytes to send */
+    size_t out_sent;
+    int dkind;                      /* pending delta: 0, CP_REASONING, CP_CONTENT, CP_TOOL_ARGS */
+    int dindex;
+    sbuf dtext;
+    json_t *lp_pending;             /* logprob entries not yet sent (array) */
+    /* non-stream */
+    sbuf content, reasoning;
+    json_t *calls;                  /* [{id,type,function:{name,arguments}}] */
+    sbuf *cargs;                    /* arguments text per call */
+    int cargs_cap;
+    json_t *lp_all;                 /* all logprob entries */
+    int n_calls;
+    size_t text_offset;             /* completions logprobs text_offset */
+    /* result */
+    td_gen_result res;
+    char error[512];
+    char *body;                     /* non-stream: final JSON */
+    int body_status;
+};
+
+/* Creates a job for a parsed request (takes over r); refs = 1. */
+job *job_new(srv *s, oai_req *r, int n_prompt, int reasoning_mode, td_err *err);
+void job_ref(job *j);
+void job_unref(job *j);
+/* Fills the scheduler request (callbacks point into gen.c). */
+void job_sched_request(job *j, const int32_t *prompt, int n_prompt, td_request *out);
+/* First SSE bytes (role chunk / echo), before the response is queued. */
+int job_stream_begin(job *j);
+/* Content reader for streamed responses. */
+ssize_t job_stream_read(void *cls, uint64_t pos, char *buf, size_t max);
+void job_stream_free(void *cls);
+
+/* ---- http.c helpers used by the other files ---- */
+double srv_now(void);
+uint64_t srv_next_id(srv *s);
+enum MHD_Result srv_reply(srv *s, struct MHD_Connection *c, int status, const char *ctype, const char *body, size_t len);
+enum MHD_Result srv_reply_json(srv *s, struct MHD_Connection *c, int status, json_t *body); /* steals body */
+enum MHD_Result srv_reply_error(srv *s, struct MHD_Connection *c, const http_err *e);
+/* Resumes the job's connection if it is suspended (job lock held). */
+void srv_wake(job *j);
+/* Cancels a submitted request (no locks held). */
+void srv_cancel(srv *s, uint64_t id);
+/* Registers a submitted job with the watchdog. */
+void srv_track(srv *s, job *j);
+void srv_untrack(srv *s, job *j);
+void srv_job_finished(srv *s, job *j);
+
+/* ---- endpoints.c ---- */
+enum MHD_Result ep_models(srv *s, struct MHD_Connection *c);
+enum MHD_Result ep_metrics(srv *s, struct MHD_Connection *c);
+enum MHD_Result ep_tokenize(srv *s, struct MHD_Connection *c, const char *body, size_t len);
+enum MHD_Result ep_detokenize(srv *s, struct MHD_Connection *c, const char *body, size_t len);
+/* Chat or completions; on success *jout is the job (connection ctx takes a ref). */
+enum MHD_Result ep_generate(srv *s, struct MHD_Connection *c, int kind, const char *body, size_t len, job **jout);
+#endif
