@@ -180,8 +180,8 @@ static double chi2_p(const double *prob, const int *count, int cells, int N, dou
 
 /* Target with MIX = 0 is a Markov chain P[a][b]; enumerate the exact joint
  * law of (x3, x4) and x2 after prompt [t0] and compare. */
-static double distribution_test(bool draft_sampling) {
-    td_engine *e = load("tests/models/spec-agree", 3);
+static double distribution_test(const char *model, bool draft_sampling) {
+    td_engine *e = load(model, 3);
     if (!e) return 0;
     int V = e->model->cfg.vocab_size;
     double P[16][16];
@@ -228,8 +228,8 @@ static double distribution_test(bool draft_sampling) {
     double st1, st2;
     int dof1, dof2;
     double p_pair = chi2_p(pair, cnt_pair, V * V, N, &st1, &dof1), p_x2 = chi2_p(x2, cnt_x2, V, N, &st2, &dof2);
-    printf("distribution at depth 3 (%s drafts, %d samples, acceptance %.2f): chi2 (x3,x4) %.1f dof %d p=%.3f; x2 %.1f dof %d p=%.3f\n",
-           draft_sampling ? "sampled" : "argmax", N, (double)accepted / (double)drafted, st1, dof1, p_pair, st2, dof2, p_x2);
+    printf("%s: distribution at depth 3 (%s drafts, %d samples, acceptance %.2f): chi2 (x3,x4) %.1f dof %d p=%.3f; x2 %.1f dof %d p=%.3f\n",
+           model, draft_sampling ? "sampled" : "argmax", N, (double)accepted / (double)drafted, st1, dof1, p_pair, st2, dof2, p_x2);
     td_session_free(s);
     td_engine_free(e);
     return p_pair < p_x2 ? p_pair : p_x2;
@@ -239,13 +239,14 @@ int main(void) {
 #ifdef SPEC_MUTANT
     /* The residual distribution is deliberately wrong in this build: the
      * chi-square test must detect it. */
-    double p = distribution_test(false);
+    double p = distribution_test("tests/models/spec-agree", false);
     CHECK(p < 0.01, "mutant residual not detected: p = %.3f", p);
     TEST_MAIN_END("spec-mutant");
 #else
     if (getenv("SPEC_ONLY_DISTRIBUTION")) {
-        CHECK(distribution_test(false) > 0.01, "argmax drafts");
-        CHECK(distribution_test(true) > 0.01, "sampled drafts");
+        CHECK(distribution_test("tests/models/spec-agree", false) > 0.01, "argmax drafts");
+        CHECK(distribution_test("tests/models/spec-agree", true) > 0.01, "sampled drafts");
+        CHECK(distribution_test("tests/models/spec-disagree", true) > 0.01, "sampled drafts, disagreeing head");
         TEST_MAIN_END("spec-distribution");
     }
     const char *golden[] = {"tiny-a/f32", "tiny-a/bf16", "tiny-b/f32", "tiny-b/bf16", "tiny-c/f32", "tiny-c/bf16"};
@@ -260,10 +261,14 @@ int main(void) {
     multi_turn(dir);
     acceptance("tests/models/spec-agree", 0.95, 1.0);
     acceptance("tests/models/spec-disagree", 0.0, 0.0);
-    double p = distribution_test(false);
+    double p = distribution_test("tests/models/spec-agree", false);
     CHECK(p > 0.01, "argmax-draft rejection sampling fails chi-square: p = %.4f", p);
-    p = distribution_test(true);
+    p = distribution_test("tests/models/spec-agree", true);
     CHECK(p > 0.01, "sampled-draft rejection sampling fails chi-square: p = %.4f", p);
+    /* a head that disagrees: most sampled drafts are rejected, so the
+     * residual normalize(max(0, p - q)) decides the distribution */
+    p = distribution_test("tests/models/spec-disagree", true);
+    CHECK(p > 0.01, "sampled-draft residual fails chi-square: p = %.4f", p);
     TEST_MAIN_END("spec");
 #endif
 }
