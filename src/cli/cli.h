@@ -2,6 +2,7 @@
 #ifndef TANDEM_CLI_H
 #define TANDEM_CLI_H
 int cmd_run(int argc, char **argv);
+int cmd_serve(int argc, char **argv);
 int cmd_inspect(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_detokenize(int argc, char **argv);

@@ -5,6 +5,7 @@
 
 static const struct { const char *name; int (*fn)(int, char **); const char *help; } commands[] = {
     {"run", cmd_run, "generate from a prompt, streaming the text"},
+    {"serve", cmd_serve, "OpenAI-compatible HTTP server"},
     {"inspect", cmd_inspect, "parameter counts, dtypes and bytes of a model"},
     {"tokenize", cmd_tokenize, "text on stdin -> JSON ids"},
     {"detokenize", cmd_detokenize, "JSON ids on stdin -> text"},

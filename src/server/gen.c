@@ -108,16 +108,23 @@ static json_t *bytes_json(const char *s) {
     return a;
 }
 
+static char *token_text(job *j, int32_t id) {
+    if (!j->req.tokens_as_ids) return oai_token_text(j->srv, id);
+    char *t = malloc(24);
+    if (t) snprintf(t, 24, "token_id:%d", (int)id);
+    return t;
+}
+
 /* One chat-format logprob entry for a generated token. */
 static json_t *lp_entry(job *j, const td_token_event *ev) {
-    char *t = oai_token_text(j->srv, ev->token);
+    char *t = token_text(j, ev->token);
     json_t *e = json_pack("{s:s, s:f, s:o, s:[]}", "token", t ? t : "", "logprob", (double)ev->logprob, "bytes", bytes_json(t ? t : ""),
                           "top_logprobs");
     free(t);
     json_t *top = json_object_get(e, "top_logprobs");
     int n = ev->n_top < j->req.logprobs ? ev->n_top : j->req.logprobs;
     for (int i = 0; e && i < n; i++) {
-        char *tt = oai_token_text(j->srv, ev->top_ids[i]);
+        char *tt = token_text(j, ev->top_ids[i]);
         json_array_append_new(top, json_pack("{s:s, s:f, s:o}", "token", tt ? tt : "", "logprob", (double)ev->top_logprobs[i], "bytes",
                                              bytes_json(tt ? tt : "")));
         free(tt);
@@ -476,3 +483,11 @@ ssize_t job_stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
 }
 
 void job_stream_free(void *cls) { job_unref(cls); }
+
+void job_keepalive(job *j, double now) {
+    if (!j->req.stream || j->t_first || j->finished || j->conn_gone || !j->submitted) return;
+    if (!j->t_keepalive) j->t_keepalive = j->t_arrival;
+    if (now - j->t_keepalive < SRV_KEEPALIVE_S) return;
+    j->t_keepalive = now;
+    if (emit_chunk(j, j->req.kind == OAI_CHAT ? json_object() : NULL, NULL, 0, NULL) == 0) srv_wake(j);
+}

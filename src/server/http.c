@@ -147,8 +147,10 @@ static void *watchdog_main(void *arg) {
         if (s->stopping) break;
         uint64_t ids[64];
         int n = 0;
+        double now = srv_now();
         for (job *j = s->jobs; j && n < 64; j = j->next) {
             pthread_mutex_lock(&j->mu);
+            job_keepalive(j, now);
             if (j->submitted && !j->finished && !j->cancel_sent && j->fd >= 0) {
                 struct pollfd p = {.fd = j->fd, .events = POLLRDHUP};
                 if (poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR))) {

@@ -295,7 +295,9 @@ int oai_parse(srv *s, const json_t *b, int kind, oai_req *r, http_err *e) {
     if ((rc = int_field(b, "max_completion_tokens", 1, 1 << 30, &x, e)) < 0) return -1;
     if (rc) r->max_tokens = (int)x;
     if (sampling_fields(b, r, e) || stop_fields(s, b, r, e)) return -1;
-    if (bool_field(b, "ignore_eos", &r->ignore_eos, e) < 0 || bool_field(b, "skip_special_tokens", &r->skip_special, e) < 0) return -1;
+    if (bool_field(b, "ignore_eos", &r->ignore_eos, e) < 0 || bool_field(b, "skip_special_tokens", &r->skip_special, e) < 0 ||
+        bool_field(b, "return_tokens_as_token_ids", &r->tokens_as_ids, e) < 0)
+        return -1;
     if (kind == OAI_CHAT) {
         bool lp = false;
         if (bool_field(b, "logprobs", &lp, e) < 0) return -1;

@@ -79,6 +79,7 @@ typedef struct oai_req {
     int32_t stop_ids[65];           /* + the tokenizer's EOS */
     int n_stop_ids;
     bool ignore_eos, skip_special;
+    bool tokens_as_ids;             /* vLLM return_tokens_as_token_ids */
     int logprobs;                   /* -1 none, else number of alternatives */
     bool echo;
     /* chat */
@@ -117,6 +118,7 @@ struct job {
     char id[64];
     long long created;
     double t_arrival, t_first, t_last;
+    double t_keepalive;             /* last empty chunk sent while waiting for the first token */
     /* output path */
     tok_stream ts;
     stop_matcher stop;
@@ -156,6 +158,10 @@ int job_stream_begin(job *j);
 /* Content reader for streamed responses. */
 ssize_t job_stream_read(void *cls, uint64_t pos, char *buf, size_t max);
 void job_stream_free(void *cls);
+/* While a streamed request waits for its first token (queue, long
+ * prefill), an empty delta every SRV_KEEPALIVE_S seconds (job lock held). */
+#define SRV_KEEPALIVE_S 2.0
+void job_keepalive(job *j, double now);
 
 /* ---- http.c helpers used by the other files ---- */
 double srv_now(void);

@@ -1,0 +1,202 @@
+/* `tandem serve`: OpenAI-compatible HTTP server (see src/server/server.h).
+ * Binds first (so /health answers 503 while loading), then loads the
+ * tokenizer, the engine and the scheduler, and serves until SIGINT/SIGTERM:
+ * new requests are refused, those in flight get --shutdown-timeout seconds
+ * to finish, the rest are cancelled, and it exits 0. */
+#include <jansson.h>
+#include <libgen.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "cli/cli.h"
+#include "cli/opts.h"
+#include "sched/sched.h"
+#include "server/server.h"
+#include "tokenizer/tokenizer.h"
+
+/* Sampling defaults from DIR/generation_config.json (vLLM's
+ * --generation-config auto): temperature, top_p, top_k, min_p,
+ * repetition_penalty, max_new_tokens. do_sample: false means greedy. */
+static void generation_defaults(const char *dir, td_sampling *s, int *max_new_tokens) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/generation_config.json", dir);
+    json_t *g = json_load_file(path, 0, NULL);
+    if (!json_is_object(g)) { json_decref(g); return; }
+    const json_t *v;
+    if (json_is_false(json_object_get(g, "do_sample"))) s->temperature = 0;
+    else if (json_is_number(v = json_object_get(g, "temperature")) && json_number_value(v) >= 0) s->temperature = (float)json_number_value(v);
+    if (json_is_number(v = json_object_get(g, "top_p")) && json_number_value(v) > 0 && json_number_value(v) <= 1) s->top_p = (float)json_number_value(v);
+    if (json_is_integer(v = json_object_get(g, "top_k")) && json_integer_value(v) > 0 && json_integer_value(v) < (1 << 30)) s->top_k = (int)json_integer_value(v);
+    if (json_is_number(v = json_object_get(g, "min_p")) && json_number_value(v) >= 0 && json_number_value(v) <= 1) s->min_p = (float)json_number_value(v);
+    if (json_is_number(v = json_object_get(g, "repetition_penalty")) && json_number_value(v) > 0) s->repetition_penalty = (float)json_number_value(v);
+    if (json_is_integer(v = json_object_get(g, "max_new_tokens")) && json_integer_value(v) > 0 && json_integer_value(v) < (1 << 30))
+        *max_new_tokens = (int)json_integer_value(v);
+    json_decref(g);
+}
+
+static const char *help =
+    "usage: tandem serve -m DIR [options]\n"
+    "  --host ADDR                  bind address (default 127.0.0.1)\n"
+    "  --port N                     port (default 8000; 0 = any free port)\n"
+    "  --api-key KEY                require 'Authorization: Bearer KEY' (all routes but /health)\n"
+    "  --served-model-name NAME     model id in the API (default: the directory's name)\n"
+    "  --max-num-seqs N             requests run at once (default 8)\n"
+    "  --max-queue N                waiting requests before 503 (default 64)\n"
+    "  --max-num-batched-tokens N   tokens per engine step, for chunked prefill (default 512)\n"
+    "  --enable-prefix-caching / --no-prefix-caching   (default on)\n"
+    "  --max-body BYTES             largest request body, k/M suffixes (default 32M)\n"
+    "  --http-threads N             HTTP polling threads (default 4)\n"
+    "  --shutdown-timeout S         on SIGTERM, seconds for requests in flight (default 10)\n"
+    "  --kv-cache-dtype T  --gpu-memory-utilization F  --enforce-eager   accepted; GPU only\n"
+    "  --quiet                      no per-request log lines\n"
+    "common options (sampling flags set the defaults for requests that leave them out;\n"
+    "generation_config.json in DIR is read first):\n";
+
+int cmd_serve(int argc, char **argv) {
+    common_opts o;
+    common_opts_init(&o);
+    o.sampling.temperature = 1.0f; /* OpenAI's default when nothing else says */
+    int gen_max = 0;
+    for (int i = 1; i + 1 < argc; i++)
+        if (!strcmp(argv[i], "-m") || !strcmp(argv[i], "--model")) o.model = argv[i + 1];
+    generation_defaults(o.model, &o.sampling, &gen_max);
+    srv_config cfg = {.host = "127.0.0.1", .port = 8000, .max_body = 32u << 20, .http_threads = 4};
+    td_sched_opts so;
+    td_sched_opts_default(&so);
+    double shutdown_s = 10;
+    const char *gpu_only[3] = {NULL, NULL, NULL};
+    for (int i = 1; i < argc; i++) {
+        int r = common_opts_parse(&o, argc, argv, &i);
+        if (r < 0) return 2;
+        if (r) {
+            if (!strcmp(argv[i], "--seed") || !strcmp(argv[i - 1], "--seed")) cfg.sampling_seed_set = true;
+            continue;
+        }
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        long n;
+#define NEED()                                                                     \
+    do {                                                                           \
+        if (!v) { fprintf(stderr, "tandem serve: %s needs a value\n", a); return 2; } \
+        i++;                                                                       \
+    } while (0)
+        if (!strcmp(a, "--host")) { NEED(); cfg.host = v; }
+        else if (!strcmp(a, "--port")) {
+            NEED();
+            n = parse_size_suffix(v);
+            if (n < 0 || n > 65535 || strchr(v, 'k') || strchr(v, 'K')) { fprintf(stderr, "tandem serve: bad --port %s\n", v); return 2; }
+            cfg.port = (int)n;
+        } else if (!strcmp(a, "--api-key")) { NEED(); cfg.api_key = v; }
+        else if (!strcmp(a, "--served-model-name")) { NEED(); cfg.served_model_name = v; }
+        else if (!strcmp(a, "--max-num-seqs") || !strcmp(a, "--max-queue") || !strcmp(a, "--max-num-batched-tokens") ||
+                 !strcmp(a, "--http-threads")) {
+            NEED();
+            n = parse_size_suffix(v);
+            bool q = !strcmp(a, "--max-queue");
+            if (n < (q ? 0 : 1) || n > (1 << 24)) { fprintf(stderr, "tandem serve: bad %s %s\n", a, v); return 2; }
+            if (!strcmp(a, "--max-num-seqs")) so.max_num_seqs = (int)n;
+            else if (q) so.max_queue = (int)n;
+            else if (!strcmp(a, "--http-threads")) cfg.http_threads = n > 64 ? 64 : (int)n;
+            else so.max_batch_tokens = (int)n;
+        } else if (!strcmp(a, "--max-body")) {
+            NEED();
+            n = parse_size_suffix(v);
+            if (n < 1024) { fprintf(stderr, "tandem serve: bad --max-body %s (at least 1k)\n", v); return 2; }
+            cfg.max_body = (size_t)n;
+        } else if (!strcmp(a, "--shutdown-timeout")) {
+            NEED();
+            char *end;
+            shutdown_s = strtod(v, &end);
+            if (*end || !(shutdown_s >= 0 && shutdown_s < 86400)) { fprintf(stderr, "tandem serve: bad --shutdown-timeout %s\n", v); return 2; }
+        } else if (!strcmp(a, "--enable-prefix-caching")) so.prefix_caching = true;
+        else if (!strcmp(a, "--no-prefix-caching") || !strcmp(a, "--no-enable-prefix-caching")) so.prefix_caching = false;
+        else if (!strcmp(a, "--kv-cache-dtype")) { NEED(); gpu_only[0] = v; }
+        else if (!strcmp(a, "--gpu-memory-utilization")) {
+            NEED();
+            char *end;
+            double f = strtod(v, &end);
+            if (*end || !(f > 0 && f <= 1)) { fprintf(stderr, "tandem serve: bad --gpu-memory-utilization %s\n", v); return 2; }
+            gpu_only[1] = v;
+        } else if (!strcmp(a, "--enforce-eager")) gpu_only[2] = "on";
+        else if (!strcmp(a, "--quiet")) cfg.quiet = true;
+        else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            printf("%s%s", help, common_opts_help());
+            return 0;
+        } else {
+            fprintf(stderr, "tandem serve: unknown option %s (see --help)\n", a);
+            return 2;
+        }
+#undef NEED
+    }
+    char *dir_copy = strdup(o.model), *base = NULL;
+    if (!dir_copy) return 1;
+    size_t dl = strlen(dir_copy);
+    while (dl > 1 && dir_copy[dl - 1] == '/') dir_copy[--dl] = 0;
+    base = basename(dir_copy);
+    cfg.served_model_name = cfg.served_model_name ? cfg.served_model_name : base;
+    cfg.model_dir = o.model;
+    cfg.spec_depth = o.spec_depth;
+    cfg.draft_sampling = o.draft_sampling;
+    cfg.sampling = o.sampling;
+    cfg.default_max_tokens = gen_max;
+    cfg.max_num_seqs = so.max_num_seqs;
+    cfg.max_queue = so.max_queue;
+    if (gpu_only[0]) fprintf(stderr, "tandem serve: --kv-cache-dtype %s accepted (GPU backends only; the CPU backend keeps fp32)\n", gpu_only[0]);
+    if (gpu_only[1]) fprintf(stderr, "tandem serve: --gpu-memory-utilization %s accepted (GPU backends only)\n", gpu_only[1]);
+    if (gpu_only[2]) fprintf(stderr, "tandem serve: --enforce-eager accepted (GPU backends only)\n");
+
+    /* Signals are taken by sigwait below; every thread inherits the mask. */
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    signal(SIGPIPE, SIG_IGN);
+
+    td_err err = {0};
+    srv *s = NULL;
+    if (srv_start(&cfg, &s, &err)) {
+        fprintf(stderr, "tandem serve: %s\n", err.msg);
+        free(dir_copy);
+        return 1;
+    }
+    fprintf(stderr, "tandem serve: listening on http://%s:%d (loading %s; /health is 503 until ready)\n",
+            strchr(cfg.host, ':') ? "[::]" : cfg.host, srv_port(s), o.model);
+    fflush(stderr);
+
+    int rc = 1;
+    tokenizer *tok = NULL;
+    td_engine *eng = NULL;
+    td_sched *sched = NULL;
+    if (tok_load(o.model, &tok, &err)) { fprintf(stderr, "tandem serve: %s\n", err.msg); goto out; }
+    td_engine_opts eo = {.n_threads = o.threads, .max_context = o.max_model_len, .spec_depth = o.spec_depth};
+    if (td_engine_load(o.model, &eo, &eng, &err)) { fprintf(stderr, "tandem serve: %s\n", err.msg); goto out; }
+    td_model_info mi;
+    td_engine_info(eng, &mi);
+    if (td_sched_new(eng, &so, &sched, &err)) { fprintf(stderr, "tandem serve: %s\n", err.msg); goto out; }
+    srv_model m = {.tok = tok, .eng = eng, .sched = sched, .n_ctx = mi.max_position_embeddings};
+    if (srv_set_model(s, &m, &err)) { fprintf(stderr, "tandem serve: %s\n", err.msg); goto out; }
+    fprintf(stderr, "tandem serve: ready: model \"%s\" (%s), max_model_len %d, spec depth %d, max_num_seqs %d, max_queue %d%s\n",
+            cfg.served_model_name, mi.model_type ? mi.model_type : "?", mi.max_position_embeddings, o.spec_depth, so.max_num_seqs,
+            so.max_queue, cfg.api_key ? ", API key required" : "");
+    fflush(stderr);
+
+    int sig = 0;
+    sigwait(&sigs, &sig);
+    fprintf(stderr, "tandem serve: %s: finishing requests in flight (up to %.0fs)\n", sig == SIGINT ? "SIGINT" : "SIGTERM", shutdown_s);
+    int left = srv_drain(s, shutdown_s);
+    if (left) fprintf(stderr, "tandem serve: cancelling %d requests\n", left);
+    rc = 0;
+out:
+    {
+        td_sched *sc = s ? srv_detach_sched(s) : NULL;
+        if (!sc) sc = sched;
+        td_sched_free(sc); /* cancels what is left: their streams end */
+        srv_free(s, 2.0);
+        td_engine_free(eng);
+        tok_free(tok);
+        free(dir_copy);
+    }
+    return rc;
+}
