@@ -161,8 +161,9 @@ int cmd_serve(int argc, char **argv) {
         free(dir_copy);
         return 1;
     }
-    fprintf(stderr, "tandem serve: listening on http://%s:%d (loading %s; /health is 503 until ready)\n",
-            strchr(cfg.host, ':') ? "[::]" : cfg.host, srv_port(s), o.model);
+    bool v6 = strchr(cfg.host, ':') != NULL;
+    fprintf(stderr, "tandem serve: listening on http://%s%s%s:%d (loading %s; /health is 503 until ready)\n",
+            v6 ? "[" : "", cfg.host, v6 ? "]" : "", srv_port(s), o.model);
     fflush(stderr);
 
     int rc = 1;
@@ -177,9 +178,9 @@ int cmd_serve(int argc, char **argv) {
     if (td_sched_new(eng, &so, &sched, &err)) { fprintf(stderr, "tandem serve: %s\n", err.msg); goto out; }
     srv_model m = {.tok = tok, .eng = eng, .sched = sched, .n_ctx = mi.max_position_embeddings};
     if (srv_set_model(s, &m, &err)) { fprintf(stderr, "tandem serve: %s\n", err.msg); goto out; }
-    fprintf(stderr, "tandem serve: ready: model \"%s\" (%s), max_model_len %d, spec depth %d, max_num_seqs %d, max_queue %d%s\n",
-            cfg.served_model_name, mi.model_type ? mi.model_type : "?", mi.max_position_embeddings, o.spec_depth, so.max_num_seqs,
-            so.max_queue, cfg.api_key ? ", API key required" : "");
+    fprintf(stderr, "tandem serve: ready on http://%s%s%s:%d: model \"%s\" (%s), max_model_len %d, spec depth %d, max_num_seqs %d, max_queue %d%s\n",
+            v6 ? "[" : "", cfg.host, v6 ? "]" : "", srv_port(s), cfg.served_model_name, mi.model_type ? mi.model_type : "?",
+            mi.max_position_embeddings, o.spec_depth, so.max_num_seqs, so.max_queue, cfg.api_key ? ", API key required" : "");
     fflush(stderr);
 
     int sig = 0;

@@ -225,7 +225,11 @@ enum MHD_Result ep_generate(srv *s, struct MHD_Connection *c, int kind, const ch
         srv_job_finished(s, j);
         job_unref(j); /* the scheduler's */
         job_unref(j); /* ours */
-        if (src == TD_ERR_LIMIT) {
+        if (src == TD_ERR_LIMIT && strstr(err.msg, "context size")) { /* the scheduler's own context check */
+            http_err_set(&e, 400, "exceed_context_size_error", "request (%zu tokens) exceeds the available context size (%d tokens)", n, s->n_ctx);
+            e.n_prompt = (int)n;
+            e.n_ctx = s->n_ctx;
+        } else if (src == TD_ERR_LIMIT) {
             metrics_add(&s->metrics, &s->metrics.rejected_queue_full, 1);
             http_err_set(&e, 503, "service_unavailable_error", "the server is busy (request queue full); retry later");
             e.retry_after = true;

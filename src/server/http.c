@@ -383,10 +383,9 @@ int srv_start(const srv_config *cfg, srv **out, td_err *err) {
     }
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
     if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
-    s->daemon = MHD_start_daemon(flags, 0, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_NOTIFY_COMPLETED,
+    s->daemon = MHD_start_daemon(flags, 0, NULL, NULL, on_request, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s, MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_NOTIFY_COMPLETED,
                                  on_completed, s, MHD_OPTION_THREAD_POOL_SIZE, (unsigned)s->cfg.http_threads,
-                                 MHD_OPTION_CONNECTION_TIMEOUT, 600u, MHD_OPTION_CONNECTION_LIMIT, 1000u,
-                                 MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s, MHD_OPTION_END);
+                                 MHD_OPTION_CONNECTION_TIMEOUT, 600u, MHD_OPTION_CONNECTION_LIMIT, 1000u, MHD_OPTION_END);
     freeaddrinfo(ai);
     if (!s->daemon) {
         srv_release(s);
