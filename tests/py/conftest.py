@@ -123,3 +123,32 @@ def make_server():
         s.stop()
     for s in started:
         s.check_clean_exit()
+
+
+THINK_TEMPLATE = (
+    "{%- for message in messages %}{{- '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}{%- endfor %}"
+    "{%- if tools %}{{- '<|im_start|>system\\nTools:' }}{%- for t in tools %}{{- ' ' + t.function.name }}{%- endfor %}"
+    "{{- '<|im_end|>\\n' }}{%- endif %}"
+    "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}"
+    "{%- if enable_thinking is defined and enable_thinking is false %}{{- '<think>\\n\\n</think>\\n\\n' }}"
+    "{%- else %}{{- '<think>\\n' }}{%- endif %}{%- endif %}"
+)
+
+
+@pytest.fixture(scope="session")
+def server_think(tmp_path_factory):
+    """tiny-b with a Qwen3.5-style template: the generation prompt opens <think>."""
+    import json
+    d = tmp_path_factory.mktemp("think-model")
+    for f in os.listdir(MODEL):
+        if f != "tokenizer_config.json":
+            os.symlink(os.path.join(MODEL, f), d / f)
+    with open(os.path.join(MODEL, "tokenizer_config.json")) as fh:
+        cfg = json.load(fh)
+    cfg["chat_template"] = THINK_TEMPLATE
+    with open(d / "tokenizer_config.json", "w") as fh:
+        json.dump(cfg, fh)
+    s = Server("-m", str(d), "--served-model-name", "think", "--quiet")
+    yield s
+    s.stop()
+    s.check_clean_exit()

@@ -458,3 +458,37 @@ def test_keepalive_while_queued(make_server):
     if not got_keepalive and time.time() - t0 < 2:
         pytest.skip("the first request finished too fast to queue the second")
     assert got_keepalive
+
+
+# ---- reasoning split end to end (template opens <think>) -----------------------------
+
+TOOLS = [{"type": "function", "function": {"name": "run", "parameters": {"type": "object", "properties": {"cmd": {"type": "string"}}}}}]
+
+
+@pytest.mark.parametrize("thinking", [True, False])
+def test_reasoning_split(server_think, thinking):
+    from openai import OpenAI
+    c = OpenAI(base_url=server_think.url("/v1"), api_key="x", max_retries=0)
+    kw = dict(model="think", messages=MSG, temperature=0, max_tokens=20, tools=TOOLS,
+              extra_body={"ignore_eos": True, "chat_template_kwargs": {"enable_thinking": thinking}})
+    r = c.chat.completions.create(**kw)
+    msg = r.model_dump()["choices"][0]["message"]
+    chunks = [ch.model_dump() for ch in c.chat.completions.create(stream=True, **kw)]
+    deltas = [ch["choices"][0]["delta"] for ch in chunks if ch["choices"]]
+    s_reason = "".join(d.get("reasoning_content") or "" for d in deltas)
+    s_content = "".join(d.get("content") or "" for d in deltas)
+    if thinking:
+        # The random model never closes </think>: everything is reasoning.
+        assert msg.get("reasoning_content") and not msg["content"]
+        assert s_reason == msg["reasoning_content"] and s_content == ""
+    else:
+        assert not msg.get("reasoning_content") and msg["content"]
+        assert s_content == msg["content"] and s_reason == ""
+    assert r.choices[0].finish_reason == "length"
+    # the template saw the tools and the kwarg
+    t = requests.post(server_think.url("/tokenize"), json={"messages": MSG, "tools": TOOLS,
+                                                            "chat_template_kwargs": {"enable_thinking": thinking}}).json()
+    text = requests.post(server_think.url("/detokenize"), json={"tokens": t["tokens"]}).json()["prompt"]
+    assert "Tools: run" in text
+    assert text.endswith("<think>\n") == thinking
+    assert r.usage.prompt_tokens == t["count"]
