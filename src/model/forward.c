@@ -62,6 +62,16 @@ void td_fwd_ctx_free(td_fwd_ctx *c) {
 
 static int imax(int a, int b) { return a > b ? a : b; }
 
+/* Parallel loop, or a plain one when the work (in multiply-adds) is too
+ * small to pay for waking threads. Results are identical either way. */
+static void par_for(td_fwd_ctx *c, int n, void (*fn)(void *, int), void *ctx, double work) {
+    if (work < 65536.0 || c->b->n_threads == 1) {
+        for (int i = 0; i < n; i++) fn(ctx, i);
+        return;
+    }
+    c->b->ops->parallel_for(c->b, n, fn, ctx);
+}
+
 /* Scratch for M rows. t0..t5 are sized for the widest use of each. */
 static int ensure_scratch(td_fwd_ctx *c, int M, td_err *err) {
     if (M <= c->cap_M) return TD_OK;
@@ -185,7 +195,9 @@ static void attention_block(td_fwd_ctx *c, const td_attn_weights *w, const float
         }
     }
     attn_job j = {.g = g, .segs = segs, .nseg = nseg, .q = q, .gate = g->attn_output_gate ? gate : NULL, .out = out, .row_seg = row_seg};
-    b->ops->parallel_for(b, M * nh, attn_task, &j);
+    double work = 0;
+    for (int si = 0; si < nseg; si++) work += (double)segs[si].n * (segs[si].pos0 + segs[si].n) * nh * hd * 2;
+    par_for(c, M * nh, attn_task, &j, work);
     b->ops->matmul(b, &w->o_proj, out, M, c->t0);
     for (size_t i = 0; i < (size_t)M * g->hidden_size; i++) c->x[i] += c->t0[i];
 }
@@ -306,8 +318,8 @@ static void deltanet_block(td_fwd_ctx *c, const td_deltanet_weights *w, int slot
     for (int m = 0; m < M; m++) memcpy(ba + (size_t)m * 2 * nv + nv, tmp + (size_t)m * nv, (size_t)nv * sizeof(float));
     gdn_job j = {.g = g, .w = w, .segs = segs, .nseg = nseg, .slot = slot, .qkv = qkv, .conv_out = conv_out, .z = z, .ba = ba, .o = o,
                  .n_ch_tasks = (C + CONV_CH_PER_TASK - 1) / CONV_CH_PER_TASK};
-    b->ops->parallel_for(b, nseg * j.n_ch_tasks, conv_task, &j);
-    b->ops->parallel_for(b, nseg * nv, recur_task, &j);
+    par_for(c, nseg * j.n_ch_tasks, conv_task, &j, (double)M * C * 4);
+    par_for(c, nseg * nv, recur_task, &j, (double)M * nv * g->lin_dk * g->lin_dv * 4);
     b->ops->matmul(b, &w->out_proj, o, M, c->t0);
     for (size_t i = 0; i < (size_t)M * g->hidden_size; i++) c->x[i] += c->t0[i];
 }

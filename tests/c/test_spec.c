@@ -19,7 +19,7 @@ static int collect(void *u, int32_t t) {
 
 static td_engine *load(const char *dir, int depth) {
     td_err err = {0};
-    td_engine_opts o = {.n_threads = 2, .spec_depth = depth, .max_context = 4096};
+    td_engine_opts o = {.n_threads = 1, .spec_depth = depth, .max_context = 4096}; /* tiny models: threads don't pay */
     td_engine *e = NULL;
     int rc = td_engine_load(dir, &o, &e, &err);
     CHECK(rc == 0, "%s: %s", dir, err.msg);

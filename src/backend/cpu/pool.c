@@ -6,10 +6,11 @@
 #include <stdlib.h>
 #include "util/err.h"
 
-/* Workers spin briefly on the job counter before sleeping: a decode step
- * issues hundreds of small parallel loops, and a futex wake per loop costs
- * more than the loop itself on small models. */
-#define SPIN_ITERS 20000
+/* Workers spin briefly (a few microseconds) on the job counter before
+ * sleeping: a decode step issues hundreds of parallel loops back to back, and
+ * a futex wake per loop costs more than a small loop. The spin is short so an
+ * oversubscribed machine is not flooded with busy threads. */
+#define SPIN_ITERS 2000
 
 struct td_pool {
     int n_threads;            /* including the caller */
