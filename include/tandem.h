@@ -52,7 +52,19 @@ typedef struct td_engine_opts {
     int n_threads;       /* 0 = all cores */
     int max_context;     /* per-session token capacity; 0 = model's max_position_embeddings, capped at 32768 */
     int spec_depth;      /* draft tokens per step kept as DeltaNet checkpoints (0 = off) */
+    size_t kv_cache_bytes; /* paged KV cache size; 0 = room for max_seqs full windows */
+    int max_seqs;        /* sequences expected at once, for the default KV size (0 = 4) */
+    bool no_prefix_caching; /* do not keep prefix-cache checkpoints */
+    int prefix_checkpoints; /* DeltaNet checkpoints kept for prefix hits (0 = 8 x max_seqs) */
 } td_engine_opts;
+
+/* KV cache figures (caller-owned copy). */
+typedef struct td_kv_info {
+    int block_size, n_blocks, free_blocks;
+    size_t bytes_per_block, bytes_total;
+    size_t deltanet_state_bytes; /* per sequence */
+} td_kv_info;
+void td_engine_kv_info(const td_engine *eng, td_kv_info *out);
 
 /* Loads a Hugging Face model directory (config.json, *.safetensors,
  * tokenizer.json if present). Weights are memory-mapped, not copied. */

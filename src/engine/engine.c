@@ -26,6 +26,24 @@ int td_engine_load(const char *model_dir, const td_engine_opts *opts, td_engine 
         rc = TD_FAIL(err, TD_ERR_ARG, "spec depth %d out of range 0..64", e->opts.spec_depth);
         goto fail;
     }
+    /* paged KV cache */
+    const td_config *c = &e->model->cfg;
+    td_kv_shape ks = {.n_layers = c->n_full_attn + (e->model->has_mtp ? 1 : 0), .kv_dim = c->n_kv_heads * c->head_dim,
+                      .state_floats = (size_t)(c->n_layers - c->n_full_attn) *
+                                      ((size_t)(c->conv_kernel - 1) * td_cfg_lin_conv_dim(c) + (size_t)c->lin_nv * c->lin_dk * c->lin_dv),
+                      .hidden = c->hidden_size};
+    if (ks.n_layers == 0) ks.n_layers = 1;
+    int seqs = e->opts.max_seqs > 0 ? e->opts.max_seqs : 4;
+    size_t per_block = td_kv_bytes_per_block(&ks);
+    long n_blocks = e->opts.kv_cache_bytes ? (long)(e->opts.kv_cache_bytes / per_block)
+                                           : (long)seqs * ((maxc + 1 + TD_KV_BLOCK - 1) / TD_KV_BLOCK + 1);
+    if (n_blocks < 2 || n_blocks > (1L << 30)) {
+        rc = TD_FAIL(err, TD_ERR_ARG, "KV cache of %zu bytes holds %ld blocks of %d tokens (%zu bytes each): too small", e->opts.kv_cache_bytes,
+                     n_blocks, TD_KV_BLOCK, per_block);
+        goto fail;
+    }
+    int n_ckpt = e->opts.no_prefix_caching ? 0 : e->opts.prefix_checkpoints > 0 ? e->opts.prefix_checkpoints : 8 * seqs;
+    if ((rc = td_kv_new(&ks, (int)n_blocks, n_ckpt, &e->kv, err))) goto fail;
     *out = e;
     return TD_OK;
 fail:
@@ -35,6 +53,7 @@ fail:
 
 void td_engine_free(td_engine *e) {
     if (!e) return;
+    td_kv_free(e->kv);
     td_fwd_ctx_free(e->fwd);
     td_backend_free(e->backend);
     td_model_free(e->model);
@@ -61,7 +80,7 @@ int td_session_new(td_engine *eng, td_session **out, td_err *err) {
     if (!s) return TD_ERR_NOMEM;
     s->eng = eng;
     const td_config *c = &eng->model->cfg;
-    int rc = td_seq_init(&s->seq, eng->model, eng->max_context, eng->opts.spec_depth + 1, err);
+    int rc = td_seq_init(&s->seq, eng->model, eng->kv, eng->max_context, eng->opts.spec_depth + 1, err);
     if (rc) { free(s); return rc; }
     s->logits = TD_CALLOC(err, (size_t)c->vocab_size, sizeof(float));
     s->hidden = TD_CALLOC(err, (size_t)c->hidden_size, sizeof(float));
@@ -87,6 +106,19 @@ const int32_t *td_session_tokens(const td_session *s) { return s->seq.tokens; }
 void td_session_reset(td_session *s) {
     td_seq_reset(&s->seq);
     s->mtp_ok = false;
+}
+
+void td_engine_kv_info(const td_engine *e, td_kv_info *o) {
+    const td_config *c = &e->model->cfg;
+    td_kv_shape ks = {.n_layers = c->n_full_attn + (e->model->has_mtp ? 1 : 0), .kv_dim = c->n_kv_heads * c->head_dim};
+    if (ks.n_layers == 0) ks.n_layers = 1;
+    o->block_size = TD_KV_BLOCK;
+    o->n_blocks = td_kv_n_blocks(e->kv);
+    o->free_blocks = td_kv_free_blocks(e->kv);
+    o->bytes_per_block = td_kv_bytes_per_block(&ks);
+    o->bytes_total = o->bytes_per_block * (size_t)o->n_blocks;
+    o->deltanet_state_bytes = (size_t)(c->n_layers - c->n_full_attn) *
+                              ((size_t)(c->conv_kernel - 1) * td_cfg_lin_conv_dim(c) + (size_t)c->lin_nv * c->lin_dk * c->lin_dv) * sizeof(float);
 }
 
 void td_engine_spec_counters(const td_engine *e, td_spec_counters *out) { *out = e->spec_totals; }

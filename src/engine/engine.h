@@ -2,6 +2,7 @@
 #ifndef TANDEM_ENGINE_ENGINE_H
 #define TANDEM_ENGINE_ENGINE_H
 #include "backend/backend.h"
+#include "kv/kv.h"
 #include "model/forward.h"
 #include "model/model.h"
 #include "model/seq.h"
@@ -13,6 +14,7 @@ struct td_engine {
     td_backend *backend;
     td_fwd_ctx *fwd;
     int max_context;
+    td_kv *kv;                    /* paged KV cache + prefix cache */
     td_spec_counters spec_totals; /* over every generation */
 };
 

@@ -26,7 +26,8 @@ typedef struct segment {
     td_seq *seq;
     int pos0, n, row0;
     bool checkpoint;
-    float *kc, *vc;   /* this layer's K/V cache of seq: [cap][kv_dim] */
+    int kv_layer;     /* this layer's index in the paged KV cache */
+    int shift;        /* position p lives at KV slot p + shift (1 for the MTP layer) */
 } segment;
 
 static inline float silu(float x) { return x / (1.0f + expf(-x)); }
@@ -133,12 +134,15 @@ static void attn_task(void *ctx, int task) {
     const segment *s = &j->segs[j->row_seg[m]];
     int pos = s->pos0 + (m - s->row0);
     const float *q = j->q + (size_t)m * nh * hd + (size_t)h * hd;
-    const float *kc = s->kc + (size_t)(h / group) * hd, *vc = s->vc + (size_t)(h / group) * hd;
+    size_t hoff = (size_t)(h / group) * hd;
+    td_seq *sq = s->seq;
+    int L = s->kv_layer, sh = s->shift;
+    (void)kvd;
     float scale = 1.0f / sqrtf((float)hd);
     /* Two passes: max, then exp-sum and weighted values (exact softmax). */
     float mx = -INFINITY;
     for (int p = 0; p <= pos; p++) {
-        const float *k = kc + (size_t)p * kvd;
+        const float *k = td_seq_k(sq, L, p + sh) + hoff;
         float d = 0.0f;
         for (int i = 0; i < hd; i++) d += q[i] * k[i];
         d *= scale;
@@ -149,7 +153,7 @@ static void attn_task(void *ctx, int task) {
     for (int i = 0; i < hd; i++) acc[i] = 0.0f;
     float sum = 0.0f;
     for (int p = 0; p <= pos; p++) {
-        const float *k = kc + (size_t)p * kvd, *v = vc + (size_t)p * kvd;
+        const float *k = td_seq_k(sq, L, p + sh) + hoff, *v = td_seq_v(sq, L, p + sh) + hoff;
         float d = 0.0f;
         for (int i = 0; i < hd; i++) d += q[i] * k[i];
         float e = expf(d * scale - mx);
@@ -185,7 +189,7 @@ static void attention_block(td_fwd_ctx *c, const td_attn_weights *w, const float
                 head_rmsnorm(qd, w->q_norm1, hd, eps);
                 rope(qd, pos, c->inv_freq, g->rot_dim);
             }
-            float *kd = s->kc + (size_t)pos * kvd, *vd = s->vc + (size_t)pos * kvd;
+            float *kd = td_seq_k(s->seq, s->kv_layer, pos + s->shift), *vd = td_seq_v(s->seq, s->kv_layer, pos + s->shift);
             memcpy(kd, k + (size_t)m * kvd, (size_t)kvd * sizeof(float));
             memcpy(vd, v + (size_t)m * kvd, (size_t)kvd * sizeof(float));
             for (int h = 0; h < nkv; h++) {
@@ -400,7 +404,8 @@ int td_forward(td_fwd_ctx *c, td_fwd_item *items, int n_items, td_err *err) {
         for (int t = 0; t < it->n; t++)
             if (it->tokens[t] < 0 || it->tokens[t] >= g->vocab_size)
                 return TD_FAIL(err, TD_ERR_ARG, "token id %d outside the vocabulary (%d)", it->tokens[t], g->vocab_size);
-        if ((rc = td_seq_reserve(it->seq, it->seq->n_past + it->n, err))) return rc;
+        /* +1: the MTP entry of the last token will live at the next slot */
+        if ((rc = td_seq_reserve(it->seq, it->seq->n_past + it->n + 1, err))) return rc;
         M += it->n;
     }
     if ((rc = ensure_scratch(c, M, err))) return rc;
@@ -419,7 +424,7 @@ int td_forward(td_fwd_ctx *c, td_fwd_item *items, int n_items, td_err *err) {
     for (int l = 0; l < g->n_layers; l++) {
         int slot = c->layer_slot[l];
         if (g->full_attn[l])
-            for (int i = 0; i < n_items; i++) { segs[i].kc = segs[i].seq->k[slot]; segs[i].vc = segs[i].seq->v[slot]; }
+            for (int i = 0; i < n_items; i++) { segs[i].kv_layer = slot; segs[i].shift = 0; }
         decoder_layer(c, &m->layers[l], slot, M, segs, n_items, row_seg);
     }
     int row0[MAX_ITEMS] = {0}, nn[MAX_ITEMS] = {0}, lr[MAX_ITEMS] = {0};
@@ -454,7 +459,7 @@ int td_mtp_forward(td_fwd_ctx *c, td_mtp_item *items, int n_items, td_err *err) 
         for (int t = 0; t < it->n; t++)
             if (it->tokens[t] < 0 || it->tokens[t] >= g->vocab_size)
                 return TD_FAIL(err, TD_ERR_ARG, "token id %d outside the vocabulary (%d)", it->tokens[t], g->vocab_size);
-        if ((rc = td_seq_reserve(it->seq, it->pos0 + it->n, err))) return rc;
+        if ((rc = td_seq_reserve(it->seq, it->pos0 + it->n + 1, err))) return rc;
         M += it->n;
     }
     if ((rc = ensure_scratch(c, M, err))) return rc;
@@ -466,7 +471,7 @@ int td_mtp_forward(td_fwd_ctx *c, td_mtp_item *items, int n_items, td_err *err) 
     int row = 0;
     for (int i = 0; i < n_items; i++) {
         td_seq *s = items[i].seq;
-        segs[i] = (segment){.seq = s, .pos0 = items[i].pos0, .n = items[i].n, .row0 = row, .kc = s->mtp_k, .vc = s->mtp_v};
+        segs[i] = (segment){.seq = s, .pos0 = items[i].pos0, .n = items[i].n, .row0 = row, .kv_layer = s->n_fa, .shift = 1};
         memcpy(toks + row, items[i].tokens, (size_t)items[i].n * sizeof(int32_t));
         memcpy(c->t5 + (size_t)row * H, items[i].hidden, (size_t)items[i].n * H * sizeof(float));
         for (int t = 0; t < items[i].n; t++) row_seg[row + t] = i;

@@ -1,19 +1,22 @@
-/* Per-sequence model state: full-attention KV cache, DeltaNet conv and
- * recurrent state, per-position DeltaNet checkpoints for speculative
- * verification, and the MTP layer's own KV cache. Owned by a session. */
+/* Per-sequence model state: a block table into the paged KV cache (every
+ * full-attention layer and the MTP layer), DeltaNet conv and recurrent
+ * state, per-position DeltaNet checkpoints for speculative verification.
+ * Owned by a session; the KV blocks belong to the engine's td_kv. */
 #ifndef TANDEM_MODEL_SEQ_H
 #define TANDEM_MODEL_SEQ_H
 #include <stdbool.h>
 #include <stdint.h>
+#include "kv/kv.h"
 #include "model/model.h"
 
 typedef struct td_seq {
+    td_kv *kv;           /* borrowed */
     int n_past;          /* tokens whose state is held */
-    int cap;             /* KV capacity in tokens (grows up to max_cap) */
-    int max_cap;
-    int n_fa, n_lin;     /* full-attention / DeltaNet layer counts */
+    int max_cap;         /* context limit in tokens */
+    int n_fa, n_lin;     /* full-attention / DeltaNet layer counts; KV layer n_fa is the MTP layer */
     int kv_dim;          /* n_kv_heads * head_dim */
-    float **k, **v;      /* [n_fa] -> [cap][kv_dim] */
+    int *blocks;         /* block table: position p -> blocks[p / TD_KV_BLOCK] */
+    int n_blocks, cap_blocks;
     int conv_len, conv_dim; /* K-1 saved inputs per channel */
     size_t ssm_size;     /* nv*dk*dv floats per layer */
     float **conv;        /* [n_lin] -> [conv_len][conv_dim] */
@@ -22,19 +25,32 @@ typedef struct td_seq {
      * forward (j < n_ckpt_slots), so a verify can roll back exactly. */
     int n_ckpt_slots, n_ckpt_valid, ckpt_base; /* base = n_past before that forward */
     float **ck_conv, **ck_ssm; /* [n_lin] -> [slots][...] */
-    /* MTP layer KV: entry at position p pairs h_p with token p+1. */
-    float *mtp_k, *mtp_v;  /* [cap][kv_dim] */
+    /* MTP entries: entry p pairs h_p with token p+1 and lives at KV slot p+1
+     * of layer n_fa, so each block depends only on tokens up to its own. */
     int mtp_n;             /* valid MTP entries (positions 0..mtp_n-1) */
-    int32_t *tokens;       /* [cap] token ids held */
+    int32_t *tokens;       /* [cap_tokens] token ids held */
+    int cap_tokens;
 } td_seq;
 
-int td_seq_init(td_seq *s, const td_model *m, int max_cap, int ckpt_slots, td_err *err);
+int td_seq_init(td_seq *s, const td_model *m, td_kv *kv, int max_cap, int ckpt_slots, td_err *err);
 void td_seq_free(td_seq *s);
-/* Ensures capacity for `need` tokens. */
-int td_seq_reserve(td_seq *s, int need, td_err *err);
+/* Ensures KV slots 0..slots-1 exist (TD_ERR_LIMIT when the context or the
+ * KV cache is full). */
+int td_seq_reserve(td_seq *s, int slots, td_err *err);
+/* Forgets everything; blocks go back to the cache. */
 void td_seq_reset(td_seq *s);
-/* Keeps the first `n` tokens. Full-attention KV simply truncates; DeltaNet
+/* Keeps the first `n` tokens. Attention KV simply truncates; DeltaNet
  * state is restored from the checkpoint taken after token n-1, which must
  * lie in the last checkpointed forward (returns TD_ERR_ARG otherwise). */
 int td_seq_truncate(td_seq *s, int n, td_err *err);
+/* All DeltaNet state as one vector (for prefix-cache checkpoints). */
+size_t td_seq_state_floats(const td_seq *s);
+void td_seq_state_save(const td_seq *s, float *out);
+void td_seq_state_load(td_seq *s, const float *in);
+/* Takes over referenced blocks holding the KV of tokens[0..n) and restores
+ * the DeltaNet state after them (a prefix-cache hit). */
+int td_seq_adopt(td_seq *s, const int *blocks, int n_blocks, const int32_t *tokens, int n, const float *state, td_err *err);
+/* Row pointers of KV layer l at position slot. */
+static inline float *td_seq_k(td_seq *s, int l, int slot) { return td_kv_k(s->kv, l, s->blocks[slot / TD_KV_BLOCK], slot % TD_KV_BLOCK); }
+static inline float *td_seq_v(td_seq *s, int l, int slot) { return td_kv_v(s->kv, l, s->blocks[slot / TD_KV_BLOCK], slot % TD_KV_BLOCK); }
 #endif

@@ -112,6 +112,7 @@ static int pick_session(td_sched *s, const req *q, td_err *err) {
         if (score > best_len || (score == best_len && s->sess_used[i] < s->sess_used[best])) { best = i; best_len = score; }
     }
     if (best >= 0 && (best_len > 0 || s->n_sessions >= s->max_sessions)) return best;
+    /* idle sessions hold no blocks (they are reset after each request) */
     if (s->n_sessions < s->max_sessions) {
         int rc = td_session_new(s->eng, &s->sessions[s->n_sessions], err);
         if (rc) return best >= 0 ? best : rc;
@@ -127,11 +128,15 @@ static void finish_req(td_sched *s, req *q, const char *error) {
     memset(&res, 0, sizeof res);
     if (q->g) res = *td_gen_result_of(q->g);
     if (!q->g && !error) res.finish = TD_FINISH_CANCEL;
+    /* checkpoint into the prefix cache, then give the blocks back */
+    td_gen_end(q->g);
+    q->g = NULL;
+    if (q->sess >= 0) td_session_reset(s->sessions[q->sess]);
     pthread_mutex_lock(&s->mu);
     s->st.requests_finished++;
     s->st.prompt_tokens += (uint64_t)res.n_prompt;
     s->st.generation_tokens += (uint64_t)res.n_generated;
-    if (q->g) {
+    if (res.n_prompt) {
         s->st.prefix_cache_queries += (uint64_t)res.n_prompt;
         s->st.prefix_cache_hits += (uint64_t)res.n_reused;
         td_spec_counters *t = &s->st.spec;
@@ -146,7 +151,6 @@ static void finish_req(td_sched *s, req *q, const char *error) {
     }
     pthread_mutex_unlock(&s->mu);
     if (q->r.on_done) q->r.on_done(q->r.user, &res, error);
-    td_gen_end(q->g);
     free_req(q);
 }
 
@@ -169,10 +173,21 @@ static void *loop(void *arg) {
             q->next = NULL;
             td_err err = {0};
             int si = q->cancel ? -1 : pick_session(s, q, &err);
+            int brc = 0;
             if (si >= 0) {
                 s->sess_busy[si] = true;
                 q->sess = si;
-                if (td_gen_begin(s->sessions[si], q->prompt, q->r.n_prompt, &q->r.sampling, &q->r.gen, on_emit, q, &q->g, &err)) q->g = NULL;
+                if ((brc = td_gen_begin(s->sessions[si], q->prompt, q->r.n_prompt, &q->r.sampling, &q->r.gen, on_emit, q, &q->g, &err))) q->g = NULL;
+            }
+            if (brc == TD_ERR_LIMIT && s->n_running > 0) {
+                /* KV cache full: wait at the head of the queue for blocks */
+                s->sess_busy[si] = false;
+                q->sess = -1;
+                q->next = s->wait_head;
+                s->wait_head = q;
+                if (!s->wait_tail) s->wait_tail = q;
+                s->n_waiting++;
+                break;
             }
             if (!q->g) {
                 if (!q->cancel) snprintf(q->error, sizeof q->error, "%s", err.msg[0] ? err.msg : "no session available");
@@ -293,7 +308,7 @@ int td_sched_submit(td_sched *s, const td_request *r, uint64_t *id, td_err *err)
     int maxc = s->eng->max_context;
     if (r->n_prompt <= 0) return TD_FAIL(err, TD_ERR_ARG, "empty prompt");
     if (r->n_prompt >= maxc)
-        return TD_FAIL(err, TD_ERR_LIMIT, "request (%d tokens) exceeds the available context size (%d tokens)", r->n_prompt, maxc);
+        return TD_FAIL(err, TD_ERR_ARG, "request (%d tokens) exceeds the available context size (%d tokens)", r->n_prompt, maxc);
     if (r->gen.n_stop < 0 || r->gen.n_stop > 1024 || r->top_logprobs > TD_MAX_TOP_LOGPROBS)
         return TD_FAIL(err, TD_ERR_ARG, "too many stop ids or top_logprobs > %d", TD_MAX_TOP_LOGPROBS);
     req *q = TD_CALLOC(err, 1, sizeof *q);

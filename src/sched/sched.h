@@ -61,8 +61,9 @@ typedef struct td_sched_stats {
 int td_sched_new(td_engine *eng, const td_sched_opts *opts, td_sched **out, td_err *err);
 /* Cancels everything (on_done is called for each), stops the thread, frees. */
 void td_sched_free(td_sched *s);
-/* Queues a request. TD_ERR_LIMIT when the queue is full, TD_ERR_ARG for a
- * bad request (e.g. prompt longer than the context: message says so). */
+/* Queues a request. TD_ERR_LIMIT only when the queue is full; TD_ERR_ARG
+ * for a bad request (e.g. a prompt longer than the context: the message
+ * says "request (M tokens) exceeds the available context size (N tokens)"). */
 int td_sched_submit(td_sched *s, const td_request *req, uint64_t *id, td_err *err);
 /* Cancels a queued or running request at the next step; its on_done runs
  * with finish = TD_FINISH_CANCEL. Unknown ids are ignored. */

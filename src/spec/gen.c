@@ -24,6 +24,9 @@
 #include "util/err.h"
 
 #define PREFILL_CHUNK 256
+/* Long prompts also leave prefix-cache checkpoints every this many tokens,
+ * so prompts sharing only a long head (a system prompt and tools) hit. */
+#define CKPT_INTERVAL 1024
 #define MAX_BATCH 256
 
 typedef enum { G_PREFILL, G_DECODE, G_DONE } gen_phase;
@@ -54,6 +57,7 @@ struct td_gen {
     int32_t x;             /* newest token: emitted, not fed */
     gen_buffers b;
     double t_begin, t_first;
+    bool broken;           /* a failed step left the session's state undefined */
     /* this step */
     int chunk, k, n0;
     int32_t toks[TD_MAX_SPEC_DEPTH + 1];
@@ -232,6 +236,21 @@ static int accept_verified(td_gen *g, td_err *err) {
     return TD_OK;
 }
 
+/* Saves an exact prefix-cache checkpoint of the session's current state. */
+static void save_checkpoint(td_gen *g) {
+    td_session *s = g->s;
+    td_seq *q = &s->seq;
+    if (g->e->opts.no_prefix_caching || g->broken || q->n_past == 0) return;
+    td_err err;
+    bool mtp_ok = g->track && s->mtp_ok;
+    if (mtp_ok && mtp_catch_up(s, q->n_past, &err) != 0) mtp_ok = s->mtp_ok = false;
+    float *state = malloc(td_seq_state_floats(q) * sizeof(float) + 1);
+    if (!state) return;
+    td_seq_state_save(q, state);
+    td_kv_checkpoint(g->e->kv, q->tokens, q->n_past, q->blocks, state, s->pend, mtp_ok);
+    free(state);
+}
+
 /* ---- lifecycle ---------------------------------------------------------- */
 
 int td_gen_begin(td_session *s, const int32_t *prompt, int n_prompt, const td_sampling *sp, const td_gen_opts *o,
@@ -280,6 +299,44 @@ int td_gen_begin(td_session *s, const int32_t *prompt, int n_prompt, const td_sa
     }
     if (reuse == 0) { q->mtp_n = 0; s->mtp_ok = true; }
     if (!g->track) s->mtp_ok = false;
+    /* Prefix cache: a longer exact prefix from an earlier request (the last
+     * prompt token is always recomputed: it yields the first logits). */
+    if (!e->opts.no_prefix_caching && reuse < n_prompt - 1) {
+        int cap = n_prompt / TD_KV_BLOCK + 2;
+        int *blocks = malloc((size_t)cap * sizeof(int));
+        td_kv_hit hit;
+        int len = blocks ? td_kv_match(e->kv, prompt, n_prompt - 1, g->track, blocks, cap, &hit) : 0;
+        int nb = (len + TD_KV_BLOCK - 1) / TD_KV_BLOCK;
+        if (len > reuse) {
+            if (td_seq_adopt(q, blocks, nb, prompt, len, hit.state, err) == 0) {
+                reuse = len;
+                if (g->track) {
+                    memcpy(s->pend, hit.hidden, (size_t)c->hidden_size * sizeof(float));
+                    q->mtp_n = len - 1;
+                    s->mtp_ok = true;
+                }
+            } else {
+                td_session_reset(s);
+                reuse = 0;
+                q->mtp_n = 0;
+                s->mtp_ok = g->track;
+            }
+        } else {
+            for (int i = 0; i < nb; i++) td_kv_release(e->kv, blocks[i]);
+        }
+        free(blocks);
+    }
+    /* Reserve the whole request's KV now, so a step never runs out midway. */
+    long slots = (long)n_prompt + o->max_tokens + g->depth + 2;
+    if (slots > e->max_context + 1) slots = e->max_context + 1;
+    rc = td_seq_reserve(q, (int)slots, err);
+    if (rc) {
+        td_sampler_free(&g->sm);
+        free(g->prompt);
+        free(g->stop_ids);
+        free(g);
+        return rc;
+    }
     g->fed = reuse;
     g->res.n_prompt = n_prompt;
     g->res.n_reused = reuse;
@@ -300,6 +357,7 @@ void td_gen_cancel(td_gen *g) {
 
 void td_gen_end(td_gen *g) {
     if (!g) return;
+    save_checkpoint(g);
     td_spec_counters *tot = &g->e->spec_totals;
     tot->drafts += g->res.spec.drafts;
     tot->draft_tokens += g->res.spec.draft_tokens;
@@ -322,7 +380,16 @@ static void update_times(td_gen *g) {
     }
 }
 
+static int step(td_gen **gens, int n, int prefill_budget, td_err *err);
+
 int td_gen_step(td_gen **gens, int n, int prefill_budget, td_err *err) {
+    int rc = step(gens, n, prefill_budget, err);
+    if (rc)
+        for (int i = 0; i < n; i++) gens[i]->broken = true;
+    return rc;
+}
+
+static int step(td_gen **gens, int n, int prefill_budget, td_err *err) {
     if (n <= 0) return TD_OK;
     if (n > MAX_BATCH) return TD_FAIL(err, TD_ERR_ARG, "step over %d requests (max %d)", n, MAX_BATCH);
     td_engine *e = gens[0]->e;
@@ -342,6 +409,11 @@ int td_gen_step(td_gen **gens, int n, int prefill_budget, td_err *err) {
             int c = g->n_prompt - g->fed;
             if (c > PREFILL_CHUNK) c = PREFILL_CHUNK;
             if (c > prefill_budget) c = prefill_budget;
+            /* stop at checkpoint positions: every CKPT_INTERVAL, and one token
+             * before the end (an identical prompt recomputes only its last) */
+            int next_ck = (g->fed / CKPT_INTERVAL + 1) * CKPT_INTERVAL;
+            if (g->fed + c > next_ck) c = next_ck - g->fed;
+            if (g->fed < g->n_prompt - 1 && g->fed + c > g->n_prompt - 1) c = g->n_prompt - 1 - g->fed;
             if (c <= 0) continue;
             prefill_budget -= c;
             g->chunk = c;
@@ -418,6 +490,7 @@ int td_gen_step(td_gen **gens, int n, int prefill_budget, td_err *err) {
         if (g->phase == G_PREFILL) {
             g->fed += g->chunk;
             if (g->track && ((rc = pend_push(s, g->b.vhidden, g->chunk, err)) || (rc = mtp_catch_up(s, s->seq.n_past, err)))) return rc;
+            if (g->fed == g->n_prompt - 1 || (g->fed % CKPT_INTERVAL == 0 && g->fed < g->n_prompt)) save_checkpoint(g);
             if (g->fed == g->n_prompt) {
                 g->phase = G_DECODE;
                 next_token(g, s->logits);

@@ -165,7 +165,7 @@ int main(void) {
     int32_t *big = calloc(3000, sizeof(int32_t));
     r = make_req(big, 3000, 0, 4, &qs[2]);
     rc = td_sched_submit(sch, &r, NULL, &err);
-    CHECK(rc == TD_ERR_LIMIT && strstr(err.msg, "exceeds the available context size"), "overflow: %d %s", rc, err.msg);
+    CHECK(rc == TD_ERR_ARG && strstr(err.msg, "exceeds the available context size"), "overflow: %d %s", rc, err.msg);
     free(big);
     wait_all(qs, accepted);
     td_sched_free(sch);
