@@ -61,6 +61,7 @@ typedef struct td_engine_opts {
 /* KV cache figures (caller-owned copy). */
 typedef struct td_kv_info {
     int block_size, n_blocks, free_blocks;
+    int checkpoint_blocks;  /* held by prefix-cache checkpoints, given back when needed */
     size_t bytes_per_block, bytes_total;
     size_t deltanet_state_bytes; /* per sequence */
 } td_kv_info;

@@ -115,6 +115,7 @@ void td_engine_kv_info(const td_engine *e, td_kv_info *o) {
     o->block_size = TD_KV_BLOCK;
     o->n_blocks = td_kv_n_blocks(e->kv);
     o->free_blocks = td_kv_free_blocks(e->kv);
+    o->checkpoint_blocks = td_kv_checkpoint_blocks(e->kv);
     o->bytes_per_block = td_kv_bytes_per_block(&ks);
     o->bytes_total = o->bytes_per_block * (size_t)o->n_blocks;
     o->deltanet_state_bytes = (size_t)(c->n_layers - c->n_full_attn) *

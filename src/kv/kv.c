@@ -37,6 +37,11 @@ struct td_kv {
 size_t td_kv_bytes_per_block(const td_kv_shape *s) { return (size_t)s->n_layers * 2 * TD_KV_BLOCK * s->kv_dim * sizeof(float); }
 int td_kv_n_blocks(const td_kv *kv) { return kv->n_blocks; }
 int td_kv_free_blocks(const td_kv *kv) { return kv->n_free; }
+int td_kv_checkpoint_blocks(const td_kv *kv) {
+    int n = 0;
+    for (int i = 0; i < kv->n_ckpt; i++) n += kv->ck[i].used && kv->ck[i].tail >= 0;
+    return n;
+}
 
 float *td_kv_k(td_kv *kv, int l, int b, int off) { return kv->k[l] + ((size_t)b * TD_KV_BLOCK + off) * kv->sh.kv_dim; }
 float *td_kv_v(td_kv *kv, int l, int b, int off) { return kv->v[l] + ((size_t)b * TD_KV_BLOCK + off) * kv->sh.kv_dim; }
@@ -173,9 +178,18 @@ uint64_t td_kv_hash(uint64_t parent, const int32_t *tokens, int n) {
 
 /* ---- blocks ------------------------------------------------------------ */
 
+static void ckpt_clear(td_kv *kv, ckpt *c);
+
 int td_kv_alloc(td_kv *kv) {
+    /* out of blocks: checkpoints give back their tail blocks, oldest first */
+    while (kv->free_head < 0) {
+        ckpt *old = NULL;
+        for (int i = 0; i < kv->n_ckpt; i++)
+            if (kv->ck[i].used && kv->ck[i].tail >= 0 && (!old || kv->ck[i].lru < old->lru)) old = &kv->ck[i];
+        if (!old) return -1;
+        ckpt_clear(kv, old);
+    }
     int b = kv->free_head;
-    if (b < 0) return -1;
     list_remove(kv, b);
     kv->hashed[b] = false; /* evicted from the prefix cache */
     kv->ref[b] = 1;

@@ -39,6 +39,7 @@ void td_kv_free(td_kv *kv);
 size_t td_kv_bytes_per_block(const td_kv_shape *shape);
 int td_kv_n_blocks(const td_kv *kv);
 int td_kv_free_blocks(const td_kv *kv);   /* free + cached (evictable) */
+int td_kv_checkpoint_blocks(const td_kv *kv); /* partial tails held by checkpoints (also evictable) */
 
 /* K or V row of layer l at (block, offset). */
 float *td_kv_k(td_kv *kv, int layer, int block, int off);
