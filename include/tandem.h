@@ -56,6 +56,7 @@ typedef struct td_engine_opts {
     int max_seqs;        /* sequences expected at once, for the default KV size (0 = 4) */
     bool no_prefix_caching; /* do not keep prefix-cache checkpoints */
     int prefix_checkpoints; /* DeltaNet checkpoints kept for prefix hits (0 = 8 x max_seqs) */
+    int kv_cache_dtype;  /* 0 = auto (f32 on CPU), 1 = bf16, 2 = fp8 e4m3 with per-token, per-head scales */
 } td_engine_opts;
 
 /* KV cache figures (caller-owned copy). */

@@ -4,6 +4,17 @@
 #include <unistd.h>
 #include "util/err.h"
 
+static td_kv_shape kv_shape(const td_engine *e) {
+    const td_config *c = &e->model->cfg;
+    td_kv_shape ks = {.n_layers = c->n_full_attn + (e->model->has_mtp ? 1 : 0), .kv_dim = c->n_kv_heads * c->head_dim,
+                      .head_dim = c->head_dim, .store = (td_kv_store)e->opts.kv_cache_dtype,
+                      .state_floats = (size_t)(c->n_layers - c->n_full_attn) *
+                                      ((size_t)(c->conv_kernel - 1) * td_cfg_lin_conv_dim(c) + (size_t)c->lin_nv * c->lin_dk * c->lin_dv),
+                      .hidden = c->hidden_size};
+    if (ks.n_layers == 0) ks.n_layers = 1;
+    return ks;
+}
+
 int td_engine_load(const char *model_dir, const td_engine_opts *opts, td_engine **out, td_err *err) {
     *out = NULL;
     td_engine *e = TD_CALLOC(err, 1, sizeof *e);
@@ -27,12 +38,11 @@ int td_engine_load(const char *model_dir, const td_engine_opts *opts, td_engine 
         goto fail;
     }
     /* paged KV cache */
-    const td_config *c = &e->model->cfg;
-    td_kv_shape ks = {.n_layers = c->n_full_attn + (e->model->has_mtp ? 1 : 0), .kv_dim = c->n_kv_heads * c->head_dim,
-                      .state_floats = (size_t)(c->n_layers - c->n_full_attn) *
-                                      ((size_t)(c->conv_kernel - 1) * td_cfg_lin_conv_dim(c) + (size_t)c->lin_nv * c->lin_dk * c->lin_dv),
-                      .hidden = c->hidden_size};
-    if (ks.n_layers == 0) ks.n_layers = 1;
+    if (e->opts.kv_cache_dtype < 0 || e->opts.kv_cache_dtype > 2) {
+        rc = TD_FAIL(err, TD_ERR_ARG, "kv_cache_dtype %d (0 auto, 1 bf16, 2 fp8)", e->opts.kv_cache_dtype);
+        goto fail;
+    }
+    td_kv_shape ks = kv_shape(e);
     int seqs = e->opts.max_seqs > 0 ? e->opts.max_seqs : 4;
     size_t per_block = td_kv_bytes_per_block(&ks);
     long n_blocks = e->opts.kv_cache_bytes ? (long)(e->opts.kv_cache_bytes / per_block)
@@ -110,8 +120,7 @@ void td_session_reset(td_session *s) {
 
 void td_engine_kv_info(const td_engine *e, td_kv_info *o) {
     const td_config *c = &e->model->cfg;
-    td_kv_shape ks = {.n_layers = c->n_full_attn + (e->model->has_mtp ? 1 : 0), .kv_dim = c->n_kv_heads * c->head_dim};
-    if (ks.n_layers == 0) ks.n_layers = 1;
+    td_kv_shape ks = kv_shape(e);
     o->block_size = TD_KV_BLOCK;
     o->n_blocks = td_kv_n_blocks(e->kv);
     o->free_blocks = td_kv_free_blocks(e->kv);

@@ -2,6 +2,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <xxhash.h>
+#include <math.h>
+#include "model/tensor.h"
 #include "util/err.h"
 
 typedef struct ckpt {
@@ -20,7 +22,10 @@ typedef struct ckpt {
 struct td_kv {
     td_kv_shape sh;
     int n_blocks;
-    float **k, **v;                /* [layers] -> [n_blocks][B][kv_dim] */
+    size_t esize;                  /* bytes per stored element */
+    int n_heads;                   /* kv heads (fp8 scales) */
+    unsigned char **k, **v;        /* [layers] -> [n_blocks][B][kv_dim] elements */
+    float **ks, **vs;              /* fp8: [layers] -> [n_blocks][B][kv heads] scales */
     int *ref;
     uint64_t *hash;
     bool *hashed, *mtp_ok;
@@ -34,7 +39,13 @@ struct td_kv {
     uint64_t tick;
 };
 
-size_t td_kv_bytes_per_block(const td_kv_shape *s) { return (size_t)s->n_layers * 2 * TD_KV_BLOCK * s->kv_dim * sizeof(float); }
+static size_t elem_size(td_kv_store st) { return st == TD_KV_F32 ? 4 : st == TD_KV_BF16_STORE ? 2 : 1; }
+static int kv_heads(const td_kv_shape *s) { return s->head_dim > 0 ? s->kv_dim / s->head_dim : 1; }
+
+size_t td_kv_bytes_per_block(const td_kv_shape *s) {
+    size_t row = (size_t)s->kv_dim * elem_size(s->store) + (s->store == TD_KV_FP8_STORE ? (size_t)kv_heads(s) * sizeof(float) : 0);
+    return (size_t)s->n_layers * 2 * TD_KV_BLOCK * row;
+}
 int td_kv_n_blocks(const td_kv *kv) { return kv->n_blocks; }
 int td_kv_free_blocks(const td_kv *kv) { return kv->n_free; }
 int td_kv_checkpoint_blocks(const td_kv *kv) {
@@ -43,8 +54,93 @@ int td_kv_checkpoint_blocks(const td_kv *kv) {
     return n;
 }
 
-float *td_kv_k(td_kv *kv, int l, int b, int off) { return kv->k[l] + ((size_t)b * TD_KV_BLOCK + off) * kv->sh.kv_dim; }
-float *td_kv_v(td_kv *kv, int l, int b, int off) { return kv->v[l] + ((size_t)b * TD_KV_BLOCK + off) * kv->sh.kv_dim; }
+/* ---- element formats ---------------------------------------------------- */
+
+static uint8_t f32_to_e4m3(float x) { /* round to nearest even, saturating at 448 */
+    uint8_t sign = x < 0 ? 0x80 : 0;
+    float a = x < 0 ? -x : x;
+    if (!(a == a)) return 0x7f;
+    if (a >= 448.0f) return sign | 0x7e;
+    if (a < 0x1p-10f) return sign; /* below half the smallest subnormal (2^-9) */
+    int e;
+    float m = frexpf(a, &e); /* a = m * 2^e, m in [0.5, 1) */
+    int exp = e - 1 + 7;     /* biased exponent for 1.mmm form */
+    if (exp <= 0) {          /* subnormal: value = k * 2^-9 */
+        float k = nearbyintf(a * 512.0f);
+        return sign | (uint8_t)k; /* k <= 8 rounds up into the normal range correctly */
+    }
+    float frac = (m * 2.0f - 1.0f) * 8.0f; /* 3 mantissa bits */
+    float r = nearbyintf(frac);
+    if (r >= 8.0f) { r = 0; exp++; }
+    if (exp > 15 || (exp == 15 && r > 6)) return sign | 0x7e;
+    return sign | (uint8_t)(exp << 3) | (uint8_t)r;
+}
+
+static float e4m3_to_f32(uint8_t v) {
+    int exp = (v >> 3) & 0xf, man = v & 7;
+    float f = exp == 0 ? ldexpf((float)man, -9) : ldexpf(1.0f + man / 8.0f, exp - 7);
+    return v & 0x80 ? -f : f;
+}
+
+static size_t row_index(const td_kv *kv, int b, int off) {
+    (void)kv;
+    return (size_t)b * TD_KV_BLOCK + off;
+}
+
+static void write_row(td_kv *kv, unsigned char *base, float *scales, size_t row, const float *x) {
+    int D = kv->sh.kv_dim;
+    switch (kv->sh.store) {
+    case TD_KV_F32: memcpy(base + row * D * 4, x, (size_t)D * 4); break;
+    case TD_KV_BF16_STORE: {
+        uint16_t *d = (uint16_t *)(base + row * D * 2);
+        for (int i = 0; i < D; i++) d[i] = td_f32_to_bf16(x[i]);
+        break;
+    }
+    case TD_KV_FP8_STORE: {
+        int hd = kv->sh.head_dim;
+        uint8_t *d = base + row * D;
+        for (int h = 0; h < kv->n_heads; h++) {
+            float mx = 0;
+            for (int i = 0; i < hd; i++) mx = fmaxf(mx, fabsf(x[h * hd + i]));
+            float sc = mx > 0 ? mx / 448.0f : 1.0f;
+            scales[row * kv->n_heads + h] = sc;
+            for (int i = 0; i < hd; i++) d[h * hd + i] = f32_to_e4m3(x[h * hd + i] / sc);
+        }
+        break;
+    }
+    }
+}
+
+static const float *read_head(td_kv *kv, unsigned char *base, float *scales, size_t row, int h, float *tmp) {
+    int D = kv->sh.kv_dim, hd = kv->sh.head_dim;
+    switch (kv->sh.store) {
+    case TD_KV_F32: return (const float *)(base + row * D * 4) + (size_t)h * hd;
+    case TD_KV_BF16_STORE: {
+        const uint16_t *s = (const uint16_t *)(base + row * D * 2) + (size_t)h * hd;
+        for (int i = 0; i < hd; i++) tmp[i] = td_bf16_to_f32(s[i]);
+        return tmp;
+    }
+    case TD_KV_FP8_STORE: {
+        const uint8_t *s = base + row * D + (size_t)h * hd;
+        float sc = scales[row * kv->n_heads + h];
+        for (int i = 0; i < hd; i++) tmp[i] = e4m3_to_f32(s[i]) * sc;
+        return tmp;
+    }
+    }
+    return tmp;
+}
+
+void td_kv_write(td_kv *kv, int l, int b, int off, const float *k, const float *v) {
+    size_t row = row_index(kv, b, off);
+    write_row(kv, kv->k[l], kv->ks ? kv->ks[l] : NULL, row, k);
+    write_row(kv, kv->v[l], kv->vs ? kv->vs[l] : NULL, row, v);
+}
+const float *td_kv_k_head(td_kv *kv, int l, int b, int off, int h, float *tmp) {
+    return read_head(kv, kv->k[l], kv->ks ? kv->ks[l] : NULL, row_index(kv, b, off), h, tmp);
+}
+const float *td_kv_v_head(td_kv *kv, int l, int b, int off, int h, float *tmp) {
+    return read_head(kv, kv->v[l], kv->vs ? kv->vs[l] : NULL, row_index(kv, b, off), h, tmp);
+}
 
 static void list_remove(td_kv *kv, int b) {
     if (kv->prev[b] >= 0) kv->next[kv->prev[b]] = kv->next[b]; else kv->free_head = kv->next[b];
@@ -75,11 +171,17 @@ int td_kv_new(const td_kv_shape *shape, int n_blocks, int n_ckpt, td_kv **out, t
     kv->sh = *shape;
     kv->n_blocks = n_blocks;
     kv->n_ckpt = n_ckpt;
-    size_t per_layer = (size_t)n_blocks * TD_KV_BLOCK * shape->kv_dim;
+    kv->esize = elem_size(shape->store);
+    kv->n_heads = kv_heads(shape);
+    size_t rows = (size_t)n_blocks * TD_KV_BLOCK, per_layer = rows * shape->kv_dim * kv->esize;
     kv->map_cap = 16;
     while (kv->map_cap < (size_t)n_blocks * 4) kv->map_cap *= 2;
-    kv->k = TD_CALLOC(err, (size_t)shape->n_layers, sizeof(float *));
-    kv->v = TD_CALLOC(err, (size_t)shape->n_layers, sizeof(float *));
+    kv->k = TD_CALLOC(err, (size_t)shape->n_layers, sizeof(unsigned char *));
+    kv->v = TD_CALLOC(err, (size_t)shape->n_layers, sizeof(unsigned char *));
+    if (shape->store == TD_KV_FP8_STORE) {
+        kv->ks = TD_CALLOC(err, (size_t)shape->n_layers, sizeof(float *));
+        kv->vs = TD_CALLOC(err, (size_t)shape->n_layers, sizeof(float *));
+    }
     kv->ref = TD_CALLOC(err, (size_t)n_blocks, sizeof(int));
     kv->hash = TD_CALLOC(err, (size_t)n_blocks, sizeof(uint64_t));
     kv->hashed = TD_CALLOC(err, (size_t)n_blocks, sizeof(bool));
@@ -91,9 +193,12 @@ int td_kv_new(const td_kv_shape *shape, int n_blocks, int n_ckpt, td_kv **out, t
     kv->ck = TD_CALLOC(err, (size_t)(n_ckpt ? n_ckpt : 1), sizeof(ckpt));
     bool ok = kv->k && kv->v && kv->ref && kv->hash && kv->hashed && kv->mtp_ok && kv->prev && kv->next && kv->map_key && kv->map_val && kv->ck;
     for (int l = 0; ok && l < shape->n_layers; l++) {
-        kv->k[l] = malloc(per_layer * sizeof(float));
-        kv->v[l] = malloc(per_layer * sizeof(float));
+        kv->k[l] = malloc(per_layer);
+        kv->v[l] = malloc(per_layer);
         ok = kv->k[l] && kv->v[l];
+        if (ok && shape->store == TD_KV_FP8_STORE) {
+            ok = kv->ks && kv->vs && (kv->ks[l] = calloc(rows * kv->n_heads, sizeof(float))) && (kv->vs[l] = calloc(rows * kv->n_heads, sizeof(float)));
+        }
     }
     if (!ok) {
         td_kv_free(kv);
@@ -121,6 +226,9 @@ void td_kv_free(td_kv *kv) {
         ckpt_clear(kv, &kv->ck[i]);
     }
     for (int l = 0; kv->k && l < kv->sh.n_layers; l++) { free(kv->k[l]); free(kv->v[l]); }
+    for (int l = 0; kv->ks && l < kv->sh.n_layers; l++) free(kv->ks[l]);
+    for (int l = 0; kv->vs && l < kv->sh.n_layers; l++) free(kv->vs[l]);
+    free(kv->ks); free(kv->vs);
     free(kv->k); free(kv->v); free(kv->ref); free(kv->hash); free(kv->hashed); free(kv->mtp_ok);
     free(kv->prev); free(kv->next); free(kv->map_key); free(kv->map_val); free(kv->ck);
     free(kv);
@@ -210,10 +318,15 @@ void td_kv_release(td_kv *kv, int b) {
 /* ---- checkpoints -------------------------------------------------------- */
 
 static void copy_block(td_kv *kv, int dst, int src, int n) {
-    size_t bytes = (size_t)n * kv->sh.kv_dim * sizeof(float);
+    size_t row = (size_t)kv->sh.kv_dim * kv->esize, bytes = (size_t)n * row;
+    size_t d0 = row_index(kv, dst, 0), s0 = row_index(kv, src, 0);
     for (int l = 0; l < kv->sh.n_layers; l++) {
-        memcpy(td_kv_k(kv, l, dst, 0), td_kv_k(kv, l, src, 0), bytes);
-        memcpy(td_kv_v(kv, l, dst, 0), td_kv_v(kv, l, src, 0), bytes);
+        memcpy(kv->k[l] + d0 * row, kv->k[l] + s0 * row, bytes);
+        memcpy(kv->v[l] + d0 * row, kv->v[l] + s0 * row, bytes);
+        if (kv->ks) {
+            memcpy(kv->ks[l] + d0 * kv->n_heads, kv->ks[l] + s0 * kv->n_heads, (size_t)n * kv->n_heads * sizeof(float));
+            memcpy(kv->vs[l] + d0 * kv->n_heads, kv->vs[l] + s0 * kv->n_heads, (size_t)n * kv->n_heads * sizeof(float));
+        }
     }
 }
 

@@ -26,9 +26,17 @@
 
 typedef struct td_kv td_kv;
 
+/* Storage of K and V rows. F32 is exact; BF16 halves the memory; FP8 is
+ * e4m3 with one f32 scale per (token, kv head) = absmax / 448, computed when
+ * the row is written: there is no calibration data on CPU, and a per-token
+ * scale can never overflow, while a fixed per-tensor scale can. */
+typedef enum { TD_KV_F32 = 0, TD_KV_BF16_STORE, TD_KV_FP8_STORE } td_kv_store;
+
 typedef struct td_kv_shape {
     int n_layers;        /* full-attention layers + 1 for the MTP layer */
     int kv_dim;          /* kv_heads * head_dim */
+    int head_dim;        /* for per-head fp8 scales */
+    td_kv_store store;
     size_t state_floats; /* DeltaNet state per sequence (all layers, conv + recurrent) */
     int hidden;          /* H, for the checkpoint's last hidden state */
 } td_kv_shape;
@@ -41,9 +49,12 @@ int td_kv_n_blocks(const td_kv *kv);
 int td_kv_free_blocks(const td_kv *kv);   /* free + cached (evictable) */
 int td_kv_checkpoint_blocks(const td_kv *kv); /* partial tails held by checkpoints (also evictable) */
 
-/* K or V row of layer l at (block, offset). */
-float *td_kv_k(td_kv *kv, int layer, int block, int off);
-float *td_kv_v(td_kv *kv, int layer, int block, int off);
+/* Writes K and V rows (kv_dim floats each) of layer l at (block, offset). */
+void td_kv_write(td_kv *kv, int layer, int block, int off, const float *k, const float *v);
+/* K or V of one kv head at (block, offset) as f32: a pointer into the cache
+ * (F32 storage) or into tmp[head_dim] (converted). */
+const float *td_kv_k_head(td_kv *kv, int layer, int block, int off, int head, float *tmp);
+const float *td_kv_v_head(td_kv *kv, int layer, int block, int off, int head, float *tmp);
 
 /* Takes a free block (evicting the least recently used cached one); -1 when none. */
 int td_kv_alloc(td_kv *kv);

@@ -134,7 +134,8 @@ static void attn_task(void *ctx, int task) {
     const segment *s = &j->segs[j->row_seg[m]];
     int pos = s->pos0 + (m - s->row0);
     const float *q = j->q + (size_t)m * nh * hd + (size_t)h * hd;
-    size_t hoff = (size_t)(h / group) * hd;
+    int kh = h / group;
+    float tk[1024], tv[1024];
     td_seq *sq = s->seq;
     int L = s->kv_layer, sh = s->shift;
     (void)kvd;
@@ -142,7 +143,7 @@ static void attn_task(void *ctx, int task) {
     /* Two passes: max, then exp-sum and weighted values (exact softmax). */
     float mx = -INFINITY;
     for (int p = 0; p <= pos; p++) {
-        const float *k = td_seq_k(sq, L, p + sh) + hoff;
+        const float *k = td_seq_k_head(sq, L, p + sh, kh, tk);
         float d = 0.0f;
         for (int i = 0; i < hd; i++) d += q[i] * k[i];
         d *= scale;
@@ -153,7 +154,7 @@ static void attn_task(void *ctx, int task) {
     for (int i = 0; i < hd; i++) acc[i] = 0.0f;
     float sum = 0.0f;
     for (int p = 0; p <= pos; p++) {
-        const float *k = td_seq_k(sq, L, p + sh) + hoff, *v = td_seq_v(sq, L, p + sh) + hoff;
+        const float *k = td_seq_k_head(sq, L, p + sh, kh, tk), *v = td_seq_v_head(sq, L, p + sh, kh, tv);
         float d = 0.0f;
         for (int i = 0; i < hd; i++) d += q[i] * k[i];
         float e = expf(d * scale - mx);
@@ -189,13 +190,12 @@ static void attention_block(td_fwd_ctx *c, const td_attn_weights *w, const float
                 head_rmsnorm(qd, w->q_norm1, hd, eps);
                 rope(qd, pos, c->inv_freq, g->rot_dim);
             }
-            float *kd = td_seq_k(s->seq, s->kv_layer, pos + s->shift), *vd = td_seq_v(s->seq, s->kv_layer, pos + s->shift);
-            memcpy(kd, k + (size_t)m * kvd, (size_t)kvd * sizeof(float));
-            memcpy(vd, v + (size_t)m * kvd, (size_t)kvd * sizeof(float));
+            float *kd = k + (size_t)m * kvd; /* normed and roped in place, then stored */
             for (int h = 0; h < nkv; h++) {
                 head_rmsnorm(kd + (size_t)h * hd, w->k_norm1, hd, eps);
                 rope(kd + (size_t)h * hd, pos, c->inv_freq, g->rot_dim);
             }
+            td_seq_kv_write(s->seq, s->kv_layer, pos + s->shift, kd, v + (size_t)m * kvd);
         }
     }
     attn_job j = {.g = g, .segs = segs, .nseg = nseg, .q = q, .gate = g->attn_output_gate ? gate : NULL, .out = out, .row_seg = row_seg};

@@ -50,7 +50,14 @@ void td_seq_state_load(td_seq *s, const float *in);
 /* Takes over referenced blocks holding the KV of tokens[0..n) and restores
  * the DeltaNet state after them (a prefix-cache hit). */
 int td_seq_adopt(td_seq *s, const int *blocks, int n_blocks, const int32_t *tokens, int n, const float *state, td_err *err);
-/* Row pointers of KV layer l at position slot. */
-static inline float *td_seq_k(td_seq *s, int l, int slot) { return td_kv_k(s->kv, l, s->blocks[slot / TD_KV_BLOCK], slot % TD_KV_BLOCK); }
-static inline float *td_seq_v(td_seq *s, int l, int slot) { return td_kv_v(s->kv, l, s->blocks[slot / TD_KV_BLOCK], slot % TD_KV_BLOCK); }
+/* KV of layer l at a slot: write whole rows, read one head (as f32). */
+static inline void td_seq_kv_write(td_seq *s, int l, int slot, const float *k, const float *v) {
+    td_kv_write(s->kv, l, s->blocks[slot / TD_KV_BLOCK], slot % TD_KV_BLOCK, k, v);
+}
+static inline const float *td_seq_k_head(td_seq *s, int l, int slot, int h, float *tmp) {
+    return td_kv_k_head(s->kv, l, s->blocks[slot / TD_KV_BLOCK], slot % TD_KV_BLOCK, h, tmp);
+}
+static inline const float *td_seq_v_head(td_seq *s, int l, int slot, int h, float *tmp) {
+    return td_kv_v_head(s->kv, l, s->blocks[slot / TD_KV_BLOCK], slot % TD_KV_BLOCK, h, tmp);
+}
 #endif

@@ -2,17 +2,98 @@
  * hits equal outputs without the cache, at every depth; hits land where the
  * checkpoints are; eviction under a small cache stays exact; block refcounts
  * return to zero. */
+#include <math.h>
 #include <stdlib.h>
 #include "check.h"
 #include "engine/engine.h"
 
-static td_engine *load(const char *dir, bool caching, size_t kv_bytes) {
+static td_engine *load_dt(const char *dir, bool caching, size_t kv_bytes, int dtype) {
     td_err err = {0};
-    td_engine_opts o = {.n_threads = 1, .spec_depth = 4, .max_context = 4096, .no_prefix_caching = !caching, .kv_cache_bytes = kv_bytes};
+    td_engine_opts o = {.n_threads = 1, .spec_depth = 4, .max_context = 4096, .no_prefix_caching = !caching, .kv_cache_bytes = kv_bytes,
+                        .kv_cache_dtype = dtype};
     td_engine *e = NULL;
     int rc = td_engine_load(dir, &o, &e, &err);
     CHECK(rc == 0, "%s: %s", dir, err.msg);
     return e;
+}
+static td_engine *load(const char *dir, bool caching, size_t kv_bytes) { return load_dt(dir, caching, kv_bytes, 0); }
+
+static int gen(td_engine *e, const int32_t *prompt, int n, int depth, int32_t *out, int max, td_gen_result *r);
+
+/* fp8 e4m3 storage: every representable value (times the row's scale)
+ * survives a write and a read exactly; bf16 rounds to nearest even. */
+static void storage_formats(void) {
+    td_err err;
+    td_kv_shape sh = {.n_layers = 1, .kv_dim = 128, .head_dim = 128, .store = TD_KV_FP8_STORE, .state_floats = 1, .hidden = 1};
+    td_kv *kv;
+    CHECK(td_kv_new(&sh, 2, 0, &kv, &err) == 0, "%s", err.msg);
+    float row[128], back[128], tmp[128];
+    /* the 127 non-negative finite e4m3 values: 0, subnormals k*2^-9, normals */
+    int n = 0;
+    for (int e = 0; e < 16; e++)
+        for (int m = 0; m < 8 && n < 128; m++) {
+            if (e == 15 && m == 7) continue; /* NaN */
+            row[n++] = e == 0 ? ldexpf((float)m, -9) : ldexpf(1.0f + m / 8.0f, e - 7);
+        }
+    while (n < 128) row[n++] = 0;
+    row[127] = -448.0f; /* absmax 448: scale 1 */
+    int b = td_kv_alloc(kv);
+    td_kv_write(kv, 0, b, 3, row, row);
+    const float *k = td_kv_k_head(kv, 0, b, 3, 0, tmp);
+    memcpy(back, k, sizeof back);
+    int exact = 0;
+    for (int i = 0; i < 128; i++) exact += back[i] == row[i];
+    CHECK(exact == 128, "fp8 round trip exact for %d of 128 values", exact);
+    /* scaled rows: values near absmax keep 3 mantissa bits (rel err <= 1/16) */
+    for (int i = 0; i < 128; i++) row[i] = sinf((float)i) * 37.5f;
+    td_kv_write(kv, 0, b, 4, row, row);
+    const float *v = td_kv_v_head(kv, 0, b, 4, 0, tmp);
+    double worst = 0;
+    for (int i = 0; i < 128; i++)
+        if (fabsf(row[i]) > 37.5f / 64) worst = fmax(worst, fabs(v[i] - row[i]) / fabsf(row[i]));
+    CHECK(worst <= 1.0 / 16 + 1e-6, "fp8 relative error %.4f", worst);
+    td_kv_free(kv);
+    td_kv_shape b16 = sh, f32 = sh;
+    b16.store = TD_KV_BF16_STORE;
+    f32.store = TD_KV_F32;
+    CHECK(td_kv_bytes_per_block(&b16) * 2 == td_kv_bytes_per_block(&f32), "bf16 block bytes");
+    CHECK(td_kv_bytes_per_block(&sh) == td_kv_bytes_per_block(&f32) / 4 + 2 * TD_KV_BLOCK * sizeof(float), "fp8 block bytes");
+}
+
+/* bf16/fp8 KV: logits stay close to f32, greedy output is deterministic, and
+ * prefix-cache hits stay exact within the same storage format. */
+static void kv_dtypes(const char *dir) {
+    int32_t p[200], a[48], b[48];
+    for (int i = 0; i < 200; i++) p[i] = (i * 13 + 1) % 60;
+    td_engine *f = load_dt(dir, false, 0, 0);
+    double errs[3] = {0};
+    for (int dt = 1; dt <= 2; dt++) {
+        td_engine *e = load_dt(dir, true, 0, dt), *u = load_dt(dir, false, 0, dt);
+        td_err err;
+        td_session *s1, *s2;
+        td_session_new(f, &s1, &err);
+        td_session_new(e, &s2, &err);
+        const float *l1, *l2;
+        td_session_feed(s1, p, 200, &l1, &err);
+        td_session_feed(s2, p, 200, &l2, &err);
+        double num = 0, den = 0;
+        for (int i = 0; i < 60; i++) { num = fmax(num, fabs(l1[i] - l2[i])); den = fmax(den, fabs(l1[i])); }
+        errs[dt] = num / den;
+        td_session_free(s1);
+        td_session_free(s2);
+        td_gen_result r;
+        gen(e, p, 200, 3, a, 48, &r);
+        gen(e, p, 200, 3, b, 48, &r); /* hits the cache */
+        CHECK(r.n_reused == 199, "dtype %d: reused %d", dt, r.n_reused);
+        int32_t c[48];
+        gen(u, p, 200, 3, c, 48, &r);
+        CHECK(memcmp(a, b, sizeof a) == 0 && memcmp(a, c, sizeof a) == 0, "dtype %d: cached/uncached outputs differ", dt);
+        td_engine_free(e);
+        td_engine_free(u);
+    }
+    CHECK(errs[1] < 2e-2 && errs[2] < 1e-1, "KV dtype logit error: bf16 %.4f fp8 %.4f", errs[1], errs[2]);
+    printf("KV storage: max logit error vs f32 (relative to max |logit|): bf16 %.2e, fp8 %.2e; cache hits exact in both\n", errs[1], errs[2]);
+    td_engine_free(f);
 }
 
 typedef struct { int32_t *buf; int n, cap; } tokvec;
@@ -97,5 +178,7 @@ int main(void) {
     printf("small cache (100 blocks): 6 rounds exact, %d hits after eviction\n", hits);
     td_engine_free(e);
     td_engine_free(ref);
+    storage_formats();
+    kv_dtypes(dir);
     TEST_MAIN_END("kv");
 }
