@@ -4,10 +4,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "plan/plan.h"
 
 void common_opts_init(common_opts *o) {
     memset(o, 0, sizeof *o);
     o->model = TD_DEFAULT_MODEL;
+    o->mem_util = 0.9;
+    o->prefix_caching = true;
     td_sampling_default(&o->sampling);
 }
 
@@ -63,10 +66,30 @@ int common_opts_parse(common_opts *o, int argc, char **argv, int *i) {
     if (!strcmp(a, "-m") || !strcmp(a, "--model")) { if (!val) return bad(a, val); o->model = val; TAKE(); return 1; }
     if (!strcmp(a, "-t") || !strcmp(a, "--threads")) { if (num(a, val, 0, 1024, &v)) return -1; o->threads = (int)v; TAKE(); return 1; }
     if (!strcmp(a, "--max-model-len") || !strcmp(a, "-c")) {
-        long n = val ? parse_size_suffix(val) : -1;
+        if (val && !strcmp(val, "auto")) { o->max_model_len_auto = true; o->max_model_len = 0; TAKE(); return 1; }
+        int64_t n = val ? td_plan_parse_tokens(val) : -1; /* vLLM's convention: k = 1000, K = 1024 */
         if (n < 1 || n > (1 << 24)) return bad(a, val);
         o->max_model_len = (int)n; TAKE(); return 1;
     }
+    if (!strcmp(a, "--kv-cache-dtype")) {
+        if (!val) return bad(a, val);
+        if (!strcmp(val, "auto") || !strcmp(val, "f32") || !strcmp(val, "float32")) o->kv_dtype = 0;
+        else if (!strcmp(val, "bf16") || !strcmp(val, "bfloat16")) o->kv_dtype = 1;
+        else if (!strcmp(val, "fp8") || !strcmp(val, "fp8_e4m3")) o->kv_dtype = 2;
+        else return bad(a, val);
+        TAKE(); return 1;
+    }
+    if (!strcmp(a, "--kv-cache-memory") || !strcmp(a, "--memory-budget")) {
+        bool kvm = !strcmp(a, "--kv-cache-memory");
+        if (val && !kvm && !strcmp(val, "auto")) { o->memory_budget = 0; TAKE(); return 1; }
+        uint64_t b = val ? td_plan_parse_bytes(val) : 0;
+        if (!b) return bad(a, val);
+        if (kvm) o->kv_cache_memory = b; else o->memory_budget = b;
+        TAKE(); return 1;
+    }
+    if (!strcmp(a, "--gpu-memory-utilization")) { if (num(a, val, 0.01, 1, &v)) return -1; o->mem_util = v; TAKE(); return 1; }
+    if (!strcmp(a, "--no-prefix-caching") || !strcmp(a, "--no-enable-prefix-caching")) { o->prefix_caching = false; return 1; }
+    if (!strcmp(a, "--enable-prefix-caching")) { o->prefix_caching = true; return 1; }
     if (!strcmp(a, "--spec-depth")) { if (num(a, val, 0, TD_MAX_SPEC_DEPTH, &v) || v != (int)v) return bad(a, val); o->spec_depth = (int)v; TAKE(); return 1; }
     if (!strcmp(a, "--speculative-config")) { if (speculative_config(o, val)) return -1; TAKE(); return 1; }
     if (!strcmp(a, "--draft-sampling")) { o->draft_sampling = true; return 1; }
@@ -86,7 +109,11 @@ int common_opts_parse(common_opts *o, int argc, char **argv, int *i) {
 const char *common_opts_help(void) {
     return "  -m, --model DIR           Hugging Face model directory (default " TD_DEFAULT_MODEL ")\n"
            "  -t, --threads N           CPU threads (default: all cores)\n"
-           "  -c, --max-model-len N     context window, k/M suffixes allowed\n"
+           "  -c, --max-model-len N|auto  context window (130k = 130000, 128K = 131072); auto = largest that fits\n"
+           "  --kv-cache-dtype auto|bf16|fp8   KV storage (auto = f32 on CPU; fp8 = e4m3, per-token per-head scales)\n"
+           "  --kv-cache-memory BYTES   KV cache size (e.g. 2GiB); default: what the budget leaves\n"
+           "  --memory-budget BYTES|auto  memory for everything (auto = RAM x --gpu-memory-utilization, default 0.9)\n"
+           "  --no-prefix-caching       do not reuse exact prefixes across requests (on by default)\n"
            "  --spec-depth N            MTP draft tokens per step (0 = off, up to 16)\n"
            "  --speculative-config JSON vLLM form: '{\"method\":\"mtp\",\"num_speculative_tokens\":N}'\n"
            "  --draft-sampling          sample drafts (keep q) instead of argmax drafts\n"

@@ -3,6 +3,7 @@
 #ifndef TANDEM_CLI_OPTS_H
 #define TANDEM_CLI_OPTS_H
 #include <stdbool.h>
+#include <stdint.h>
 #include "tandem.h"
 
 #define TD_DEFAULT_MODEL "models/demo"
@@ -14,6 +15,13 @@ typedef struct common_opts {
     int spec_depth;
     bool draft_sampling;
     td_sampling sampling;
+    /* memory (CPU): budget = --memory-budget, or MemTotal x --gpu-memory-utilization */
+    bool max_model_len_auto;
+    int kv_dtype;              /* 0 auto (f32), 1 bf16, 2 fp8 */
+    uint64_t kv_cache_memory;  /* bytes; 0 = from the budget */
+    uint64_t memory_budget;    /* bytes; 0 = auto */
+    double mem_util;           /* default 0.9 */
+    bool prefix_caching;       /* default on */
 } common_opts;
 
 void common_opts_init(common_opts *o);

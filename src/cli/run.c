@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "cli/cli.h"
+#include "cli/memory.h"
 #include "cli/opts.h"
 #include "template/template.h"
 #include "tokenizer/tokenizer.h"
@@ -92,7 +93,9 @@ int cmd_run(int argc, char **argv) {
     td_err err = {0};
     tokenizer *tok = NULL;
     if (tok_load(o.model, &tok, &err)) { fprintf(stderr, "tandem: %s\n", err.msg); return 1; }
-    td_engine_opts eo = {.n_threads = o.threads, .max_context = o.max_model_len, .spec_depth = o.spec_depth};
+    td_engine_opts eo;
+    int mrc = cli_engine_opts(&o, 1, &eo, stderr);
+    if (mrc) { tok_free(tok); return 1; }
     td_engine *eng = NULL;
     if (td_engine_load(o.model, &eo, &eng, &err)) { fprintf(stderr, "tandem: %s\n", err.msg); tok_free(tok); return 1; }
     int rc = 1;

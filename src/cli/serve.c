@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "cli/cli.h"
+#include "cli/memory.h"
 #include "cli/opts.h"
 #include "sched/sched.h"
 #include "server/server.h"
@@ -49,7 +50,7 @@ static const char *help =
     "  --max-body BYTES             largest request body, k/M suffixes (default 32M)\n"
     "  --http-threads N             HTTP polling threads (default 4)\n"
     "  --shutdown-timeout S         on SIGTERM, seconds for requests in flight (default 10)\n"
-    "  --kv-cache-dtype T  --gpu-memory-utilization F  --enforce-eager   accepted; GPU only\n"
+    "  --enforce-eager   accepted (GPU only; the CPU backend captures no graphs)\n"
     "  --quiet                      no per-request log lines\n"
     "common options (sampling flags set the defaults for requests that leave them out;\n"
     "generation_config.json in DIR is read first):\n";
@@ -109,15 +110,6 @@ int cmd_serve(int argc, char **argv) {
             char *end;
             shutdown_s = strtod(v, &end);
             if (*end || !(shutdown_s >= 0 && shutdown_s < 86400)) { fprintf(stderr, "tandem serve: bad --shutdown-timeout %s\n", v); return 2; }
-        } else if (!strcmp(a, "--enable-prefix-caching")) so.prefix_caching = true;
-        else if (!strcmp(a, "--no-prefix-caching") || !strcmp(a, "--no-enable-prefix-caching")) so.prefix_caching = false;
-        else if (!strcmp(a, "--kv-cache-dtype")) { NEED(); gpu_only[0] = v; }
-        else if (!strcmp(a, "--gpu-memory-utilization")) {
-            NEED();
-            char *end;
-            double f = strtod(v, &end);
-            if (*end || !(f > 0 && f <= 1)) { fprintf(stderr, "tandem serve: bad --gpu-memory-utilization %s\n", v); return 2; }
-            gpu_only[1] = v;
         } else if (!strcmp(a, "--enforce-eager")) gpu_only[2] = "on";
         else if (!strcmp(a, "--quiet")) cfg.quiet = true;
         else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -142,8 +134,6 @@ int cmd_serve(int argc, char **argv) {
     cfg.default_max_tokens = gen_max;
     cfg.max_num_seqs = so.max_num_seqs;
     cfg.max_queue = so.max_queue;
-    if (gpu_only[0]) fprintf(stderr, "tandem serve: --kv-cache-dtype %s accepted (GPU backends only; the CPU backend keeps fp32)\n", gpu_only[0]);
-    if (gpu_only[1]) fprintf(stderr, "tandem serve: --gpu-memory-utilization %s accepted (GPU backends only)\n", gpu_only[1]);
     if (gpu_only[2]) fprintf(stderr, "tandem serve: --enforce-eager accepted (GPU backends only)\n");
 
     /* Signals are taken by sigwait below; every thread inherits the mask. */
@@ -171,7 +161,9 @@ int cmd_serve(int argc, char **argv) {
     td_engine *eng = NULL;
     td_sched *sched = NULL;
     if (tok_load(o.model, &tok, &err)) { fprintf(stderr, "tandem serve: %s\n", err.msg); goto out; }
-    td_engine_opts eo = {.n_threads = o.threads, .max_context = o.max_model_len, .spec_depth = o.spec_depth};
+    so.prefix_caching = o.prefix_caching;
+    td_engine_opts eo;
+    if (cli_engine_opts(&o, so.max_num_seqs, &eo, stderr)) goto out;
     if (td_engine_load(o.model, &eo, &eng, &err)) { fprintf(stderr, "tandem serve: %s\n", err.msg); goto out; }
     td_model_info mi;
     td_engine_info(eng, &mi);

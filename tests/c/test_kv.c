@@ -4,6 +4,7 @@
  * return to zero. */
 #include <math.h>
 #include <stdlib.h>
+#include <sys/wait.h>
 #include "check.h"
 #include "engine/engine.h"
 
@@ -180,5 +181,23 @@ int main(void) {
     td_engine_free(ref);
     storage_formats();
     kv_dtypes(dir);
+    /* start-up check: a window that does not fit is refused before loading */
+    FILE *f = popen("build/tandem run -m tests/golden/tiny-b/bf16 -p x -c 4000 --spec-depth 2 --kv-cache-memory 64KiB 2>&1", "r");
+    if (f) {
+        char out[4096] = "";
+        size_t n = fread(out, 1, sizeof out - 1, f);
+        out[n] = 0;
+        int st = pclose(f);
+        CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 1, "refusal exit status %d", st);
+        CHECK(strstr(out, "4000 tokens") && strstr(out, "largest window that fits at depth 2") && strstr(out, "GiB"), "refusal message: %s", out);
+    }
+    f = popen("build/tandem run -m tests/golden/tiny-b/bf16 -p x -n 2 -c auto --memory-budget 64MiB 2>&1", "r");
+    if (f) {
+        char out[4096] = "";
+        size_t n = fread(out, 1, sizeof out - 1, f);
+        out[n] = 0;
+        int st = pclose(f);
+        CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0 && strstr(out, "KV cache") && strstr(out, "max concurrency"), "auto window: %s", out);
+    }
     TEST_MAIN_END("kv");
 }

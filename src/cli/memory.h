@@ -1,0 +1,14 @@
+/* Memory plan at start-up (CPU): weights + activations + DeltaNet state +
+ * the paged KV pool must fit the budget; refuse before loading otherwise,
+ * saying what would fit. */
+#ifndef TANDEM_CLI_MEMORY_H
+#define TANDEM_CLI_MEMORY_H
+#include <stdio.h>
+#include "cli/opts.h"
+
+/* Fills eo (threads, context, depth, KV size/dtype, prefix caching) for
+ * max_seqs concurrent sequences. Returns 0 when it fits (a summary line is
+ * written to log), 1 when one request of max_model_len does not (the
+ * refusal is written to log), 2 on a bad model directory. */
+int cli_engine_opts(const common_opts *o, int max_seqs, td_engine_opts *eo, FILE *log);
+#endif
