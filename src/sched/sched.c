@@ -356,8 +356,9 @@ void td_sched_get_stats(td_sched *s, td_sched_stats *out) {
     *out = s->st;
     out->running = s->n_running;
     out->waiting = s->n_waiting;
-    long used = 0;
-    for (int i = 0; i < s->n_running; i++) used += td_session_len(s->sessions[s->running[i]->sess]);
-    out->kv_cache_usage = (double)used / ((double)s->eng->max_context * s->o.max_num_seqs);
+    /* blocks held by running sequences (cached and checkpoint blocks are reclaimable) */
+    td_kv_info ki;
+    td_engine_kv_info(s->eng, &ki);
+    out->kv_cache_usage = ki.n_blocks ? (double)(ki.n_blocks - ki.free_blocks - ki.checkpoint_blocks) / ki.n_blocks : 0.0;
     pthread_mutex_unlock(&s->mu);
 }
