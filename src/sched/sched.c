@@ -212,8 +212,12 @@ static void *loop(void *arg) {
         }
         td_err err = {0};
         int rc = n ? td_gen_step(gens, n, s->o.max_batch_tokens, &err) : 0;
+        /* blocks held by running sequences (cached and checkpoint blocks are reclaimable) */
+        td_kv_info ki;
+        td_engine_kv_info(s->eng, &ki);
         /* retire finished (or failed) requests */
         pthread_mutex_lock(&s->mu);
+        s->st.kv_cache_usage = ki.n_blocks ? (double)(ki.n_blocks - ki.free_blocks - ki.checkpoint_blocks) / ki.n_blocks : 0.0;
         req *done = NULL;
         for (int i = 0; i < s->n_running;) {
             req *q = s->running[i];
@@ -356,9 +360,6 @@ void td_sched_get_stats(td_sched *s, td_sched_stats *out) {
     *out = s->st;
     out->running = s->n_running;
     out->waiting = s->n_waiting;
-    /* blocks held by running sequences (cached and checkpoint blocks are reclaimable) */
-    td_kv_info ki;
-    td_engine_kv_info(s->eng, &ki);
-    out->kv_cache_usage = ki.n_blocks ? (double)(ki.n_blocks - ki.free_blocks - ki.checkpoint_blocks) / ki.n_blocks : 0.0;
+    /* kv_cache_usage is measured on the scheduler thread, which owns the pool */
     pthread_mutex_unlock(&s->mu);
 }
