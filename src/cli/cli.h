@@ -8,4 +8,5 @@ int cmd_tokenize(int argc, char **argv);
 int cmd_detokenize(int argc, char **argv);
 int cmd_template(int argc, char **argv);
 int cmd_plan(int argc, char **argv);
+int cmd_bench(int argc, char **argv);
 #endif

@@ -11,6 +11,7 @@ static const struct { const char *name; int (*fn)(int, char **); const char *hel
     {"detokenize", cmd_detokenize, "JSON ids on stdin -> text"},
     {"template", cmd_template, "render the chat template"},
     {"plan", cmd_plan, "memory plan: weights, KV cache, whether a window and depth fit"},
+    {"bench", cmd_bench, "tokens/s per task and MTP depth, acceptance, sanity flags, speedup model"},
 };
 
 static int usage(FILE *f) {
