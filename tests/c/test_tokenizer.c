@@ -425,7 +425,7 @@ static void cli_checks(void) {
     if (!f) return;
     char done[3][32] = {{0}};
     int nd = 0;
-    while ((rec = json_loadf(f, JSON_DISABLE_EOF_CHECK | JSON_ALLOW_NUL, &je)) && nd < 3) {
+    while (nd < 3 && (rec = json_loadf(f, JSON_DISABLE_EOF_CHECK | JSON_ALLOW_NUL, &je))) {
         const char *name = json_string_value(json_object_get(rec, "template"));
         json_t *kw = json_object_get(rec, "kwargs");
         bool seen = false;
