@@ -38,7 +38,7 @@ static int64_t max_len(const mem_model *m, int d, uint64_t kv_fixed, int64_t cap
     return len > cap ? cap : len < 0 ? 0 : len;
 }
 
-int cli_engine_opts(const common_opts *o, int max_seqs, td_engine_opts *eo, FILE *log) {
+int cli_engine_opts(const common_opts *o, int max_seqs, td_engine_opts *eo, FILE *log, char *summary, size_t cap_summary) {
     td_err err = {0};
     td_config cfg;
     if (td_config_load(o->model, &cfg, &err)) { fprintf(log, "tandem: %s\n", err.msg); return 2; }
@@ -68,6 +68,13 @@ int cli_engine_opts(const common_opts *o, int max_seqs, td_engine_opts *eo, FILE
         return 1;
     }
     int64_t pool = pool_bytes(&m, d, o->kv_cache_memory);
+    /* Without an explicit size, keep the pool to what max_seqs full windows
+     * need, twice over (the rest serves the prefix cache): on a CPU the
+     * memory is shared with everything else on the machine. */
+    if (!o->kv_cache_memory && !o->memory_budget) {
+        int64_t enough = (int64_t)(blocks_for(want) * m.bpb) * max_seqs * 2;
+        if (pool > enough) pool = enough;
+    }
     uint64_t need = blocks_for(want) * m.bpb;
     if (want <= 0 || pool < (int64_t)need) {
         int64_t best_len = max_len(&m, d, o->kv_cache_memory, cap);
@@ -78,25 +85,25 @@ int cli_engine_opts(const common_opts *o, int max_seqs, td_engine_opts *eo, FILE
         char depth_msg[96];
         if (best_d >= 0) snprintf(depth_msg, sizeof depth_msg, "the largest depth that fits %lld tokens is %d", (long long)want, best_d);
         else snprintf(depth_msg, sizeof depth_msg, "no depth fits %lld tokens", (long long)want);
+        char fix[160];
+        if (o->kv_cache_memory) snprintf(fix, sizeof fix, "a larger --kv-cache-memory would make it fit");
+        else if (!o->memory_budget && m.total)
+            snprintf(fix, sizeof fix, "--gpu-memory-utilization %.3f (of %.2f GiB) would make it fit", used / (double)m.total, (double)m.total / GIB);
+        else snprintf(fix, sizeof fix, "--memory-budget %.2fGiB would make it fit", used / GIB + 0.005);
         fprintf(log,
                 "tandem: to serve one request of the model's max seq len (%lld tokens) at spec depth %d, %.2f GiB of KV cache and "
                 "%.2f GiB of DeltaNet state (x%d sequences) are needed, but %.2f GiB are available for the KV cache "
                 "(budget %.2f GiB - weights %.2f GiB - activations %.2f GiB - DeltaNet state). The largest window that fits at depth %d "
-                "is %lld tokens; %s; %s would make it fit.\n",
+                "is %lld tokens; %s; %s.\n",
                 (long long)want, d, (double)need / GIB, (double)state_bytes(&m, d) / GIB, max_seqs, (pool > 0 ? (double)pool : 0.0) / GIB,
                 (double)m.budget / GIB, (double)m.weights / GIB, (double)m.act / GIB, d, (long long)best_len,
-                depth_msg, o->kv_cache_memory ? "a larger --kv-cache-memory" : "a larger budget");
-        if (!o->memory_budget && !o->kv_cache_memory && m.total)
-            fprintf(log, "tandem: --gpu-memory-utilization %.3f (of %.2f GiB) would fit this window at depth %d\n", used / (double)m.total,
-                    (double)m.total / GIB, d);
-        else if (!o->kv_cache_memory)
-            fprintf(log, "tandem: --memory-budget %.2fGiB would fit this window at depth %d\n", used / GIB + 0.005, d);
+                depth_msg, fix);
         return 1;
     }
     eo->max_context = (int)want;
     eo->kv_cache_bytes = (size_t)pool;
     int64_t tokens = pool / (int64_t)m.bpb * TD_KV_BLOCK;
-    fprintf(log, "tandem: KV cache %.2f GiB (%s, %d-token blocks): %lld tokens, max concurrency %.2f at the full window (%lld tokens, depth %d)\n",
+    snprintf(summary, cap_summary, "tandem: KV cache %.2f GiB (%s, %d-token blocks): %lld tokens, max concurrency %.2f at the full window (%lld tokens, depth %d)\n",
             (double)pool / GIB, o->kv_dtype == 0 ? "f32" : o->kv_dtype == 1 ? "bf16" : "fp8", TD_KV_BLOCK, (long long)tokens,
             (double)pool / (double)need, (long long)want, d);
     return 0;

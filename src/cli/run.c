@@ -68,7 +68,7 @@ int cmd_run(int argc, char **argv) {
     common_opts o;
     common_opts_init(&o);
     const char *prompt = NULL;
-    bool chat = false, stats = false, thinking = false, ignore_eos = false;
+    bool chat = false, stats = false, thinking = false, ignore_eos = false, verbose = false;
     int n_predict = 128;
     for (int i = 1; i < argc; i++) {
         int r = common_opts_parse(&o, argc, argv, &i);
@@ -79,9 +79,10 @@ int cmd_run(int argc, char **argv) {
         else if (!strcmp(argv[i], "--chat")) chat = true;
         else if (!strcmp(argv[i], "--think")) thinking = true;
         else if (!strcmp(argv[i], "--stats")) stats = true;
+        else if (!strcmp(argv[i], "-v") || !strcmp(argv[i], "--verbose")) verbose = true;
         else if (!strcmp(argv[i], "--ignore-eos")) ignore_eos = true;
         else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            printf("usage: tandem run [-m DIR] -p TEXT [--chat] [--think] [-n N] [--stats] [--ignore-eos] [options]\n%s", common_opts_help());
+            printf("usage: tandem run [-m DIR] -p TEXT [--chat] [--think] [-n N] [--stats] [--ignore-eos] [-v] [options]\n%s", common_opts_help());
             return 0;
         } else {
             fprintf(stderr, "tandem run: unknown option %s (see --help)\n", argv[i]);
@@ -94,10 +95,12 @@ int cmd_run(int argc, char **argv) {
     tokenizer *tok = NULL;
     if (tok_load(o.model, &tok, &err)) { fprintf(stderr, "tandem: %s\n", err.msg); return 1; }
     td_engine_opts eo;
-    int mrc = cli_engine_opts(&o, 1, &eo, stderr);
+    char kv_summary[512] = "";
+    int mrc = cli_engine_opts(&o, 1, &eo, stderr, kv_summary, sizeof kv_summary);
     if (mrc) { tok_free(tok); return 1; }
     td_engine *eng = NULL;
     if (td_engine_load(o.model, &eo, &eng, &err)) { fprintf(stderr, "tandem: %s\n", err.msg); tok_free(tok); return 1; }
+    if (verbose) fprintf(stderr, "%s\n", kv_summary);
     int rc = 1;
     char *text = chat ? chat_prompt(o.model, prompt, thinking) : strdup(prompt);
     int32_t *ids = NULL;

@@ -163,8 +163,10 @@ int cmd_serve(int argc, char **argv) {
     if (tok_load(o.model, &tok, &err)) { fprintf(stderr, "tandem serve: %s\n", err.msg); goto out; }
     so.prefix_caching = o.prefix_caching;
     td_engine_opts eo;
-    if (cli_engine_opts(&o, so.max_num_seqs, &eo, stderr)) goto out;
+    char kv_summary[512] = "";
+    if (cli_engine_opts(&o, so.max_num_seqs, &eo, stderr, kv_summary, sizeof kv_summary)) goto out;
     if (td_engine_load(o.model, &eo, &eng, &err)) { fprintf(stderr, "tandem serve: %s\n", err.msg); goto out; }
+    fprintf(stderr, "%s\n", kv_summary);
     td_model_info mi;
     td_engine_info(eng, &mi);
     if (td_sched_new(eng, &so, &sched, &err)) { fprintf(stderr, "tandem serve: %s\n", err.msg); goto out; }

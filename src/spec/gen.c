@@ -293,7 +293,7 @@ int td_gen_begin(td_session *s, const int32_t *prompt, int n_prompt, const td_sa
     g->n_prompt = n_prompt;
     /* Reuse the session's state when it holds a strict prefix of the prompt. */
     int reuse = q->n_past;
-    if (reuse >= n_prompt || memcmp(q->tokens, prompt, (size_t)reuse * sizeof(int32_t)) != 0 || (g->track && !s->mtp_ok && reuse > 0)) {
+    if (reuse >= n_prompt || (reuse > 0 && memcmp(q->tokens, prompt, (size_t)reuse * sizeof(int32_t)) != 0) || (g->track && !s->mtp_ok && reuse > 0)) {
         td_session_reset(s);
         reuse = 0;
     }

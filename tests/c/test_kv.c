@@ -191,7 +191,7 @@ int main(void) {
         CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 1, "refusal exit status %d", st);
         CHECK(strstr(out, "4000 tokens") && strstr(out, "largest window that fits at depth 2") && strstr(out, "GiB"), "refusal message: %s", out);
     }
-    f = popen("build/tandem run -m tests/golden/tiny-b/bf16 -p x -n 2 -c auto --memory-budget 64MiB 2>&1", "r");
+    f = popen("build/tandem run -m tests/golden/tiny-b/bf16 -p x -n 2 -c auto --memory-budget 64MiB -v 2>&1", "r");
     if (f) {
         char out[4096] = "";
         size_t n = fread(out, 1, sizeof out - 1, f);
