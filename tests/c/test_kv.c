@@ -118,6 +118,47 @@ static int gen(td_engine *e, const int32_t *prompt, int n, int depth, int32_t *o
     return v.n;
 }
 
+/* An agent-like conversation: each turn's prompt is the previous prompt +
+ * the assistant's output + a tool result. Turn 5 branches from turn 2
+ * (a retry); turn results with caching on must equal caching off, depths 0..4. */
+static void agent_conversation(const char *dir) {
+    td_engine *on = load(dir, true, 0), *off = load(dir, false, 0);
+    int total_hits = 0, mid_block = 0, branch_hit = 0;
+    for (int d = 0; d <= 4; d++) {
+        int32_t convo[8][2600];
+        int len[8];
+        int32_t out_on[40], out_off[40];
+        td_gen_result r;
+        int same = 1;
+        for (int t = 0; t < 8; t++) {
+            int base = t == 5 ? 2 : t - 1; /* turn 5 branches from turn 2's conversation */
+            int n = 0;
+            if (t == 0) {
+                for (int i = 0; i < 150; i++) convo[t][n++] = (i * 7 + 3) % 60; /* system prompt + tools */
+            } else {
+                memcpy(convo[t], convo[base], sizeof(int32_t) * (size_t)len[base]);
+                n = len[base];
+            }
+            for (int i = 0; i < 23 + t; i++) convo[t][n++] = (i * 3 + t * 17 + d) % 60; /* tool result / user text */
+            len[t] = n;
+            gen(on, convo[t], n, d, out_on, 40, &r);
+            if (r.n_reused) total_hits++;
+            if (r.n_reused % TD_KV_BLOCK) mid_block++;
+            if (t == 5 && r.n_reused > 0) branch_hit = 1;
+            gen(off, convo[t], n, d, out_off, 40, &r);
+            same &= memcmp(out_on, out_off, sizeof out_on) == 0;
+            memcpy(convo[t] + n, out_on, sizeof out_on); /* the assistant's output joins the conversation */
+            len[t] += 40;
+        }
+        CHECK(same, "depth %d: 8-turn agent conversation differs with prefix caching", d);
+    }
+    CHECK(total_hits >= 5 * 7 && mid_block > 0 && branch_hit, "hits %d, mid-block %d, branch %d", total_hits, mid_block, branch_hit);
+    printf("agent conversation: 8 turns x depths 0-4 identical with caching on/off; %d turns hit (%d mid-block), branch from turn 2 hit\n",
+           total_hits, mid_block);
+    td_engine_free(on);
+    td_engine_free(off);
+}
+
 int main(void) {
     const char *dir = "tests/models/spec-partial";
     td_engine *ref = load(dir, false, 0), *e = load(dir, true, 0);
@@ -181,6 +222,7 @@ int main(void) {
     td_engine_free(ref);
     storage_formats();
     kv_dtypes(dir);
+    agent_conversation(dir);
     /* start-up check: a window that does not fit is refused before loading */
     FILE *f = popen("build/tandem run -m tests/golden/tiny-b/bf16 -p x -c 4000 --spec-depth 2 --kv-cache-memory 64KiB 2>&1", "r");
     if (f) {
