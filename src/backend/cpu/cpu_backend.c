@@ -7,40 +7,45 @@
 #include "backend/cpu/pool.h"
 #include "util/err.h"
 
-#define ROWS_PER_TASK 16
+/* Matmul work is split into tasks of (weight rows x activation rows). Each
+ * output element is computed whole by one task with the kernels' fixed
+ * summation order, so neither the split nor the thread count changes a bit.
+ * Decode/verify (M <= 16): every task takes all M rows, so each weight row is
+ * read from memory once. Prefill: 64-row activation blocks keep x in L2 while
+ * a group of weight rows is reused from L1. */
+#define ROWS_SMALL_M 16
+#define ROWS_LARGE_M 32
+#define M_BLOCK 64
 
 typedef struct {
     const td_tensor *W;
     const float *x;
     float *y;
-    int M;
-    int64_t N, K;
+    int M, mb, n_mblocks;
+    int64_t N, rows;
 } matmul_job;
 
 static void matmul_task(void *ctx, int task) {
     const matmul_job *j = ctx;
-    int64_t n0 = (int64_t)task * ROWS_PER_TASK, n1 = n0 + ROWS_PER_TASK;
+    int rb = task / j->n_mblocks, mbi = task % j->n_mblocks;
+    int64_t n0 = (int64_t)rb * j->rows, n1 = n0 + j->rows;
     if (n1 > j->N) n1 = j->N;
-    for (int64_t n = n0; n < n1; n++) {
-        for (int m = 0; m < j->M; m++) {
-            const float *xm = j->x + (int64_t)m * j->K;
-            float v;
-            switch (j->W->dtype) {
-            case TD_DTYPE_F32: v = td_dot_f32(xm, (const float *)j->W->data + n * j->K, j->K); break;
-            case TD_DTYPE_BF16: v = td_dot_bf16(xm, (const uint16_t *)j->W->data + n * j->K, j->K); break;
-            case TD_DTYPE_F16: v = td_dot_f16(xm, (const uint16_t *)j->W->data + n * j->K, j->K); break;
-            default: TD_ASSERT(!"matmul: unsupported weight dtype"); v = 0;
-            }
-            j->y[(int64_t)m * j->N + n] = v;
-        }
-    }
+    int m0 = mbi * j->mb, m1 = m0 + j->mb;
+    if (m1 > j->M) m1 = j->M;
+    td_matmul_block(j->W, j->x, m0, m1, n0, n1, j->y, j->N);
 }
 
 static void cpu_matmul(td_backend *b, const td_tensor *W, const float *x, int M, float *y) {
-    matmul_job j = {.W = W, .x = x, .y = y, .M = M, .N = W->shape[0], .K = W->shape[1]};
-    int tasks = (int)((j.N + ROWS_PER_TASK - 1) / ROWS_PER_TASK);
-    if ((double)M * (double)j.N * (double)j.K < 32768.0) { /* too small to share */
-        for (int t = 0; t < tasks; t++) matmul_task(&j, t);
+    const char *why;
+    if (!td_matmul_supported(W, &why)) TD_ASSERT(!"matmul: unsupported weight");
+    matmul_job j = {.W = W, .x = x, .y = y, .M = M, .N = W->shape[0]};
+    int64_t K = W->shape[1];
+    j.rows = M <= 16 ? ROWS_SMALL_M : ROWS_LARGE_M;
+    j.mb = M <= 16 ? M : M_BLOCK;
+    j.n_mblocks = (M + j.mb - 1) / j.mb;
+    int tasks = (int)((j.N + j.rows - 1) / j.rows) * j.n_mblocks;
+    if ((double)M * (double)j.N * (double)K < 32768.0) { /* too small to share */
+        td_matmul_block(W, x, 0, M, 0, j.N, y, j.N);
         return;
     }
     td_pool_for(b->impl, tasks, matmul_task, &j);

@@ -1,8 +1,13 @@
 #include "backend/cpu/kernels.h"
+#include <math.h>
+#include <stdatomic.h>
 #include <string.h>
 #include "model/tensor.h"
+#include "util/err.h"
 
-/* Run-time ISA choice: GCC builds one clone per target and picks at load. */
+/* Run-time ISA choice for the portable loops: GCC builds one clone per target
+ * and picks at load (no FMA contraction in ISO C mode, so every clone rounds
+ * alike). The hand-written AVX2/AVX-512 kernels live in kernels_x86.c. */
 #if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
 #define TD_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
@@ -48,4 +53,144 @@ float td_dot_f16(const float *x, const uint16_t *w, int64_t n) {
         for (int j = 0; j < LANES; j++) acc[j] += x[i + j] * td_f16_to_f32(w[i + j]);
     for (int j = 0; i < n; i++, j++) acc[j] += x[i] * td_f16_to_f32(w[i]);
     return reduce16(acc);
+}
+
+/* ---- FP8 / NVFP4 element decoding ---- */
+
+float td_fp8_e4m3_to_f32(uint8_t b) {
+    int s = b >> 7, e = (b >> 3) & 0xf, m = b & 7;
+    float v;
+    if (e == 15 && m == 7) v = NAN;
+    else if (e == 0) v = ldexpf((float)m, -9);
+    else v = ldexpf((float)(8 + m), e - 10);
+    return s ? -v : v;
+}
+
+static const float e2m1_vals[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
+                                    -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+
+static float scale_at(const td_tensor *W, int64_t idx) {
+    switch (W->scales_dtype) {
+    case TD_DTYPE_F32: return ((const float *)W->scales)[idx];
+    case TD_DTYPE_BF16: return td_bf16_to_f32(((const uint16_t *)W->scales)[idx]);
+    case TD_DTYPE_F16: return td_f16_to_f32(((const uint16_t *)W->scales)[idx]);
+    case TD_DTYPE_F8_E4M3: return td_fp8_e4m3_to_f32(((const uint8_t *)W->scales)[idx]);
+    default: return NAN;
+    }
+}
+
+bool td_matmul_supported(const td_tensor *W, const char **why) {
+    const char *w = NULL;
+    int64_t K = W->ndim == 2 ? W->shape[1] : 0;
+    if (W->ndim != 2) w = "weight is not 2-D";
+    else switch (W->dtype) {
+    case TD_DTYPE_F32: case TD_DTYPE_BF16: case TD_DTYPE_F16: break;
+    case TD_DTYPE_F8_E4M3:
+        if (W->scales) {
+            if (W->scale_block[0] < 1 || W->scale_block[1] < 16 || W->scale_block[1] % 16) w = "fp8 block scales need a column block that is a multiple of 16";
+            else if (W->scales_dtype != TD_DTYPE_F32 && W->scales_dtype != TD_DTYPE_BF16 && W->scales_dtype != TD_DTYPE_F16) w = "fp8 block scales must be F32, BF16 or F16";
+        }
+        break;
+    case TD_DTYPE_NVFP4:
+        if (K % 16) w = "nvfp4 needs in_features divisible by 16";
+        else if (!W->scales || W->scales_dtype != TD_DTYPE_F8_E4M3) w = "nvfp4 needs fp8 e4m3 block scales";
+        break;
+    default: w = "unsupported weight dtype";
+    }
+    if (why) *why = w;
+    return w == NULL;
+}
+
+/* Portable path: one element at a time, same 16-lane order, multiply then add. */
+static float dot_quant_c(const td_tensor *W, const float *x, int64_t n) {
+    int64_t K = W->shape[1];
+    float acc[LANES] = {0};
+    if (W->dtype == TD_DTYPE_F8_E4M3) {
+        const uint8_t *w = (const uint8_t *)W->data + n * K;
+        if (!W->scales) {
+            for (int64_t i = 0; i < K; i++) acc[i % LANES] += x[i] * td_fp8_e4m3_to_f32(w[i]);
+            return reduce16(acc) * W->scale_f;
+        }
+        int64_t bn = W->scale_block[0], bk = W->scale_block[1], sc = (K + bk - 1) / bk;
+        for (int64_t i = 0; i < K; i++) {
+            float s = scale_at(W, (n / bn) * sc + i / bk);
+            acc[i % LANES] += x[i] * (td_fp8_e4m3_to_f32(w[i]) * s);
+        }
+        return reduce16(acc);
+    }
+    /* NVFP4: block value e2m1 * fp8 scale is exact in f32; global multiplier at the end. */
+    const uint8_t *w = (const uint8_t *)W->data + n * (K / 2);
+    const uint8_t *s = (const uint8_t *)W->scales + n * (K / 16);
+    for (int64_t i = 0; i < K; i++) {
+        uint8_t nib = (w[i / 2] >> ((i & 1) * 4)) & 0xf;
+        acc[i % LANES] += x[i] * (e2m1_vals[nib] * td_fp8_e4m3_to_f32(s[i / 16]));
+    }
+    return reduce16(acc) * W->scale_f;
+}
+
+static void mm_c(const td_tensor *W, const float *x, int m0, int m1, int64_t n0, int64_t n1, float *y, int64_t ldy) {
+    int64_t K = W->shape[1];
+    for (int64_t n = n0; n < n1; n++)
+        for (int m = m0; m < m1; m++) {
+            const float *xm = x + (int64_t)m * K;
+            float v;
+            switch (W->dtype) {
+            case TD_DTYPE_F32: v = td_dot_f32(xm, (const float *)W->data + n * K, K); break;
+            case TD_DTYPE_BF16: v = td_dot_bf16(xm, (const uint16_t *)W->data + n * K, K); break;
+            case TD_DTYPE_F16: v = td_dot_f16(xm, (const uint16_t *)W->data + n * K, K); break;
+            default: v = dot_quant_c(W, xm, n);
+            }
+            y[(int64_t)m * ldy + n] = v;
+        }
+}
+
+/* ---- dispatch ---- */
+
+static _Atomic int cur_isa = -1;
+
+const char *td_isa_name(td_isa i) {
+    switch (i) {
+    case TD_ISA_C: return "c";
+    case TD_ISA_AVX2: return "avx2";
+    case TD_ISA_AVX512: return "avx512";
+    default: return "auto";
+    }
+}
+
+td_isa td_kernels_best_isa(void) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+        __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
+        return TD_ISA_AVX512;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) return TD_ISA_AVX2;
+#endif
+    return TD_ISA_C;
+}
+
+td_isa td_kernels_isa(void) {
+    int i = atomic_load(&cur_isa);
+    if (i < 0) {
+        i = (int)td_kernels_best_isa();
+        atomic_store(&cur_isa, i);
+    }
+    return (td_isa)i;
+}
+
+bool td_kernels_set_isa(td_isa i) {
+    td_isa best = td_kernels_best_isa();
+    if (i == TD_ISA_AUTO) i = best;
+    if (i > best) return false;
+    atomic_store(&cur_isa, (int)i);
+    return true;
+}
+
+void td_matmul_block(const td_tensor *W, const float *x, int m0, int m1, int64_t n0, int64_t n1, float *y, int64_t ldy) {
+    switch (td_kernels_isa()) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    case TD_ISA_AVX512: td_mm_avx512(W, x, m0, m1, n0, n1, y, ldy); return;
+    case TD_ISA_AVX2: td_mm_avx2(W, x, m0, m1, n0, n1, y, ldy); return;
+#endif
+    default: mm_c(W, x, m0, m1, n0, n1, y, ldy);
+    }
 }

@@ -1,11 +1,49 @@
-/* Dot-product kernels. Each has one fixed summation order (16 lanes, then a
- * fixed tree) so results do not depend on batch size, thread count or which
- * ISA clone runs (ISO C mode: no FMA contraction). */
+/* Matmul kernels. Each output element y[m,n] = dot(x[m,:], W[n,:]) has one
+ * fixed summation order — 16 lanes (lane j sums elements i ≡ j mod 16 in
+ * increasing i), then a fixed tree — whatever M, the tile it falls in, the
+ * thread split or the row block. So results do not depend on batch size or
+ * thread count (the backend's batch-invariance rule).
+ *
+ * ISAs, chosen once at run time: AVX-512 (16-lane zmm FMA) and AVX2 (two
+ * 8-lane ymm FMAs per 16 lanes) give bit-identical results to each other; the
+ * portable C fallback uses a separate multiply and add (ISO C mode: no
+ * contraction) and so rounds differently from the FMA paths, but it too is
+ * batch-invariant.
+ *
+ * Weights are dequantized in registers: F32, BF16, F16, FP8 e4m3 (per-tensor
+ * or block scales) and NVFP4 (e2m1 + fp8 e4m3 block-16 scales + a global
+ * multiplier). See model/tensor.h for the scale fields. */
 #ifndef TANDEM_CPU_KERNELS_H
 #define TANDEM_CPU_KERNELS_H
+#include <stdbool.h>
 #include <stdint.h>
+#include "model/tensor.h"
 
 float td_dot_f32(const float *x, const float *w, int64_t n);
 float td_dot_bf16(const float *x, const uint16_t *w, int64_t n);
 float td_dot_f16(const float *x, const uint16_t *w, int64_t n);
+
+typedef enum { TD_ISA_C = 0, TD_ISA_AVX2, TD_ISA_AVX512, TD_ISA_AUTO } td_isa;
+const char *td_isa_name(td_isa i);
+/* The ISA the kernels use now (detected at first use). */
+td_isa td_kernels_isa(void);
+/* Best ISA this CPU supports. */
+td_isa td_kernels_best_isa(void);
+/* Forces an ISA (tests, benchmarks); TD_ISA_AUTO = best. Returns false (and
+ * changes nothing) when the CPU lacks it. Not thread-safe against running matmuls. */
+bool td_kernels_set_isa(td_isa i);
+
+/* Whether the kernels take W (dtype, shape, scale layout). */
+bool td_matmul_supported(const td_tensor *W, const char **why);
+
+/* y[m*ldy + n] = x[m*K + :] · W[n, :] for m in [m0, m1), n in [n0, n1);
+ * K = W->shape[1]. */
+void td_matmul_block(const td_tensor *W, const float *x, int m0, int m1, int64_t n0, int64_t n1, float *y, int64_t ldy);
+
+/* e4m3 (fn: no infinities, 0x7f/0xff NaN) byte -> float, exact. */
+float td_fp8_e4m3_to_f32(uint8_t b);
+
+/* Per-ISA entry points (kernels_x86.c); same contract as td_matmul_block. */
+void td_mm_avx2(const td_tensor *W, const float *x, int m0, int m1, int64_t n0, int64_t n1, float *y, int64_t ldy);
+void td_mm_avx512(const td_tensor *W, const float *x, int m0, int m1, int64_t n0, int64_t n1, float *y, int64_t ldy);
 #endif

@@ -1,0 +1,349 @@
+/* AVX2 and AVX-512 matmul kernels, compiled per function with target
+ * attributes (the rest of the binary stays baseline x86-64) and chosen at run
+ * time by kernels.c.
+ *
+ * Register tiles: up to 4 weight rows x 4 activation rows (AVX-512) or 4x1 /
+ * 2x2 (AVX2); each weight chunk is loaded and dequantized once per tile and
+ * used for every activation row in it. Every output element still has its
+ * own 16-lane accumulator over the whole K, filled in increasing k with one
+ * FMA per element, then reduced with the same fixed tree as kernels.c: the
+ * tile shape changes only which elements are computed together, never how
+ * any one is computed. 16 lanes in one zmm or two ymm round identically, so
+ * the two ISAs agree bit for bit. */
+#include "backend/cpu/kernels.h"
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <immintrin.h>
+#include <string.h>
+
+#define INL static inline __attribute__((always_inline))
+#define T512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c,avx2")))
+#define T256 __attribute__((target("avx2,fma,f16c")))
+
+enum { KF32, KBF16, KF16, KF8, KF8B, KFP4 };
+
+typedef struct {
+    const uint8_t *data, *s4; /* s4: nvfp4 block scales */
+    int64_t K, row_bytes;
+    const td_tensor *W;       /* fp8 block scales */
+    int64_t bn, bk, sc;
+    float post;               /* final multiplier, 1 = none */
+} wd;
+
+static const float e2m1_lut[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
+                                   -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
+
+static float fp8_lut[256];
+static int fp8_lut_ready;
+
+static void init_lut(void) {
+    if (__atomic_load_n(&fp8_lut_ready, __ATOMIC_ACQUIRE)) return;
+    for (int b = 0; b < 256; b++) fp8_lut[b] = td_fp8_e4m3_to_f32((uint8_t)b);
+    __atomic_store_n(&fp8_lut_ready, 1, __ATOMIC_RELEASE);
+}
+
+static float block_scale_val(const wd *d, int64_t n, int64_t i) {
+    const td_tensor *W = d->W;
+    int64_t idx = (n / d->bn) * d->sc + i / d->bk;
+    switch (W->scales_dtype) {
+    case TD_DTYPE_F32: return ((const float *)W->scales)[idx];
+    case TD_DTYPE_BF16: return td_bf16_to_f32(((const uint16_t *)W->scales)[idx]);
+    default: return td_f16_to_f32(((const uint16_t *)W->scales)[idx]);
+    }
+}
+
+static int setup(const td_tensor *W, wd *d) {
+    init_lut();
+    memset(d, 0, sizeof *d);
+    d->W = W;
+    d->data = W->data;
+    d->K = W->shape[1];
+    d->post = 1.0f;
+    switch (W->dtype) {
+    case TD_DTYPE_F32: d->row_bytes = d->K * 4; return KF32;
+    case TD_DTYPE_BF16: d->row_bytes = d->K * 2; return KBF16;
+    case TD_DTYPE_F16: d->row_bytes = d->K * 2; return KF16;
+    case TD_DTYPE_F8_E4M3:
+        d->row_bytes = d->K;
+        if (!W->scales) { d->post = W->scale_f * 256.0f; return KF8; }
+        d->bn = W->scale_block[0];
+        d->bk = W->scale_block[1];
+        d->sc = (d->K + d->bk - 1) / d->bk;
+        return KF8B;
+    default:
+        d->row_bytes = d->K / 2;
+        d->s4 = W->scales;
+        d->post = W->scale_f;
+        return KFP4;
+    }
+}
+
+/* Scalar dequantization of a partial chunk (K % 16 != 0), zero padded; the
+ * same values the vector loaders produce (fp8 carries the 2^-8 of the f16 trick). */
+static void w_tail(const wd *d, int kind, const uint8_t *row, int64_t n, int64_t i, int rem, float *out) {
+    for (int j = 0; j < 16; j++) out[j] = 0.0f;
+    for (int j = 0; j < rem; j++) {
+        switch (kind) {
+        case KF32: out[j] = ((const float *)row)[i + j]; break;
+        case KBF16: out[j] = td_bf16_to_f32(((const uint16_t *)row)[i + j]); break;
+        case KF16: out[j] = td_f16_to_f32(((const uint16_t *)row)[i + j]); break;
+        case KF8: out[j] = fp8_lut[row[i + j]] * (1.0f / 256.0f); break;
+        case KF8B: out[j] = (fp8_lut[row[i + j]] * (1.0f / 256.0f)) * (block_scale_val(d, n, i) * 256.0f); break;
+        default: break; /* nvfp4: K % 16 == 0 */
+        }
+    }
+}
+
+INL float reduce16(const float *a) {
+    float s8[8], s4[4];
+    for (int j = 0; j < 8; j++) s8[j] = a[j] + a[j + 8];
+    for (int j = 0; j < 4; j++) s4[j] = s8[j] + s8[j + 4];
+    return (s4[0] + s4[2]) + (s4[1] + s4[3]);
+}
+
+/* ======================= AVX-512 ======================= */
+
+T512 INL __m512 f8x16_512(__m128i b) {
+    __m256i v = _mm256_cvtepu8_epi16(b);
+    __m256i h = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(v, _mm256_set1_epi16(0x7f)), 7),
+                                _mm256_slli_epi16(_mm256_and_si256(v, _mm256_set1_epi16(0x80)), 8));
+    return _mm512_cvtph_ps(h);
+}
+
+T512 INL __m128i nib16(const uint8_t *p) {
+    __m128i w = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)p));
+    __m128i lo = _mm_and_si128(w, _mm_set1_epi16(0x0f)), hi = _mm_srli_epi16(w, 4);
+    return _mm_or_si128(lo, _mm_slli_epi16(hi, 8));
+}
+
+T512 INL __m512 w16_512(const wd *d, const int kind, const uint8_t *row, int64_t n, int64_t i) {
+    switch (kind) {
+    case KF32: return _mm512_loadu_ps((const float *)row + i);
+    case KBF16:
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)((const uint16_t *)row + i))), 16));
+    case KF16: return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)row + i)));
+    case KF8: return f8x16_512(_mm_loadu_si128((const __m128i *)(row + i)));
+    case KF8B: return _mm512_mul_ps(f8x16_512(_mm_loadu_si128((const __m128i *)(row + i))), _mm512_set1_ps(block_scale_val(d, n, i) * 256.0f));
+    default: {
+        __m512 v = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(nib16(row + i / 2)), _mm512_loadu_ps(e2m1_lut));
+        return _mm512_mul_ps(v, _mm512_set1_ps(fp8_lut[d->s4[n * (d->K / 16) + i / 16]]));
+    }
+    }
+}
+
+T512 INL void tile512(const wd *d, const int kind, const int RN, const int RM, const float *x, int m, int64_t n, float *y, int64_t ldy) {
+    const int64_t K = d->K;
+    __m512 acc[4][4];
+    const uint8_t *row[4];
+    const float *xr[4];
+    for (int r = 0; r < RN; r++) row[r] = d->data + (n + r) * d->row_bytes;
+    for (int q = 0; q < RM; q++) xr[q] = x + (int64_t)(m + q) * K;
+    for (int r = 0; r < RN; r++)
+        for (int q = 0; q < RM; q++) acc[r][q] = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= K; i += 16) {
+        __m512 w[4];
+        for (int r = 0; r < RN; r++) w[r] = w16_512(d, kind, row[r], n + r, i);
+        for (int q = 0; q < RM; q++) {
+            __m512 xv = _mm512_loadu_ps(xr[q] + i);
+            for (int r = 0; r < RN; r++) acc[r][q] = _mm512_fmadd_ps(xv, w[r], acc[r][q]);
+        }
+    }
+    if (i < K) {
+        int rem = (int)(K - i);
+        float wb[16], xb[16] = {0};
+        for (int r = 0; r < RN; r++) {
+            w_tail(d, kind, row[r], n + r, i, rem, wb);
+            __m512 wv = _mm512_loadu_ps(wb);
+            for (int q = 0; q < RM; q++) {
+                memcpy(xb, xr[q] + i, (size_t)rem * sizeof(float));
+                acc[r][q] = _mm512_fmadd_ps(_mm512_loadu_ps(xb), wv, acc[r][q]);
+            }
+        }
+    }
+    float a[16];
+    for (int r = 0; r < RN; r++)
+        for (int q = 0; q < RM; q++) {
+            _mm512_storeu_ps(a, acc[r][q]);
+            float v = reduce16(a);
+            if (kind == KF8 || kind == KFP4) v *= d->post;
+            y[(int64_t)(m + q) * ldy + n + r] = v;
+        }
+}
+
+#define DRIVER512(NAME, KIND)                                                                              \
+    T512 __attribute__((noinline)) static void NAME(const wd *d, const float *x, int m0, int m1, int64_t n0, \
+                                                    int64_t n1, float *y, int64_t ldy) {                   \
+        for (int64_t n = n0; n < n1;) {                                                                    \
+            int rn = n1 - n >= 4 ? 4 : n1 - n >= 2 ? 2 : 1;                                                \
+            for (int m = m0; m < m1;) {                                                                    \
+                int rm = m1 - m >= 4 ? 4 : m1 - m >= 2 ? 2 : 1;                                            \
+                if (rn == 4) {                                                                             \
+                    if (rm == 4) tile512(d, KIND, 4, 4, x, m, n, y, ldy);                                  \
+                    else if (rm == 2) tile512(d, KIND, 4, 2, x, m, n, y, ldy);                             \
+                    else tile512(d, KIND, 4, 1, x, m, n, y, ldy);                                          \
+                } else if (rn == 2) {                                                                      \
+                    if (rm == 4) tile512(d, KIND, 2, 4, x, m, n, y, ldy);                                  \
+                    else if (rm == 2) tile512(d, KIND, 2, 2, x, m, n, y, ldy);                             \
+                    else tile512(d, KIND, 2, 1, x, m, n, y, ldy);                                          \
+                } else {                                                                                   \
+                    if (rm == 4) tile512(d, KIND, 1, 4, x, m, n, y, ldy);                                  \
+                    else if (rm == 2) tile512(d, KIND, 1, 2, x, m, n, y, ldy);                             \
+                    else tile512(d, KIND, 1, 1, x, m, n, y, ldy);                                          \
+                }                                                                                          \
+                m += rm;                                                                                   \
+            }                                                                                              \
+            n += rn;                                                                                       \
+        }                                                                                                  \
+    }
+DRIVER512(mm512_f32, KF32)
+DRIVER512(mm512_bf16, KBF16)
+DRIVER512(mm512_f16, KF16)
+DRIVER512(mm512_f8, KF8)
+DRIVER512(mm512_f8b, KF8B)
+DRIVER512(mm512_fp4, KFP4)
+
+void td_mm_avx512(const td_tensor *W, const float *x, int m0, int m1, int64_t n0, int64_t n1, float *y, int64_t ldy) {
+    wd d;
+    switch (setup(W, &d)) {
+    case KF32: mm512_f32(&d, x, m0, m1, n0, n1, y, ldy); break;
+    case KBF16: mm512_bf16(&d, x, m0, m1, n0, n1, y, ldy); break;
+    case KF16: mm512_f16(&d, x, m0, m1, n0, n1, y, ldy); break;
+    case KF8: mm512_f8(&d, x, m0, m1, n0, n1, y, ldy); break;
+    case KF8B: mm512_f8b(&d, x, m0, m1, n0, n1, y, ldy); break;
+    default: mm512_fp4(&d, x, m0, m1, n0, n1, y, ldy);
+    }
+}
+
+/* ======================= AVX2 ======================= */
+
+typedef struct { __m256 lo, hi; } v16;
+
+T256 INL v16 f8x16_256(__m128i b) {
+    __m256i v = _mm256_cvtepu8_epi16(b);
+    __m256i h = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(v, _mm256_set1_epi16(0x7f)), 7),
+                                _mm256_slli_epi16(_mm256_and_si256(v, _mm256_set1_epi16(0x80)), 8));
+    return (v16){_mm256_cvtph_ps(_mm256_castsi256_si128(h)), _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1))};
+}
+
+T256 INL __m256 fp4x8_256(__m128i nib8 /* 8 nibble bytes in the low half */) {
+    __m256i idx = _mm256_cvtepu8_epi32(nib8);
+    __m256 mag = _mm256_permutevar8x32_ps(_mm256_loadu_ps(e2m1_lut), _mm256_and_si256(idx, _mm256_set1_epi32(7)));
+    __m256i sign = _mm256_slli_epi32(_mm256_and_si256(idx, _mm256_set1_epi32(8)), 28);
+    return _mm256_xor_ps(mag, _mm256_castsi256_ps(sign));
+}
+
+T256 INL v16 w16_256(const wd *d, const int kind, const uint8_t *row, int64_t n, int64_t i) {
+    switch (kind) {
+    case KF32: return (v16){_mm256_loadu_ps((const float *)row + i), _mm256_loadu_ps((const float *)row + i + 8)};
+    case KBF16: {
+        __m256i h = _mm256_loadu_si256((const __m256i *)((const uint16_t *)row + i));
+        return (v16){_mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_castsi256_si128(h)), 16)),
+                     _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm256_extracti128_si256(h, 1)), 16))};
+    }
+    case KF16: {
+        const uint16_t *p = (const uint16_t *)row + i;
+        return (v16){_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 8)))};
+    }
+    case KF8: return f8x16_256(_mm_loadu_si128((const __m128i *)(row + i)));
+    case KF8B: {
+        v16 v = f8x16_256(_mm_loadu_si128((const __m128i *)(row + i)));
+        __m256 s = _mm256_set1_ps(block_scale_val(d, n, i) * 256.0f);
+        return (v16){_mm256_mul_ps(v.lo, s), _mm256_mul_ps(v.hi, s)};
+    }
+    default: {
+        __m128i w = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)(row + i / 2)));
+        __m128i nib = _mm_or_si128(_mm_and_si128(w, _mm_set1_epi16(0x0f)), _mm_slli_epi16(_mm_srli_epi16(w, 4), 8));
+        __m256 s = _mm256_set1_ps(fp8_lut[d->s4[n * (d->K / 16) + i / 16]]);
+        return (v16){_mm256_mul_ps(fp4x8_256(nib), s), _mm256_mul_ps(fp4x8_256(_mm_unpackhi_epi64(nib, nib)), s)};
+    }
+    }
+}
+
+T256 INL void tile256(const wd *d, const int kind, const int RN, const int RM, const float *x, int m, int64_t n, float *y, int64_t ldy) {
+    const int64_t K = d->K;
+    __m256 lo[4][2], hi[4][2];
+    const uint8_t *row[4];
+    const float *xr[2];
+    for (int r = 0; r < RN; r++) row[r] = d->data + (n + r) * d->row_bytes;
+    for (int q = 0; q < RM; q++) xr[q] = x + (int64_t)(m + q) * K;
+    for (int r = 0; r < RN; r++)
+        for (int q = 0; q < RM; q++) lo[r][q] = hi[r][q] = _mm256_setzero_ps();
+    int64_t i = 0;
+    for (; i + 16 <= K; i += 16) {
+        v16 w[4];
+        for (int r = 0; r < RN; r++) w[r] = w16_256(d, kind, row[r], n + r, i);
+        for (int q = 0; q < RM; q++) {
+            __m256 xl = _mm256_loadu_ps(xr[q] + i), xh = _mm256_loadu_ps(xr[q] + i + 8);
+            for (int r = 0; r < RN; r++) {
+                lo[r][q] = _mm256_fmadd_ps(xl, w[r].lo, lo[r][q]);
+                hi[r][q] = _mm256_fmadd_ps(xh, w[r].hi, hi[r][q]);
+            }
+        }
+    }
+    if (i < K) {
+        int rem = (int)(K - i);
+        float wb[16], xb[16] = {0};
+        for (int r = 0; r < RN; r++) {
+            w_tail(d, kind, row[r], n + r, i, rem, wb);
+            for (int q = 0; q < RM; q++) {
+                memcpy(xb, xr[q] + i, (size_t)rem * sizeof(float));
+                lo[r][q] = _mm256_fmadd_ps(_mm256_loadu_ps(xb), _mm256_loadu_ps(wb), lo[r][q]);
+                hi[r][q] = _mm256_fmadd_ps(_mm256_loadu_ps(xb + 8), _mm256_loadu_ps(wb + 8), hi[r][q]);
+            }
+        }
+    }
+    float a[16];
+    for (int r = 0; r < RN; r++)
+        for (int q = 0; q < RM; q++) {
+            _mm256_storeu_ps(a, lo[r][q]);
+            _mm256_storeu_ps(a + 8, hi[r][q]);
+            float v = reduce16(a);
+            if (kind == KF8 || kind == KFP4) v *= d->post;
+            y[(int64_t)(m + q) * ldy + n + r] = v;
+        }
+}
+
+/* 4 weight rows per group; within it 2x2 tiles while two activation rows
+ * remain, then 4x1 (so decode, M = 1, still shares nothing but streams 4 rows). */
+#define DRIVER256(NAME, KIND)                                                                              \
+    T256 __attribute__((noinline)) static void NAME(const wd *d, const float *x, int m0, int m1, int64_t n0, \
+                                                    int64_t n1, float *y, int64_t ldy) {                   \
+        for (int64_t n = n0; n < n1;) {                                                                    \
+            int rn = n1 - n >= 4 ? 4 : n1 - n >= 2 ? 2 : 1;                                                \
+            int m = m0;                                                                                    \
+            for (; m + 2 <= m1; m += 2) {                                                                  \
+                if (rn == 4) {                                                                             \
+                    tile256(d, KIND, 2, 2, x, m, n, y, ldy);                                               \
+                    tile256(d, KIND, 2, 2, x, m, n + 2, y, ldy);                                           \
+                } else if (rn == 2) tile256(d, KIND, 2, 2, x, m, n, y, ldy);                               \
+                else tile256(d, KIND, 1, 2, x, m, n, y, ldy);                                              \
+            }                                                                                              \
+            if (m < m1) {                                                                                  \
+                if (rn == 4) tile256(d, KIND, 4, 1, x, m, n, y, ldy);                                      \
+                else if (rn == 2) tile256(d, KIND, 2, 1, x, m, n, y, ldy);                                 \
+                else tile256(d, KIND, 1, 1, x, m, n, y, ldy);                                              \
+            }                                                                                              \
+            n += rn;                                                                                       \
+        }                                                                                                  \
+    }
+DRIVER256(mm256_f32, KF32)
+DRIVER256(mm256_bf16, KBF16)
+DRIVER256(mm256_f16, KF16)
+DRIVER256(mm256_f8, KF8)
+DRIVER256(mm256_f8b, KF8B)
+DRIVER256(mm256_fp4, KFP4)
+
+void td_mm_avx2(const td_tensor *W, const float *x, int m0, int m1, int64_t n0, int64_t n1, float *y, int64_t ldy) {
+    wd d;
+    switch (setup(W, &d)) {
+    case KF32: mm256_f32(&d, x, m0, m1, n0, n1, y, ldy); break;
+    case KBF16: mm256_bf16(&d, x, m0, m1, n0, n1, y, ldy); break;
+    case KF16: mm256_f16(&d, x, m0, m1, n0, n1, y, ldy); break;
+    case KF8: mm256_f8(&d, x, m0, m1, n0, n1, y, ldy); break;
+    case KF8B: mm256_f8b(&d, x, m0, m1, n0, n1, y, ldy); break;
+    default: mm256_fp4(&d, x, m0, m1, n0, n1, y, ldy);
+    }
+}
+#else
+typedef int td_kernels_x86_unused;
+#endif

@@ -1,0 +1,219 @@
+/* Matmul kernels (backend/cpu): every weight dtype against a plain
+ * double-precision reference built here from the raw bytes, on every ISA this
+ * CPU has (C, AVX2, AVX-512); then batch invariance (rows bit-identical for
+ * M = 1..16 and for a prefill-sized M), thread-count invariance (1/2/3
+ * threads), and AVX2 == AVX-512 bit for bit.
+ *
+ * Tolerance: |y - ref| <= 1e-5 * sum_k |x_k w_k| + 1e-30 (f32 accumulation
+ * over 16 lanes of K/16 terms each gives about K/16 * 6e-8 relative to that
+ * sum; the largest K here is 1000). */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include "backend/backend.h"
+#include "backend/cpu/kernels.h"
+#include "check.h"
+#include "tandem.h"
+
+static uint64_t rng = 0x9e3779b97f4a7c15ull;
+static uint32_t rnd(void) {
+    rng ^= rng << 13; rng ^= rng >> 7; rng ^= rng << 17;
+    return (uint32_t)(rng >> 16);
+}
+static float frand(void) { return (float)((rnd() & 0xffffff) / 16777216.0 * 2.0 - 1.0); }
+
+/* Reference decoders, written independently of the kernels. */
+static double ref_e4m3(uint8_t b) {
+    int s = b >> 7, e = (b >> 3) & 15, m = b & 7;
+    double v = e ? ldexp(1.0 + m / 8.0, e - 7) : ldexp(m / 8.0, -6);
+    return s ? -v : v;
+}
+static double ref_e2m1(int nib) {
+    static const double mag[8] = {0, 0.5, 1, 1.5, 2, 3, 4, 6};
+    return (nib & 8 ? -1 : 1) * mag[nib & 7];
+}
+static uint8_t rand_fp8(void) { /* any finite e4m3 (not 0x7f / 0xff) */
+    uint8_t b;
+    do b = (uint8_t)rnd(); while ((b & 0x7f) == 0x7f);
+    return b;
+}
+static uint8_t rand_fp8_scale(void) { /* positive, normal, moderate: 2^-4 .. 2^3 */
+    return (uint8_t)(((3 + rnd() % 8) << 3) | (rnd() & 7));
+}
+
+typedef enum { C_F32, C_BF16, C_F16, C_F8T, C_F8B, C_F8CH, C_FP4MO, C_FP4CT, C_COUNT } wcase;
+static const char *case_names[C_COUNT] = {"f32", "bf16", "f16", "fp8-tensor", "fp8-block128", "fp8-channel", "nvfp4-modelopt", "nvfp4-ct"};
+
+typedef struct {
+    td_tensor t;
+    void *data, *scales;
+    double *deq; /* [N*K] reference dequantized weights */
+} wmat;
+
+static void make_w(wcase c, int64_t N, int64_t K, wmat *w) {
+    memset(w, 0, sizeof *w);
+    w->t.ndim = 2;
+    w->t.shape[0] = N;
+    w->t.shape[1] = K;
+    w->t.name = case_names[c];
+    w->deq = malloc(sizeof(double) * (size_t)(N * K));
+    switch (c) {
+    case C_F32: {
+        float *d = malloc(sizeof(float) * (size_t)(N * K));
+        for (int64_t i = 0; i < N * K; i++) w->deq[i] = d[i] = frand();
+        w->t.dtype = TD_DTYPE_F32; w->data = d; break;
+    }
+    case C_BF16: case C_F16: {
+        uint16_t *d = malloc(2 * (size_t)(N * K));
+        for (int64_t i = 0; i < N * K; i++) {
+            float f = frand();
+            if (c == C_BF16) { d[i] = td_f32_to_bf16(f); uint32_t u = (uint32_t)d[i] << 16; float g; memcpy(&g, &u, 4); w->deq[i] = g; }
+            else {
+                /* f16 from a random sign/exponent/mantissa in a sane range */
+                uint16_t h = (uint16_t)((rnd() & 0x8000) | ((10 + rnd() % 6) << 10) | (rnd() & 0x3ff));
+                d[i] = h;
+                int e = (h >> 10) & 31, m = h & 0x3ff;
+                w->deq[i] = (h & 0x8000 ? -1 : 1) * ldexp(1.0 + m / 1024.0, e - 15);
+            }
+        }
+        w->t.dtype = c == C_BF16 ? TD_DTYPE_BF16 : TD_DTYPE_F16; w->data = d; break;
+    }
+    case C_F8T: case C_F8B: case C_F8CH: {
+        uint8_t *d = malloc((size_t)(N * K));
+        for (int64_t i = 0; i < N * K; i++) d[i] = rand_fp8();
+        w->t.dtype = TD_DTYPE_F8_E4M3; w->data = d;
+        if (c == C_F8T) {
+            w->t.scale_f = 0.0123f;
+            for (int64_t i = 0; i < N * K; i++) w->deq[i] = ref_e4m3(d[i]) * (double)w->t.scale_f;
+            break;
+        }
+        int64_t bn = c == C_F8B ? 128 : 1, bk = c == C_F8B ? 128 : K;
+        int64_t sr = (N + bn - 1) / bn, sc = (K + bk - 1) / bk;
+        float *s = malloc(sizeof(float) * (size_t)(sr * sc));
+        for (int64_t i = 0; i < sr * sc; i++) s[i] = 0.001f + 0.01f * (float)(rnd() % 100);
+        w->t.scales = w->scales = s; w->t.scales_dtype = TD_DTYPE_F32;
+        w->t.scale_block[0] = bn; w->t.scale_block[1] = bk; w->t.scale_f = 1.0f;
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t k = 0; k < K; k++) w->deq[n * K + k] = ref_e4m3(d[n * K + k]) * (double)s[(n / bn) * sc + k / bk];
+        break;
+    }
+    case C_FP4MO: case C_FP4CT: {
+        uint8_t *d = malloc((size_t)(N * K / 2)), *s = malloc((size_t)(N * K / 16));
+        for (int64_t i = 0; i < N * K / 2; i++) d[i] = (uint8_t)rnd();
+        for (int64_t i = 0; i < N * K / 16; i++) s[i] = rand_fp8_scale();
+        double g = c == C_FP4MO ? 0.0371 : 1.0 / 448.0; /* ModelOpt weight_scale_2; 1/weight_global_scale */
+        w->t.dtype = TD_DTYPE_NVFP4; w->data = d;
+        w->t.scales = w->scales = s; w->t.scales_dtype = TD_DTYPE_F8_E4M3; w->t.scale_f = (float)g;
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t k = 0; k < K; k++) {
+                int nib = (d[(n * K + k) / 2] >> ((k & 1) * 4)) & 15;
+                w->deq[n * K + k] = ref_e2m1(nib) * ref_e4m3(s[n * (K / 16) + k / 16]) * (double)w->t.scale_f;
+            }
+        break;
+    }
+    default: break;
+    }
+    w->t.data = w->data;
+}
+static void free_w(wmat *w) { free(w->data); free(w->scales); free(w->deq); }
+
+static td_backend *bk[4]; /* by thread count 1..3 */
+
+static void run_mm(int threads, const td_tensor *W, const float *x, int M, float *y) {
+    bk[threads]->ops->matmul(bk[threads], W, x, M, y);
+}
+
+static void test_case(wcase c, int64_t N, int64_t K, const td_isa *isas, int n_isas) {
+    wmat w;
+    make_w(c, N, K, &w);
+    const int MBIG = 70;
+    float *x = malloc(sizeof(float) * (size_t)(MBIG * K));
+    for (int64_t i = 0; i < MBIG * K; i++) x[i] = frand();
+    float *y16 = malloc(sizeof(float) * (size_t)(16 * N)), *y = malloc(sizeof(float) * (size_t)(MBIG * N));
+    float *first = malloc(sizeof(float) * (size_t)(16 * N));
+    for (int ii = 0; ii < n_isas; ii++) {
+        td_kernels_set_isa(isas[ii]);
+        const char *in = td_isa_name(isas[ii]);
+        /* accuracy vs double reference, M = 16 */
+        run_mm(2, &w.t, x, 16, y16);
+        double worst = 0;
+        int bad = 0;
+        for (int m = 0; m < 16; m++)
+            for (int64_t n = 0; n < N; n++) {
+                double ref = 0, mag = 0;
+                for (int64_t k = 0; k < K; k++) {
+                    double p = (double)x[m * K + k] * w.deq[n * K + k];
+                    ref += p;
+                    mag += fabs(p);
+                }
+                double e = fabs((double)y16[m * N + n] - ref) / (mag + 1e-30);
+                if (e > worst) worst = e;
+                if (!(e <= 1e-5)) bad++;
+            }
+        CHECK(bad == 0, "%s %s N=%lld K=%lld: %d outputs off the double reference (worst rel %.3g)", case_names[c], in,
+              (long long)N, (long long)K, bad, worst);
+        /* batch invariance: M = 1..15 and a prefill-sized M give the same rows bit for bit */
+        int diff_m = 0;
+        for (int M = 1; M <= 15; M++) {
+            run_mm(2, &w.t, x, M, y);
+            if (memcmp(y, y16, sizeof(float) * (size_t)(M * N))) diff_m++;
+        }
+        run_mm(2, &w.t, x, MBIG, y);
+        if (memcmp(y, y16, sizeof(float) * (size_t)(16 * N))) diff_m++;
+        CHECK(diff_m == 0, "%s %s N=%lld K=%lld: %d batch sizes differ from M=16", case_names[c], in, (long long)N, (long long)K, diff_m);
+        /* thread invariance */
+        int diff_t = 0;
+        for (int th = 1; th <= 3; th++) {
+            run_mm(th, &w.t, x, 16, y);
+            if (memcmp(y, y16, sizeof(float) * (size_t)(16 * N))) diff_t++;
+        }
+        CHECK(diff_t == 0, "%s %s: %d thread counts differ", case_names[c], in, diff_t);
+        /* AVX2 and AVX-512 round alike */
+        if (isas[ii] == TD_ISA_AVX2) memcpy(first, y16, sizeof(float) * (size_t)(16 * N));
+        if (isas[ii] == TD_ISA_AVX512 && ii > 0 && isas[ii - 1] == TD_ISA_AVX2)
+            CHECK(memcmp(first, y16, sizeof(float) * (size_t)(16 * N)) == 0, "%s N=%lld K=%lld: avx2 and avx512 differ", case_names[c],
+                  (long long)N, (long long)K);
+    }
+    td_kernels_set_isa(TD_ISA_AUTO);
+    free(x); free(y); free(y16); free(first);
+    free_w(&w);
+}
+
+int main(void) {
+    td_err err = {0};
+    for (int t = 1; t <= 3; t++) CHECK(td_backend_cpu_create(t, &bk[t], &err) == 0, "backend %d threads", t);
+    td_isa isas[3];
+    int n_isas = 0;
+    for (int i = TD_ISA_C; i <= TD_ISA_AVX512; i++)
+        if (td_kernels_set_isa((td_isa)i)) isas[n_isas++] = (td_isa)i;
+    td_kernels_set_isa(TD_ISA_AUTO);
+    printf("kernels: ISAs tested:");
+    for (int i = 0; i < n_isas; i++) printf(" %s", td_isa_name(isas[i]));
+    printf(" (best %s)\n", td_isa_name(td_kernels_best_isa()));
+
+    /* e4m3 decoding: every byte against the reference */
+    int bad = 0;
+    for (int b = 0; b < 256; b++) {
+        if ((b & 0x7f) == 0x7f) { bad += !isnan(td_fp8_e4m3_to_f32((uint8_t)b)); continue; }
+        bad += td_fp8_e4m3_to_f32((uint8_t)b) != (float)ref_e4m3((uint8_t)b);
+    }
+    CHECK(bad == 0, "%d e4m3 bytes decode wrong", bad);
+
+    /* shapes: odd N (row tiles 4/2/1), K with and without a 16-tail */
+    static const int64_t float_shapes[][2] = {{13, 37}, {7, 256}, {33, 1000}};
+    static const int64_t quant_shapes[][2] = {{13, 256}, {33, 400}, {130, 272}};
+    for (int c = 0; c < C_COUNT; c++) {
+        const int64_t (*sh)[2] = c <= C_F8T ? float_shapes : quant_shapes;
+        for (int s = 0; s < 3; s++) {
+            if (c >= C_FP4MO && sh[s][1] % 16) continue;
+            if (c == C_F8B && sh[s][1] % 16) continue;
+            test_case((wcase)c, sh[s][0], sh[s][1], isas, n_isas);
+        }
+    }
+    /* unsupported layouts are refused, not miscomputed */
+    td_tensor t = {.dtype = TD_DTYPE_NVFP4, .ndim = 2, .shape = {4, 24}};
+    CHECK(!td_matmul_supported(&t, NULL), "nvfp4 with K %% 16 != 0 accepted");
+    for (int i = 1; i <= 3; i++) td_backend_free(bk[i]);
+    TEST_MAIN_END("kernels");
+}
