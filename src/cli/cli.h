@@ -9,4 +9,5 @@ int cmd_detokenize(int argc, char **argv);
 int cmd_template(int argc, char **argv);
 int cmd_plan(int argc, char **argv);
 int cmd_bench(int argc, char **argv);
+int cmd_kernels(int argc, char **argv);
 #endif

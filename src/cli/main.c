@@ -12,6 +12,7 @@ static const struct { const char *name; int (*fn)(int, char **); const char *hel
     {"template", cmd_template, "render the chat template"},
     {"plan", cmd_plan, "memory plan: weights, KV cache, whether a window and depth fit"},
     {"bench", cmd_bench, "tokens/s per task and MTP depth, acceptance, sanity flags, speedup model"},
+    {"kernels", cmd_kernels, "kernel speed: bandwidth probe, matmul GB/s per ISA and M, decode/verify/prefill of a model"},
 };
 
 static int usage(FILE *f) {

@@ -55,6 +55,87 @@ static int get_tensor(loader *L, td_tensor *out, const char *name, int ndim, ...
     return TD_OK;
 }
 
+/* Reads a scalar (any float dtype, shape [] or [1]) into *v. */
+static int get_scalar(loader *L, const td_st_entry *e, float *v) {
+    td_tensor t;
+    td_st_entry_tensor(e, &t);
+    if (!is_float_dtype(e->dtype) || td_tensor_numel(&t) != 1)
+        return TD_FAIL(L->err, TD_ERR_FORMAT, "%s: tensor %s: expected one float scale", file_of(L, e), e->name);
+    *v = td_tensor_get_f32(&t, 0);
+    return TD_OK;
+}
+
+/* A big linear weight [rows, cols]: a float tensor, or quantized with its
+ * scales attached (kernels dequantize in registers; reference notes §7):
+ *  - FP8 e4m3 `weight` + `weight_scale_inv` [rows/bn, cols/bk] (HF block FP8),
+ *    or `weight_scale` scalar (per tensor) / [rows, 1] (per channel);
+ *  - NVFP4 ModelOpt: U8 `weight` [rows, cols/2], fp8 `weight_scale`
+ *    [rows, cols/16], `weight_scale_2` (W = e2m1 * scale * weight_scale_2);
+ *  - NVFP4 compressed-tensors: `weight_packed`, `weight_scale`,
+ *    `weight_global_scale` (W = e2m1 * scale / weight_global_scale). */
+static int get_linear(loader *L, td_tensor *out, const char *name, int ndim, int64_t rows, int64_t cols) {
+    char base[512], sn[600];
+    size_t bl = strlen(name);
+    const td_st_entry *e = lookup(L, name);
+    if (ndim != 2 || bl < 6 || strcmp(name + bl - 6, "weight")) return get_tensor(L, out, name, ndim, rows, cols);
+    snprintf(base, sizeof base, "%.*s", (int)(bl - 6), name);
+#define SCALE(suffix) (snprintf(sn, sizeof sn, "%s%s", base, suffix), lookup(L, sn))
+    bool packed = false;
+    if (!e && (e = SCALE("weight_packed")) != NULL) packed = true;
+    if (!e || (e->dtype != TD_DTYPE_F8_E4M3 && e->dtype != TD_DTYPE_U8)) return get_tensor(L, out, name, ndim, rows, cols);
+    int rc;
+    if (e->dtype == TD_DTYPE_F8_E4M3) {
+        if (e->ndim != 2 || e->shape[0] != rows || e->shape[1] != cols)
+            return TD_FAIL(L->err, TD_ERR_FORMAT, "%s: tensor %s: fp8 weight shape does not match [%lld, %lld]", file_of(L, e), e->name,
+                           (long long)rows, (long long)cols);
+        td_st_entry_tensor(e, out);
+        out->scale_f = 1.0f;
+        const td_st_entry *s = SCALE("weight_scale_inv");
+        if (!s) s = SCALE("weight_scale");
+        if (!s) return TD_FAIL(L->err, TD_ERR_FORMAT, "%s: fp8 tensor %s has no %sweight_scale_inv or %sweight_scale", file_of(L, e), e->name, base, base);
+        td_tensor st;
+        td_st_entry_tensor(s, &st);
+        if (td_tensor_numel(&st) == 1 && s->ndim < 2) return get_scalar(L, s, &out->scale_f);
+        if (!is_float_dtype(s->dtype) || s->ndim != 2 || s->shape[0] < 1 || s->shape[1] < 1)
+            return TD_FAIL(L->err, TD_ERR_UNSUPPORTED, "%s: fp8 scales %s: need a float scalar or a 2-D float grid", file_of(L, s), s->name);
+        /* 128 x 128 (HF weight_block_size) when it tiles the grid, else the even split */
+        int64_t bn = (rows + 127) / 128 == s->shape[0] ? 128 : (rows + s->shape[0] - 1) / s->shape[0];
+        int64_t bk = (cols + 127) / 128 == s->shape[1] ? 128 : (cols + s->shape[1] - 1) / s->shape[1];
+        if (s->shape[0] == rows) bn = 1;
+        if (s->shape[1] == 1) bk = cols;
+        if ((rows + bn - 1) / bn != s->shape[0] || (cols + bk - 1) / bk != s->shape[1] || bk % 16)
+            return TD_FAIL(L->err, TD_ERR_UNSUPPORTED, "%s: fp8 scales %s [%lld, %lld]: blocks must tile [%lld, %lld] with column blocks of 16k",
+                           file_of(L, s), s->name, (long long)s->shape[0], (long long)s->shape[1], (long long)rows, (long long)cols);
+        out->scales = s->data;
+        out->scales_dtype = s->dtype;
+        out->scale_block[0] = bn;
+        out->scale_block[1] = bk;
+        return TD_OK;
+    }
+    /* NVFP4: two e2m1 per byte */
+    if (e->ndim != 2 || e->shape[0] != rows || e->shape[1] * 2 != cols || cols % 16)
+        return TD_FAIL(L->err, TD_ERR_FORMAT, "%s: tensor %s: nvfp4 weight must be U8 [%lld, %lld] with in_features %% 16 == 0", file_of(L, e),
+                       e->name, (long long)rows, (long long)cols / 2);
+    const td_st_entry *s = SCALE("weight_scale");
+    if (!s || s->dtype != TD_DTYPE_F8_E4M3 || s->ndim != 2 || s->shape[0] != rows || s->shape[1] != cols / 16)
+        return TD_FAIL(L->err, TD_ERR_FORMAT, "%s: nvfp4 tensor %s needs %sweight_scale F8_E4M3 [%lld, %lld]", file_of(L, e), e->name, base,
+                       (long long)rows, (long long)cols / 16);
+    float g;
+    const td_st_entry *gs = SCALE(packed ? "weight_global_scale" : "weight_scale_2");
+    if (!gs) return TD_FAIL(L->err, TD_ERR_FORMAT, "%s: nvfp4 tensor %s has no %s", file_of(L, e), e->name, sn);
+    if ((rc = get_scalar(L, gs, &g))) return rc;
+    td_st_entry_tensor(e, out);
+    out->dtype = TD_DTYPE_NVFP4;
+    out->shape[1] = cols;
+    out->scales = s->data;
+    out->scales_dtype = TD_DTYPE_F8_E4M3;
+    out->scale_block[0] = 1;
+    out->scale_block[1] = 16;
+    out->scale_f = packed ? 1.0f / g : g;
+#undef SCALE
+    return TD_OK;
+}
+
 /* A 1-D (or flattened) float vector copied to owned f32, plus `add` (1 for zero-centred norms). */
 static int get_vec(loader *L, float **out, const char *name, int64_t n, float add, int ndim, ...) {
     td_tensor t;
@@ -77,12 +158,29 @@ static int get_vec(loader *L, float **out, const char *name, int64_t n, float ad
         L->cap_owned = nc;
     }
     L->owned[L->n_owned++] = v;
+    L->m->owned_bytes += (size_t)n * sizeof(float);
     *out = v;
     return TD_OK;
 }
 
 static int64_t tensor_params(const td_tensor *t) { return td_tensor_numel(t); }
-static size_t tensor_bytes(const td_tensor *t) { return (size_t)td_tensor_numel(t) * td_dtype_size(t->dtype); }
+static size_t tensor_bytes(const td_tensor *t) {
+    if (t->dtype == TD_DTYPE_NVFP4) return (size_t)td_tensor_numel(t) / 2 + (size_t)td_tensor_numel(t) / 16;
+    return (size_t)td_tensor_numel(t) * td_dtype_size(t->dtype);
+}
+
+static size_t owned_layer_floats(const td_config *c, bool full) {
+    size_t f = 2 * (size_t)c->hidden_size; /* input / post-attention norms */
+    if (full) return f + 2 * (size_t)c->head_dim; /* q_norm, k_norm */
+    return f + (size_t)td_cfg_lin_conv_dim(c) * (size_t)c->conv_kernel + 2 * (size_t)c->lin_nv + (size_t)c->lin_dv;
+}
+
+size_t td_model_owned_bytes_for(const td_config *c, bool has_mtp) {
+    size_t f = (size_t)c->hidden_size; /* final norm */
+    for (int i = 0; i < c->n_layers; i++) f += owned_layer_floats(c, c->full_attn[i]);
+    if (has_mtp) f += 3 * (size_t)c->hidden_size + owned_layer_floats(c, true);
+    return f * sizeof(float);
+}
 
 /* Loads a decoder layer whose tensors live under `base` (e.g. "model.layers.3."). */
 static int load_layer(loader *L, td_layer_weights *lw, const char *base, bool full, int64_t *params, size_t *bytes) {
@@ -91,7 +189,7 @@ static int load_layer(loader *L, td_layer_weights *lw, const char *base, bool fu
     char n[512];
     int rc;
 #define NAME(s) (snprintf(n, sizeof n, "%s%s", base, s), n)
-#define T(dst, s, ...) do { if ((rc = get_tensor(L, dst, NAME(s), __VA_ARGS__))) return rc; *params += tensor_params(dst); *bytes += tensor_bytes(dst); } while (0)
+#define T(dst, s, ...) do { if ((rc = get_linear(L, dst, NAME(s), __VA_ARGS__))) return rc; *params += tensor_params(dst); *bytes += tensor_bytes(dst); } while (0)
 #define V(dst, s, len, add) do { if ((rc = get_vec(L, dst, NAME(s), len, add, 1))) return rc; *params += len; *bytes += (size_t)(len) * 2; } while (0)
     lw->full_attn = full;
     V(&lw->input_norm1, "input_layernorm.weight", H, 1.0f);

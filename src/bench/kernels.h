@@ -1,0 +1,22 @@
+/* `tandem kernels` (issue 9): what the CPU kernels reach on this machine —
+ * a STREAM-like read-bandwidth probe, matmul GB/s per ISA and batch size M,
+ * and, given a model, decode tokens/s at depth 0, verify cost t(k+1)/t(1)
+ * for k = 1..8 and prefill tokens/s, with achieved GB/s against the probe. */
+#ifndef TANDEM_BENCH_KERNELS_H
+#define TANDEM_BENCH_KERNELS_H
+#include <stdio.h>
+
+typedef struct kbench_opts {
+    const char *model_dir;  /* NULL: probe and matmul only */
+    int threads;            /* 0 = all cores */
+    int reps;               /* timed repetitions per measurement (median reported) */
+    int probe_mb;           /* bandwidth probe buffer */
+    int mm_mb;              /* synthetic matmul weight size */
+    int mm_k;               /* its in_features */
+    int prefill[4], n_prefill;
+    int max_k;              /* verify k = 1..max_k */
+    const char *mm_dtype;   /* bf16, f32, f16, fp8, nvfp4 */
+} kbench_opts;
+
+int kbench_run(const kbench_opts *o, FILE *out);
+#endif
