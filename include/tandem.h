@@ -68,6 +68,21 @@ typedef struct td_kv_info {
 } td_kv_info;
 void td_engine_kv_info(const td_engine *eng, td_kv_info *out);
 
+/* What the engine holds now, in bytes (caller-owned copy): the figures the
+ * memory planner (tandem plan --device cpu) predicts. */
+typedef struct td_memory_info {
+    size_t weights_mapped;     /* safetensors files, memory-mapped */
+    size_t weights_owned;      /* f32 copies of norms, conv1d, dt_bias, A */
+    size_t kv_pool;            /* paged KV blocks + block tables + hash map */
+    size_t prefix_checkpoints; /* DeltaNet states etc. held by prefix-cache checkpoints */
+    size_t deltanet_state;     /* live sessions: state + verify checkpoints */
+    size_t scratch;            /* forward buffers (grown to the largest batch so far) */
+    size_t sessions;           /* live sessions: logits, hidden, pending rows, generation buffers, token tables */
+    int n_sessions;
+    size_t total;
+} td_memory_info;
+void td_engine_memory(const td_engine *eng, td_memory_info *out);
+
 /* Loads a Hugging Face model directory (config.json, *.safetensors,
  * tokenizer.json if present). Weights are memory-mapped, not copied. */
 int td_engine_load(const char *model_dir, const td_engine_opts *opts, td_engine **out, td_err *err);

@@ -7,9 +7,10 @@
 #include "cli/opts.h"
 
 /* Fills eo (threads, context, depth, KV size/dtype, prefix caching) for
- * max_seqs concurrent sequences. Returns 0 when it fits (a one-line summary
+ * max_seqs concurrent sequences and batch_tokens prefill tokens a step,
+ * from the planner's CPU mode (src/plan). Returns 0 when it fits (a one-line summary
  * of the KV cache goes to `summary`, for the caller to log once the model
  * has loaded), 1 when one request of max_model_len does not (the refusal,
  * one line, is written to log), 2 on a bad model directory (one line). */
-int cli_engine_opts(const common_opts *o, int max_seqs, td_engine_opts *eo, FILE *log, char *summary, size_t cap_summary);
+int cli_engine_opts(const common_opts *o, int max_seqs, int batch_tokens, td_engine_opts *eo, FILE *log, char *summary, size_t cap_summary);
 #endif

@@ -96,7 +96,7 @@ int cmd_run(int argc, char **argv) {
     if (tok_load(o.model, &tok, &err)) { fprintf(stderr, "tandem: %s\n", err.msg); return 1; }
     td_engine_opts eo;
     char kv_summary[512] = "";
-    int mrc = cli_engine_opts(&o, 1, &eo, stderr, kv_summary, sizeof kv_summary);
+    int mrc = cli_engine_opts(&o, 1, 256, &eo, stderr, kv_summary, sizeof kv_summary);
     if (mrc) { tok_free(tok); return 1; }
     td_engine *eng = NULL;
     if (td_engine_load(o.model, &eo, &eng, &err)) { fprintf(stderr, "tandem: %s\n", err.msg); tok_free(tok); return 1; }

@@ -164,7 +164,7 @@ int cmd_serve(int argc, char **argv) {
     so.prefix_caching = o.prefix_caching;
     td_engine_opts eo;
     char kv_summary[512] = "";
-    if (cli_engine_opts(&o, so.max_num_seqs, &eo, stderr, kv_summary, sizeof kv_summary)) goto out;
+    if (cli_engine_opts(&o, so.max_num_seqs, so.max_batch_tokens, &eo, stderr, kv_summary, sizeof kv_summary)) goto out;
     if (td_engine_load(o.model, &eo, &eng, &err)) { fprintf(stderr, "tandem serve: %s\n", err.msg); goto out; }
     fprintf(stderr, "%s\n", kv_summary);
     td_model_info mi;

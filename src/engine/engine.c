@@ -2,17 +2,27 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include "spec/gen.h"
 #include "util/err.h"
 
-static td_kv_shape kv_shape(const td_engine *e) {
-    const td_config *c = &e->model->cfg;
-    td_kv_shape ks = {.n_layers = c->n_full_attn + (e->model->has_mtp ? 1 : 0), .kv_dim = c->n_kv_heads * c->head_dim,
-                      .head_dim = c->head_dim, .store = (td_kv_store)e->opts.kv_cache_dtype,
+td_kv_shape td_engine_kv_shape_for(const td_config *c, bool has_mtp, int kv_dtype) {
+    td_kv_shape ks = {.n_layers = c->n_full_attn + (has_mtp ? 1 : 0), .kv_dim = c->n_kv_heads * c->head_dim,
+                      .head_dim = c->head_dim, .store = (td_kv_store)kv_dtype,
                       .state_floats = (size_t)(c->n_layers - c->n_full_attn) *
                                       ((size_t)(c->conv_kernel - 1) * td_cfg_lin_conv_dim(c) + (size_t)c->lin_nv * c->lin_dk * c->lin_dv),
                       .hidden = c->hidden_size};
     if (ks.n_layers == 0) ks.n_layers = 1;
     return ks;
+}
+
+static td_kv_shape kv_shape(const td_engine *e) {
+    return td_engine_kv_shape_for(&e->model->cfg, e->model->has_mtp, e->opts.kv_cache_dtype);
+}
+
+size_t td_session_bytes_for(const td_config *c, int depth) {
+    size_t V = (size_t)c->vocab_size, H = (size_t)c->hidden_size;
+    return sizeof(td_session) + (V + H + (size_t)TD_SESSION_PEND_CAP * H) * sizeof(float) +
+           td_gen_work_bytes_for(c, depth, TD_SESSION_PEND_CAP);
 }
 
 int td_engine_load(const char *model_dir, const td_engine_opts *opts, td_engine **out, td_err *err) {
@@ -94,15 +104,21 @@ int td_session_new(td_engine *eng, td_session **out, td_err *err) {
     if (rc) { free(s); return rc; }
     s->logits = TD_CALLOC(err, (size_t)c->vocab_size, sizeof(float));
     s->hidden = TD_CALLOC(err, (size_t)c->hidden_size, sizeof(float));
-    s->pend_cap = TD_MAX_SPEC_DEPTH + 4;
+    s->pend_cap = TD_SESSION_PEND_CAP;
     s->pend = TD_CALLOC(err, (size_t)s->pend_cap * c->hidden_size, sizeof(float));
     if (!s->logits || !s->hidden || !s->pend) { td_session_free(s); return TD_ERR_NOMEM; }
+    s->next = eng->sessions;
+    if (eng->sessions) eng->sessions->prev = s;
+    eng->sessions = s;
     *out = s;
     return TD_OK;
 }
 
 void td_session_free(td_session *s) {
     if (!s) return;
+    if (s->prev) s->prev->next = s->next;
+    else if (s->eng->sessions == s) s->eng->sessions = s->next;
+    if (s->next) s->next->prev = s->prev;
     td_seq_free(&s->seq);
     free(s->logits);
     free(s->hidden);
@@ -129,6 +145,25 @@ void td_engine_kv_info(const td_engine *e, td_kv_info *o) {
     o->bytes_total = o->bytes_per_block * (size_t)o->n_blocks;
     o->deltanet_state_bytes = (size_t)(c->n_layers - c->n_full_attn) *
                               ((size_t)(c->conv_kernel - 1) * td_cfg_lin_conv_dim(c) + (size_t)c->lin_nv * c->lin_dk * c->lin_dv) * sizeof(float);
+}
+
+void td_engine_memory(const td_engine *e, td_memory_info *o) {
+    memset(o, 0, sizeof *o);
+    const td_weights *w = e->model->weights;
+    for (int i = 0; i < w->n_files; i++) o->weights_mapped += w->files[i].size;
+    o->weights_owned = e->model->owned_bytes;
+    o->kv_pool = td_kv_pool_bytes(e->kv);
+    o->prefix_checkpoints = td_kv_ckpt_bytes(e->kv);
+    o->scratch = td_fwd_scratch_bytes(e->fwd);
+    for (const td_session *s = e->sessions; s; s = s->next) {
+        o->n_sessions++;
+        size_t seq = td_seq_bytes(&s->seq), state = td_seq_state_bytes_for(&e->model->cfg, s->seq.n_ckpt_slots);
+        o->deltanet_state += state;
+        o->sessions += sizeof *s + seq - state + ((size_t)e->model->cfg.vocab_size + (size_t)e->model->cfg.hidden_size +
+                                                 (size_t)s->pend_cap * e->model->cfg.hidden_size) * sizeof(float) +
+                       s->work_cap * sizeof(float);
+    }
+    o->total = o->weights_mapped + o->weights_owned + o->kv_pool + o->prefix_checkpoints + o->scratch + o->deltanet_state + o->sessions;
 }
 
 void td_engine_spec_counters(const td_engine *e, td_spec_counters *out) { *out = e->spec_totals; }

@@ -16,6 +16,7 @@ struct td_engine {
     int max_context;
     td_kv *kv;                    /* paged KV cache + prefix cache */
     td_spec_counters spec_totals; /* over every generation */
+    td_session *sessions;         /* live sessions, for td_engine_memory */
 };
 
 struct td_session {
@@ -30,5 +31,16 @@ struct td_session {
     int pend_cap;
     float *work;     /* generation scratch, see spec/generate.c */
     size_t work_cap;
+    td_session *prev, *next;  /* the engine's list of live sessions */
 };
+
+/* Pending hidden rows a session keeps for the MTP head. */
+#define TD_SESSION_PEND_CAP (TD_MAX_SPEC_DEPTH + 4)
+
+/* Shape of the paged KV cache for a config (one MTP layer when the model
+ * has the head; kv_dtype 0 f32, 1 bf16, 2 fp8), and the bytes one session
+ * allocates besides its DeltaNet state: logits, hidden and pending rows and
+ * the generation buffers at `depth`. Used by the engine and the planner. */
+td_kv_shape td_engine_kv_shape_for(const td_config *c, bool has_mtp, int kv_dtype);
+size_t td_session_bytes_for(const td_config *c, int depth);
 #endif

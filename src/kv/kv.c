@@ -46,6 +46,34 @@ size_t td_kv_bytes_per_block(const td_kv_shape *s) {
     size_t row = (size_t)s->kv_dim * elem_size(s->store) + (s->store == TD_KV_FP8_STORE ? (size_t)kv_heads(s) * sizeof(float) : 0);
     return (size_t)s->n_layers * 2 * TD_KV_BLOCK * row;
 }
+static size_t map_cap_for(int n_blocks) {
+    size_t cap = 16;
+    while (cap < (size_t)n_blocks * 4) cap *= 2;
+    return cap;
+}
+
+size_t td_kv_alloc_bytes(const td_kv_shape *s, int n_blocks, int n_ckpt) {
+    size_t per_block = td_kv_bytes_per_block(s) + sizeof(int) * 3 + sizeof(uint64_t) + 2 * sizeof(bool); /* ref, prev, next, hash, hashed, mtp_ok */
+    size_t tables = (size_t)s->n_layers * 2 * sizeof(void *) * (s->store == TD_KV_FP8_STORE ? 2 : 1);
+    return (size_t)n_blocks * per_block + map_cap_for(n_blocks) * (sizeof(uint64_t) + sizeof(int)) + tables +
+           (size_t)(n_ckpt ? n_ckpt : 1) * sizeof(ckpt) + sizeof(td_kv);
+}
+
+size_t td_kv_pool_bytes(const td_kv *kv) { return td_kv_alloc_bytes(&kv->sh, kv->n_blocks, kv->n_ckpt); }
+
+size_t td_kv_ckpt_bytes_for(const td_kv_shape *s, int n) {
+    int n_full = n / TD_KV_BLOCK;
+    return s->state_floats * sizeof(float) + 1 + (size_t)s->hidden * sizeof(float) + (size_t)n * sizeof(int32_t) +
+           (size_t)(n_full + 1) * (sizeof(int) + sizeof(uint64_t));
+}
+
+size_t td_kv_ckpt_bytes(const td_kv *kv) {
+    size_t b = 0;
+    for (int i = 0; i < kv->n_ckpt; i++)
+        if (kv->ck[i].used) b += td_kv_ckpt_bytes_for(&kv->sh, kv->ck[i].n);
+    return b;
+}
+
 int td_kv_n_blocks(const td_kv *kv) { return kv->n_blocks; }
 int td_kv_free_blocks(const td_kv *kv) { return kv->n_free; }
 int td_kv_checkpoint_blocks(const td_kv *kv) {
@@ -174,8 +202,7 @@ int td_kv_new(const td_kv_shape *shape, int n_blocks, int n_ckpt, td_kv **out, t
     kv->esize = elem_size(shape->store);
     kv->n_heads = kv_heads(shape);
     size_t rows = (size_t)n_blocks * TD_KV_BLOCK, per_layer = rows * shape->kv_dim * kv->esize;
-    kv->map_cap = 16;
-    while (kv->map_cap < (size_t)n_blocks * 4) kv->map_cap *= 2;
+    kv->map_cap = map_cap_for(n_blocks);
     kv->k = TD_CALLOC(err, (size_t)shape->n_layers, sizeof(unsigned char *));
     kv->v = TD_CALLOC(err, (size_t)shape->n_layers, sizeof(unsigned char *));
     if (shape->store == TD_KV_FP8_STORE) {

@@ -45,6 +45,15 @@ typedef struct td_kv_shape {
 int td_kv_new(const td_kv_shape *shape, int n_blocks, int n_ckpt, td_kv **out, td_err *err);
 void td_kv_free(td_kv *kv);
 size_t td_kv_bytes_per_block(const td_kv_shape *shape);
+/* Bytes td_kv_new allocates for n_blocks blocks and n_ckpt checkpoint
+ * slots (the blocks plus per-block tables and the hash map), and what the
+ * prefix-cache checkpoints of kv hold now (states, hidden rows, token and
+ * block lists; their tail blocks are in the pool). A checkpoint of n tokens
+ * holds td_kv_ckpt_bytes_for(shape, n). */
+size_t td_kv_alloc_bytes(const td_kv_shape *s, int n_blocks, int n_ckpt);
+size_t td_kv_pool_bytes(const td_kv *kv);
+size_t td_kv_ckpt_bytes(const td_kv *kv);
+size_t td_kv_ckpt_bytes_for(const td_kv_shape *s, int n);
 int td_kv_n_blocks(const td_kv *kv);
 int td_kv_free_blocks(const td_kv *kv);   /* free + cached (evictable) */
 int td_kv_checkpoint_blocks(const td_kv *kv); /* partial tails held by checkpoints (also evictable) */

@@ -73,20 +73,39 @@ static void par_for(td_fwd_ctx *c, int n, void (*fn)(void *, int), void *ctx, do
     c->b->ops->parallel_for(c->b, n, fn, ctx);
 }
 
-/* Scratch for M rows. t0..t5 are sized for the widest use of each. */
-static int ensure_scratch(td_fwd_ctx *c, int M, td_err *err) {
-    if (M <= c->cap_M) return TD_OK;
-    const td_config *g = &c->m->cfg;
+/* Scratch row widths, in floats: x, xn, then t0..t5, each sized for the
+ * widest use of it. */
+static void scratch_widths(const td_config *g, size_t widths[8]) {
     int H = g->hidden_size, I = g->intermediate_size, conv = td_cfg_lin_conv_dim(g), vd = td_cfg_lin_value_dim(g);
     int qout = g->n_heads * g->head_dim * 2, kvd = g->n_kv_heads * g->head_dim, ad = g->n_heads * g->head_dim;
-    size_t w0 = (size_t)imax(imax(qout, conv), imax(I, 2 * H));
-    size_t w1 = (size_t)imax(imax(kvd, conv), I);
-    size_t w2 = (size_t)imax(imax(kvd, vd), ad);
-    size_t w3 = (size_t)imax(ad, vd);
-    size_t w4 = (size_t)imax(ad, 2 * g->lin_nv);
-    size_t w5 = (size_t)imax(H, g->lin_nv);
+    widths[0] = widths[1] = (size_t)H;
+    widths[2] = (size_t)imax(imax(qout, conv), imax(I, 2 * H));
+    widths[3] = (size_t)imax(imax(kvd, conv), I);
+    widths[4] = (size_t)imax(imax(kvd, vd), ad);
+    widths[5] = (size_t)imax(ad, vd);
+    widths[6] = (size_t)imax(ad, 2 * g->lin_nv);
+    widths[7] = (size_t)imax(H, g->lin_nv);
+}
+
+static size_t scratch_floats_per_row(const td_config *g) {
+    size_t w[8], n = 0;
+    scratch_widths(g, w);
+    for (int i = 0; i < 8; i++) n += w[i];
+    return n;
+}
+
+size_t td_fwd_scratch_bytes_for(const td_config *g, int rows, int logits_rows) {
+    return ((size_t)rows * scratch_floats_per_row(g) + (size_t)logits_rows * (size_t)g->vocab_size) * sizeof(float);
+}
+
+size_t td_fwd_scratch_bytes(const td_fwd_ctx *c) { return td_fwd_scratch_bytes_for(&c->m->cfg, c->cap_M, c->cap_lg); }
+
+/* Scratch for M rows. */
+static int ensure_scratch(td_fwd_ctx *c, int M, td_err *err) {
+    if (M <= c->cap_M) return TD_OK;
     float **bufs[] = {&c->x, &c->xn, &c->t0, &c->t1, &c->t2, &c->t3, &c->t4, &c->t5};
-    size_t widths[] = {(size_t)H, (size_t)H, w0, w1, w2, w3, w4, w5};
+    size_t widths[8];
+    scratch_widths(&c->m->cfg, widths);
     for (int i = 0; i < 8; i++) {
         free(*bufs[i]);
         *bufs[i] = malloc((size_t)M * widths[i] * sizeof(float));

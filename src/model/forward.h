@@ -33,6 +33,11 @@ typedef struct td_fwd_ctx td_fwd_ctx;
 
 int td_fwd_ctx_new(const td_model *m, td_backend *b, td_fwd_ctx **out, td_err *err);
 void td_fwd_ctx_free(td_fwd_ctx *c);
+/* Bytes of the forward scratch for a batch of `rows` tokens of which
+ * `logits_rows` need logits (what ensure_scratch and the logits buffer
+ * allocate; the planner uses the same count), and what c holds now. */
+size_t td_fwd_scratch_bytes_for(const td_config *c, int rows, int logits_rows);
+size_t td_fwd_scratch_bytes(const td_fwd_ctx *c);
 
 /* Runs the target model; advances each seq->n_past by its item's n. */
 int td_forward(td_fwd_ctx *c, td_fwd_item *items, int n_items, td_err *err);

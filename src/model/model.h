@@ -59,7 +59,12 @@ typedef struct td_model {
     size_t bytes_main, bytes_mtp, bytes_embed, bytes_head;
     float **owned_vecs; /* every f32 vector above, for freeing */
     int n_owned_vecs;
+    size_t owned_bytes; /* their total size */
 } td_model;
+
+/* Bytes of the f32 copies the loader makes (norms, conv1d, dt_bias, A):
+ * what td_model_load allocates besides the mapped safetensors. */
+size_t td_model_owned_bytes_for(const td_config *c, bool has_mtp);
 
 int td_model_load(const char *dir, td_model **out, td_err *err);
 void td_model_free(td_model *m);

@@ -112,6 +112,17 @@ int td_seq_truncate(td_seq *s, int n, td_err *err) {
     return TD_OK;
 }
 
+size_t td_seq_state_bytes_for(const td_config *c, int ckpt_slots) {
+    size_t n_lin = (size_t)(c->n_layers - c->n_full_attn);
+    size_t per = (size_t)(c->conv_kernel - 1) * (size_t)td_cfg_lin_conv_dim(c) + 1 + (size_t)c->lin_nv * c->lin_dk * c->lin_dv;
+    return n_lin * per * (size_t)(1 + (ckpt_slots > 0 ? ckpt_slots : 0)) * sizeof(float);
+}
+
+size_t td_seq_bytes(const td_seq *s) {
+    size_t state = (size_t)s->n_lin * ((size_t)s->conv_len * s->conv_dim + 1 + s->ssm_size) * (size_t)(1 + s->n_ckpt_slots) * sizeof(float);
+    return state + (size_t)s->cap_tokens * sizeof(int32_t) + (size_t)s->cap_blocks * sizeof(int);
+}
+
 size_t td_seq_state_floats(const td_seq *s) { return (size_t)s->n_lin * ((size_t)s->conv_len * s->conv_dim + s->ssm_size); }
 
 void td_seq_state_save(const td_seq *s, float *out) {

@@ -45,6 +45,11 @@ void td_seq_reset(td_seq *s);
 int td_seq_truncate(td_seq *s, int n, td_err *err);
 /* All DeltaNet state as one vector (for prefix-cache checkpoints). */
 size_t td_seq_state_floats(const td_seq *s);
+/* Bytes td_seq_init allocates for the DeltaNet state: the live state plus
+ * ckpt_slots verify checkpoints (f32, one guard float per conv state), and
+ * what s holds now (that state plus its token and block tables). */
+size_t td_seq_state_bytes_for(const td_config *c, int ckpt_slots);
+size_t td_seq_bytes(const td_seq *s);
 void td_seq_state_save(const td_seq *s, float *out);
 void td_seq_state_load(td_seq *s, const float *in);
 /* Takes over referenced blocks holding the KV of tokens[0..n) and restores

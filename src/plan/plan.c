@@ -247,6 +247,7 @@ static void refusal(const td_config *c, const td_plan_opts *o, td_plan *p) {
 }
 
 int td_plan_compute(const td_config *c, const td_plan_opts *o, td_plan *p, td_err *err) {
+    if (o->backend == TD_PLAN_CPU) return td_plan_compute_cpu(c, o, p, err);
     if (!(o->gpu_util > 0.0 && o->gpu_util <= 1.0))
         return TD_FAIL(err, TD_ERR_ARG, "gpu memory utilization %g must be in (0, 1]", o->gpu_util);
     if (o->spec_depth < 0 || o->spec_depth > TD_MAX_SPEC_DEPTH)

@@ -19,6 +19,10 @@
 
 typedef enum { TD_QUANT_NVFP4 = 0, TD_QUANT_FP8, TD_QUANT_BF16 } td_quant;
 typedef enum { TD_KV_AUTO = 0, TD_KV_BF16, TD_KV_FP8 } td_kv_dtype;
+/* GPU: the vLLM-calibrated model below. CPU: what the CPU engine allocates
+ * (src/plan/README.md, "CPU backend"): KV f32 under AUTO, no graphs, no
+ * runtime reserve, the engine's own scratch / session / state sizes. */
+typedef enum { TD_PLAN_GPU = 0, TD_PLAN_CPU } td_plan_backend;
 
 /* Weight bytes by part. "main" is the decoder layers plus the final norm. */
 typedef struct td_plan_weights {
@@ -39,6 +43,12 @@ typedef struct td_plan_opts {
     uint64_t runtime_bytes;       /* fixed runtime reserve (CUDA context, library workspaces) */
     bool weights_given;           /* use `weights` instead of the estimate from the config */
     td_plan_weights weights;
+    td_plan_backend backend;      /* GPU (default) or CPU */
+    /* CPU only. device_bytes x gpu_util is the memory budget. */
+    bool has_mtp;                 /* the checkpoint has the mtp.* tensors (one more KV layer) */
+    uint64_t kv_cache_bytes;      /* fixed KV pool size (0 = what the budget leaves) */
+    int kv_pool_windows;          /* cap the pool at this many full windows per sequence (0 = no cap) */
+    int prefix_checkpoints;       /* prefix-cache checkpoints the engine keeps (0 = caching off) */
 } td_plan_opts;
 
 /* Defaults: NVFP4, auto KV, a 32 GB RTX 5090 (32,607 MiB as the driver
@@ -72,11 +82,28 @@ typedef struct td_plan {
     int max_depth_at_len;            /* largest depth that fits this window (-1: none) */
     double util_needed;              /* utilization that fits this window at this depth (> 1: impossible) */
     int64_t max_len_by_depth[TD_PLAN_DEPTHS];
+    /* CPU backend. There linear_state_bytes is the state of all max_num_seqs
+     * sequences ((depth + 2) copies each: live + depth + 1 verify
+     * checkpoints), available_kv_bytes is what is left for the pool after
+     * it, request_bytes is the KV of one window (whole blocks, + 2 slots),
+     * activation_bytes = scratch + sessions, runtime_bytes = f32 copies of
+     * small weights. */
+    uint64_t kv_bytes_per_block;
+    int64_t kv_blocks;               /* blocks in the pool */
+    uint64_t kv_pool_bytes;          /* the pool as td_kv_new allocates it */
+    uint64_t scratch_bytes;          /* forward scratch at the largest batch */
+    uint64_t session_bytes;          /* max_num_seqs sessions' buffers */
+    uint64_t prefix_ckpt_bytes;      /* prefix_checkpoints full-window checkpoints */
+    uint64_t needed_bytes;           /* everything but the pool + one window's KV */
+    uint64_t total_bytes;            /* everything the engine allocates at the peak */
     char message[1024];              /* refusal (fits == false) or one-line summary */
 } td_plan;
 
 /* Computes the plan. Fails (TD_ERR_ARG) only on invalid options. */
 int td_plan_compute(const td_config *cfg, const td_plan_opts *o, td_plan *out, td_err *err);
+
+/* CPU mode of td_plan_compute (called by it when o->backend == TD_PLAN_CPU). */
+int td_plan_compute_cpu(const td_config *cfg, const td_plan_opts *o, td_plan *out, td_err *err);
 
 /* The formulas, exposed for tests and for the KV-cache allocator. */
 void td_plan_weights_estimate(const td_config *cfg, td_quant q, td_plan_weights *out);

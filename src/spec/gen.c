@@ -70,13 +70,19 @@ static double now_s(void) {
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+size_t td_gen_work_bytes_for(const td_config *c, int k, int pend_cap) {
+    size_t V = (size_t)c->vocab_size, H = (size_t)c->hidden_size;
+    size_t rows_h = (size_t)(k + 1 > PREFILL_CHUNK ? k + 1 : PREFILL_CHUNK);
+    return ((size_t)(k + 1) * V + rows_h * H + (size_t)(pend_cap + 1) * H + (size_t)(k ? k : 1) * V + 2 * V) * sizeof(float);
+}
+
 static int alloc_buffers(td_gen *g, td_err *err) {
     td_session *s = g->s;
     const td_config *c = &g->e->model->cfg;
     int k = g->depth;
     size_t V = (size_t)c->vocab_size, H = (size_t)c->hidden_size;
     size_t rows_h = (size_t)(k + 1 > PREFILL_CHUNK ? k + 1 : PREFILL_CHUNK);
-    size_t need = (size_t)(k + 1) * V + rows_h * H + (size_t)(s->pend_cap + 1) * H + (size_t)(k ? k : 1) * V + 2 * V;
+    size_t need = td_gen_work_bytes_for(c, k, s->pend_cap) / sizeof(float);
     if (need > s->work_cap) {
         free(s->work);
         s->work = malloc(need * sizeof(float));

@@ -30,4 +30,9 @@ void td_gen_end(td_gen *g);
  * Prefill chunks share `prefill_budget` tokens. On error every gen in the
  * batch is left in an undefined state and must be ended. */
 int td_gen_step(td_gen **gens, int n, int prefill_budget, td_err *err);
+
+/* Bytes of a session's generation buffers at depth k (pend_cap pending
+ * hidden rows): what td_gen_begin allocates, and what the planner counts. */
+struct td_config;
+size_t td_gen_work_bytes_for(const struct td_config *c, int k, int pend_cap);
 #endif
