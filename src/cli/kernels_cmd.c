@@ -2,12 +2,13 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "backend/cpu/kernels.h"
 #include "bench/kernels.h"
 #include "cli/cli.h"
 
 static int usage(FILE *f) {
     fprintf(f, "usage: tandem kernels [-m DIR] [-t THREADS] [--reps N] [--probe-mb MB] [--mm-mb MB] [--mm-k K]\n"
-               "                      [--dtype bf16|f32|f16|fp8|nvfp4] [--prefill 512,4096] [--max-k 8]\n"
+               "                      [--dtype bf16|f32|f16|fp8|nvfp4] [--prefill 512,4096] [--max-k 8] [--isa c|avx2|avx512]\n"
                "  bandwidth probe, matmul GB/s per ISA and M = 1..16 on a synthetic weight (--mm-mb 0 skips it),\n"
                "  and with -m: decode tokens/s (depth 0), verify cost t(k+1)/t(1), prefill tokens/s\n");
     return f == stdout ? 0 : 2;
@@ -28,6 +29,10 @@ int cmd_kernels(int argc, char **argv) {
         else if (!strcmp(a, "--mm-mb")) o.mm_mb = atoi(v);
         else if (!strcmp(a, "--mm-k")) o.mm_k = atoi(v);
         else if (!strcmp(a, "--dtype")) o.mm_dtype = v;
+        else if (!strcmp(a, "--isa")) { /* model-level runs only; the matmul table covers every ISA */
+            td_isa want = !strcmp(v, "c") ? TD_ISA_C : !strcmp(v, "avx2") ? TD_ISA_AVX2 : !strcmp(v, "avx512") ? TD_ISA_AVX512 : TD_ISA_AUTO;
+            if (!td_kernels_set_isa(want)) { fprintf(stderr, "tandem kernels: this CPU has no %s\n", v); return 2; }
+        }
         else if (!strcmp(a, "--max-k")) o.max_k = atoi(v);
         else if (!strcmp(a, "--prefill")) {
             o.n_prefill = 0;
