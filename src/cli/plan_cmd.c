@@ -27,6 +27,9 @@ static int usage(FILE *f) {
             "  --weights SIZE                total weight bytes incl. MTP instead of the estimate\n"
             "  --mtp-weights SIZE            MTP head bytes (with --weights)\n"
             "  --runtime-reserve SIZE        fixed runtime reserve (default 576MiB, calibrated)\n"
+            "  --device gpu|cpu              GPU model (default) or what the CPU engine allocates (needs -m DIR;\n"
+            "                                KV f32 unless --kv-cache-dtype; --max-num-seqs 4, --max-num-batched-tokens 512 defaults)\n"
+            "  --memory-budget SIZE          CPU: memory for everything (default: --device-memory x utilization)\n"
             "  --reference                   also compare with the reference measurement (notes §1)\n"
             "  --json                        print the plan as JSON (bytes)\n",
             TD_MAX_SPEC_DEPTH);
@@ -72,6 +75,27 @@ static void print_table(const td_config *c, const td_plan_opts *o, const td_plan
     for (int d = 0; d < TD_PLAN_DEPTHS; d++) printf("| %d | %lld |\n", d, (long long)p->max_len_by_depth[d]);
 }
 
+static void print_cpu(const td_config *c, const td_plan_opts *o, const td_plan *p, const char *src) {
+    printf("model: %s (%s), CPU backend: budget %.2f GiB; KV %s; spec depth %d; max_num_seqs %d, max_num_batched_tokens %d; "
+           "%d prefix checkpoints\n\n",
+           src, c->model_type, gib(p->budget_bytes), o->kv_dtype == TD_KV_AUTO ? "f32" : td_kv_dtype_name(o->kv_dtype), p->spec_depth,
+           o->max_num_seqs, o->max_num_batched_tokens, o->prefix_checkpoints);
+    printf("| part                                     |           GiB |           bytes |\n|---|---|---|\n");
+    row("weights (mapped safetensors)", p->weights_bytes);
+    row("f32 copies (norms, conv1d, A, dt_bias)", p->runtime_bytes);
+    row("forward scratch (largest batch)", p->scratch_bytes);
+    row("session buffers (all sequences)", p->session_bytes);
+    char s[80];
+    snprintf(s, sizeof s, "DeltaNet state (x%d per sequence)", p->spec_depth + 2);
+    row(s, p->linear_state_bytes);
+    row("prefix-cache checkpoints (at most)", p->prefix_ckpt_bytes);
+    snprintf(s, sizeof s, "KV pool (%lld blocks)", (long long)p->kv_blocks);
+    row(s, p->kv_pool_bytes);
+    row("total", p->total_bytes);
+    printf("\n%s\n\n| depth | largest window |\n|---|---|\n", p->message);
+    for (int d = 0; d < TD_PLAN_DEPTHS; d++) printf("| %d | %lld |\n", d, (long long)p->max_len_by_depth[d]);
+}
+
 static void print_json(const td_config *c, const td_plan_opts *o, const td_plan *p, const char *src) {
     json_t *by = json_array();
     for (int d = 0; d < TD_PLAN_DEPTHS; d++) json_array_append_new(by, json_integer(p->max_len_by_depth[d]));
@@ -114,7 +138,8 @@ static void print_json(const td_config *c, const td_plan_opts *o, const td_plan 
 
 int cmd_plan(int argc, char **argv) {
     const char *dir = NULL, *cfg_file = NULL;
-    bool json = false, reference = false, quant_set = false, kv_set = false;
+    bool json = false, reference = false, quant_set = false, kv_set = false, cpu = false, seqs_set = false, batch_set = false;
+    uint64_t cpu_budget = 0;
     uint64_t weights_total = 0, mtp_weights = 0;
     td_plan_opts o;
     td_plan_opts_default(&o);
@@ -129,6 +154,13 @@ int cmd_plan(int argc, char **argv) {
         i++;
         char *end;
         if (!strcmp(a, "-m") || !strcmp(a, "--model")) dir = v;
+        else if (!strcmp(a, "--device")) {
+            if (!strcmp(v, "cpu")) cpu = true;
+            else if (!strcmp(v, "gpu") || !strcmp(v, "cuda")) cpu = false;
+            else return bad(a, v);
+        } else if (!strcmp(a, "--memory-budget")) {
+            if (!(cpu_budget = td_plan_parse_bytes(v))) return bad(a, v);
+        }
         else if (!strcmp(a, "--config")) cfg_file = v;
         else if (!strcmp(a, "--quant")) {
             quant_set = true;
@@ -156,9 +188,9 @@ int cmd_plan(int argc, char **argv) {
             bool depth = !strcmp(a, "--spec-depth");
             if (end == v || *end || n < (depth ? 0 : 1) || n > (depth ? TD_MAX_SPEC_DEPTH : 1 << 24)) return bad(a, v);
             if (depth) o.spec_depth = (int)n;
-            else if (!strcmp(a, "--max-num-seqs")) o.max_num_seqs = (int)n;
+            else if (!strcmp(a, "--max-num-seqs")) o.max_num_seqs = (int)n, seqs_set = true;
             else if (!strcmp(a, "--block-size")) o.block_size = (int)n;
-            else o.max_num_batched_tokens = (int)n;
+            else o.max_num_batched_tokens = (int)n, batch_set = true;
         } else if (!strcmp(a, "--weights")) {
             if (!(weights_total = td_plan_parse_bytes(v))) return bad(a, v);
         } else if (!strcmp(a, "--mtp-weights")) {
@@ -186,6 +218,18 @@ int cmd_plan(int argc, char **argv) {
     if (dir) td_plan_detect_quant(dir, &dq, &dkv);
     if (!quant_set) o.quant = dq;
     if (!kv_set) o.kv_dtype = dkv == TD_KV_FP8 ? TD_KV_FP8 : TD_KV_BF16;
+    if (cpu) { /* what `tandem serve` allocates on the CPU backend (cli/memory.c) */
+        if (!dir) { fprintf(stderr, "tandem plan: --device cpu needs -m DIR (measured weights)\n"); free(c); return 2; }
+        o.backend = TD_PLAN_CPU;
+        if (!kv_set) o.kv_dtype = TD_KV_AUTO; /* f32 */
+        o.cuda_graphs = false;
+        o.runtime_bytes = 0;
+        if (!seqs_set) o.max_num_seqs = 4;
+        if (!batch_set) o.max_num_batched_tokens = 512;
+        if (cpu_budget) o.device_bytes = cpu_budget, o.gpu_util = 1.0;
+        o.prefix_checkpoints = 8 * o.max_num_seqs;
+        o.kv_pool_windows = cpu_budget ? 0 : 2;
+    }
 
     char wsrc[512];
     td_plan_weights est;
@@ -206,6 +250,7 @@ int cmd_plan(int argc, char **argv) {
         snprintf(wsrc, sizeof wsrc, "given, %.2f GiB in all", gib(weights_total));
     } else if (dir && td_plan_weights_from_dir(dir, &o.weights, &err) == 0) {
         o.weights_given = true;
+        o.has_mtp = o.weights.mtp > 0 && c->mtp_layers > 0;
         snprintf(wsrc, sizeof wsrc, "measured from %s's safetensors", dir);
     } else {
         snprintf(wsrc, sizeof wsrc, "estimated from the config, %s%s", td_quant_name(o.quant),
@@ -215,6 +260,7 @@ int cmd_plan(int argc, char **argv) {
     td_plan p;
     if (td_plan_compute(c, &o, &p, &err)) { fprintf(stderr, "tandem plan: %s\n", err.msg); free(c); return 2; }
     if (json) print_json(c, &o, &p, src);
+    else if (cpu) print_cpu(c, &o, &p, src);
     else print_table(c, &o, &p, src, wsrc);
     if (reference && !json) { printf("\n"); td_plan_reference_report(c, stdout); }
     if (!p.fits) fprintf(stderr, "tandem plan: %s\n", p.message);
