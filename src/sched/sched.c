@@ -1,9 +1,8 @@
 /* Scheduler: continuous batching over td_gen_step. New requests join
  * between steps; prefill is chunked under a token budget so a long prompt
  * does not stall the others; each request drafts at its own depth inside
- * the shared verify batch. Sessions are pooled: a new request takes the
- * idle session holding the longest prefix of its prompt (multi-turn agents
- * extend their previous conversation), so that state is reused exactly. */
+ * the shared verify batch. Earlier requests' state is reused through the
+ * engine's exact prefix cache (kv/kv.h). */
 #include "sched/sched.h"
 #include <math.h>
 #include <pthread.h>
@@ -99,28 +98,22 @@ static int on_emit(void *user, int32_t tok, const float *row) {
     return r;
 }
 
-/* Picks an idle session (mu held): longest reusable prefix, else LRU or new. */
-static int pick_session(td_sched *s, const req *q, td_err *err) {
-    int best = -1, best_len = -1;
-    for (int i = 0; i < s->n_sessions; i++) {
-        if (s->sess_busy[i]) continue;
-        td_session *ss = s->sessions[i];
-        int n = td_session_len(ss), score = 0;
-        if (s->o.prefix_caching && n > 0 && n < q->r.n_prompt && memcmp(td_session_tokens(ss), q->prompt, (size_t)n * sizeof(int32_t)) == 0 &&
-            (q->r.gen.spec_depth == 0 || ss->mtp_ok))
-            score = n;
-        if (score > best_len || (score == best_len && s->sess_used[i] < s->sess_used[best])) { best = i; best_len = score; }
-    }
-    if (best >= 0 && (best_len > 0 || s->n_sessions >= s->max_sessions)) return best;
-    /* idle sessions hold no blocks (they are reset after each request) */
+/* Picks an idle session (mu held): the least recently used, or a new one.
+ * Sessions hold no blocks while idle (reset after each request); reuse of
+ * earlier requests' state comes from the engine's prefix cache. */
+static int pick_session(td_sched *s, td_err *err) {
+    int best = -1;
+    for (int i = 0; i < s->n_sessions; i++)
+        if (!s->sess_busy[i] && (best < 0 || s->sess_used[i] < s->sess_used[best])) best = i;
+    if (best >= 0) return best;
     if (s->n_sessions < s->max_sessions) {
         int rc = td_session_new(s->eng, &s->sessions[s->n_sessions], err);
-        if (rc) return best >= 0 ? best : rc;
+        if (rc) return rc;
         s->sess_busy[s->n_sessions] = false;
         s->sess_used[s->n_sessions] = 0;
         return s->n_sessions++;
     }
-    return best;
+    return TD_FAIL(err, TD_ERR_INTERNAL, "no idle session");
 }
 
 static void finish_req(td_sched *s, req *q, const char *error) {
@@ -172,7 +165,7 @@ static void *loop(void *arg) {
             s->n_waiting--;
             q->next = NULL;
             td_err err = {0};
-            int si = q->cancel ? -1 : pick_session(s, q, &err);
+            int si = q->cancel ? -1 : pick_session(s, &err);
             int brc = 0;
             if (si >= 0) {
                 s->sess_busy[si] = true;
@@ -275,7 +268,7 @@ int td_sched_new(td_engine *eng, const td_sched_opts *opts, td_sched **out, td_e
         free(s);
         return TD_FAIL(err, TD_ERR_ARG, "max_num_seqs must be 1..256, max_queue >= 0, max_batch_tokens >= 1");
     }
-    s->max_sessions = s->o.max_num_seqs * 2;
+    s->max_sessions = s->o.max_num_seqs; /* one per running request; idle ones hold no blocks */
     s->running = TD_CALLOC(err, (size_t)s->o.max_num_seqs, sizeof *s->running);
     s->sessions = TD_CALLOC(err, (size_t)s->max_sessions, sizeof *s->sessions);
     s->sess_busy = TD_CALLOC(err, (size_t)s->max_sessions, sizeof *s->sess_busy);
