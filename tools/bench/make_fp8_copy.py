@@ -1,0 +1,92 @@
+#!/usr/bin/env python3
+"""FP8 e4m3 copy of a BF16 qwen3_5 model for the 8-bit side of the llama.cpp
+comparison (issue 9): every big linear weight that tandem loads through
+get_linear (q/k/v/o, in_proj_*, out_proj, gate/up/down) becomes F8_E4M3 with a
+per-tensor F32 `weight_scale` (= amax / 448, W = fp8 * scale); embeddings,
+lm_head, norms, conv1d and the rest stay as they are. Config and tokenizer
+files are copied.
+
+  python3 tools/bench/make_fp8_copy.py SRC_DIR OUT_DIR
+
+Needs numpy and ml_dtypes (pip install numpy ml_dtypes). Single-file or
+sharded safetensors in SRC_DIR; writes one model.safetensors."""
+import json, os, shutil, struct, sys
+
+import numpy as np
+import ml_dtypes
+
+LINEAR = ("q_proj", "k_proj", "v_proj", "o_proj", "in_proj_qkv", "in_proj_z", "in_proj_b", "in_proj_a", "out_proj",
+          "gate_proj", "up_proj", "down_proj")
+
+
+def read_header(path):
+    with open(path, "rb") as f:
+        n = struct.unpack("<Q", f.read(8))[0]
+        return json.loads(f.read(n)), 8 + n
+
+
+def main():
+    src, out = sys.argv[1], sys.argv[2]
+    os.makedirs(out, exist_ok=True)
+    files = sorted(f for f in os.listdir(src) if f.endswith(".safetensors"))
+    plan = []  # (name, dtype, shape, producer)
+    for fn in files:
+        path = os.path.join(src, fn)
+        hdr, base = read_header(path)
+        mm = np.memmap(path, dtype=np.uint8, mode="r")
+        for name, e in hdr.items():
+            if name == "__metadata__":
+                continue
+            a, b = e["data_offsets"]
+            raw = mm[base + a: base + b]
+            leaf = name.rsplit(".", 2)
+            quant = (e["dtype"] == "BF16" and len(e["shape"]) == 2 and name.endswith(".weight") and len(leaf) == 3
+                     and leaf[1] in LINEAR)
+            if not quant:
+                plan.append((name, e["dtype"], e["shape"], lambda raw=raw: raw.tobytes()))
+                continue
+
+            def fp8(raw=raw, shape=e["shape"]):
+                w = raw.view(np.uint16).astype(np.uint32) << 16
+                w = w.view(np.float32).reshape(shape)
+                amax = float(np.abs(w).max()) or 1.0
+                s = np.float32(amax / 448.0)
+                return (w / s).astype(ml_dtypes.float8_e4m3fn).view(np.uint8).tobytes(), s
+
+            cache = {}
+
+            def weight(f=fp8, c=cache):
+                c["q"], c["s"] = f()
+                return c["q"]
+
+            plan.append((name, "F8_E4M3", e["shape"], weight))
+            plan.append((name[: -len("weight")] + "weight_scale", "F32", [], lambda c=cache: struct.pack("<f", float(c["s"]))))
+    # sizes are known up front: fp8 = 1 byte per element, scale = 4 bytes
+    size = {"BF16": 2, "F16": 2, "F32": 4, "F8_E4M3": 1, "U8": 1, "I64": 8, "I32": 4}
+    hdr, off = {}, 0
+    for name, dt, shape, _ in plan:
+        n = 1
+        for d in shape:
+            n *= d
+        nb = n * size[dt]
+        hdr[name] = {"dtype": dt, "shape": shape, "data_offsets": [off, off + nb]}
+        off += nb
+    hb = json.dumps(hdr, separators=(",", ":")).encode()
+    hb += b" " * (-len(hb) % 8)
+    with open(os.path.join(out, "model.safetensors"), "wb") as f:
+        f.write(struct.pack("<Q", len(hb)))
+        f.write(hb)
+        for name, dt, shape, produce in plan:
+            data = produce()
+            a, b = hdr[name]["data_offsets"]
+            assert len(data) == b - a, name
+            f.write(data)
+    for fn in os.listdir(src):
+        if fn.endswith(".json") and fn != "model.safetensors.index.json":
+            shutil.copy(os.path.join(src, fn), os.path.join(out, fn))
+    nq = sum(1 for p in plan if p[1] == "F8_E4M3")
+    print(f"{out}: {nq} linear weights in F8_E4M3 (per-tensor scale), {off / 1e9:.2f} GB of tensors")
+
+
+if __name__ == "__main__":
+    main()
