@@ -1,4 +1,5 @@
 #include "bench/kernels.h"
+#include "bench/runner.h"
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,19 +10,6 @@
 #include "model/forward.h"
 #include "tandem.h"
 
-static double now_s(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
-}
-static int cmp_d(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_d);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 /* ---- bandwidth probe: parallel read of one large buffer ---- */
 typedef struct { const float *a; int64_t n, chunk; double *part; } probe_job;
@@ -41,13 +29,13 @@ static double probe_gbs(td_backend *b, int mb, int reps) {
     double t[64];
     if (reps > 64) reps = 64;
     for (int r = 0; r < reps; r++) {
-        double t0 = now_s();
+        double t0 = bench_now();
         b->ops->parallel_for(b, tasks, probe_task, &j);
-        t[r] = now_s() - t0;
+        t[r] = bench_now() - t0;
     }
     free(j.part);
     free(a);
-    return (double)n * 4 / median(t, reps) / 1e9;
+    return (double)n * 4 / bench_stat_of(t, reps).median / 1e9;
 }
 
 /* ---- synthetic matmul ---- */
@@ -108,11 +96,11 @@ static void bench_matmul(td_backend *b, const kbench_opts *o, double bw, FILE *o
             int reps = o->reps > 64 ? 64 : o->reps;
             b->ops->matmul(b, &W, x, Ms[mi], y); /* warm */
             for (int r = 0; r < reps; r++) {
-                double t0 = now_s();
+                double t0 = bench_now();
                 b->ops->matmul(b, &W, x, Ms[mi], y);
-                t[r] = now_s() - t0;
+                t[r] = bench_now() - t0;
             }
-            double m = median(t, reps);
+            double m = bench_stat_of(t, reps).median;
             if (mi == 0) t1 = m;
             if (isa == TD_ISA_C) tc[mi] = m;
             fprintf(out, "| %s | %d | %.2f | %.1f | %.0f%% | %.2f | %.2fx |\n", td_isa_name((td_isa)isa), Ms[mi], m * 1e3, (double)wb / m / 1e9,
@@ -154,27 +142,27 @@ static int bench_model(const kbench_opts *o, double bw, FILE *out) {
         for (int k = 0; k <= o->max_k && !rc; k++) {
             int n0 = s->seq.n_past;
             td_fwd_item v = {.seq = &s->seq, .tokens = toks + 20, .n = k + 1, .logits_rows = k + 1, .logits = lg, .checkpoint = k > 0};
-            double t0 = now_s();
+            double t0 = bench_now();
             rc = td_forward(eng->fwd, &v, 1, &err);
-            t[k][r] = now_s() - t0;
+            t[k][r] = bench_now() - t0;
             if (!rc && k > 0) rc = td_seq_truncate(&s->seq, n0 + 1, &err); /* as after a verify with no draft accepted */
         }
     if (rc) { fprintf(stderr, "tandem kernels: %s\n", err.msg); goto done; }
-    double t1 = median(t[0], reps);
+    double t1 = bench_stat_of(t[0], reps).median;
     fprintf(out, "decode (depth 0): %.2f tokens/s, %.1f ms/token, %.1f GB/s = %.0f%% of the probe's %.1f GB/s\n\n", 1.0 / t1, t1 * 1e3,
             (double)rb / t1 / 1e9, 100.0 * (double)rb / t1 / 1e9 / bw, bw);
     fprintf(out, "| k | tokens in verify | ms | t(k+1)/t(1) |\n|---|---|---|---|\n");
     for (int k = 1; k <= o->max_k; k++) {
-        double tk = median(t[k], reps);
+        double tk = bench_stat_of(t[k], reps).median;
         fprintf(out, "| %d | %d | %.1f | %.2f |\n", k, k + 1, tk * 1e3, tk / t1);
     }
     fprintf(out, "\n| prefill tokens | s | tokens/s |\n|---|---|---|\n");
     for (int i = 0; i < o->n_prefill; i++) {
         td_session_reset(s);
         td_fwd_item p = {.seq = &s->seq, .tokens = toks, .n = o->prefill[i], .logits_rows = 1, .logits = lg};
-        double t0 = now_s();
+        double t0 = bench_now();
         rc = td_forward(eng->fwd, &p, 1, &err);
-        double dt = now_s() - t0;
+        double dt = bench_now() - t0;
         if (rc) { fprintf(stderr, "tandem kernels: prefill %d: %s\n", o->prefill[i], err.msg); break; }
         fprintf(out, "| %d | %.2f | %.1f |\n", o->prefill[i], dt, o->prefill[i] / dt);
     }

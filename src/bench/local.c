@@ -112,15 +112,6 @@ uint64_t bench_local_session_bytes(const bench_local *L, int tokens) {
 
 /* ---- verify / draft cost ------------------------------------------------------- */
 
-static int cmp_d(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return x < y ? -1 : x > y;
-}
-
-static double median(double *v, int n) {
-    qsort(v, (size_t)n, sizeof *v, cmp_d);
-    return n % 2 ? v[n / 2] : 0.5 * (v[n / 2 - 1] + v[n / 2]);
-}
 
 int bench_local_costs(bench_local *L, const int32_t *ctx, int n_ctx, int max_n, int reps, bench_costs *out, td_err *err) {
     memset(out, 0, sizeof *out);
@@ -179,11 +170,11 @@ int bench_local_costs(bench_local *L, const int32_t *ctx, int n_ctx, int max_n, 
     }
     if (!rc) {
         out->max_n = max_n;
-        for (int n = 1; n <= max_n; n++) out->verify_s[n] = median(times + (size_t)n * reps, reps);
+        for (int n = 1; n <= max_n; n++) out->verify_s[n] = bench_stat_of(times + (size_t)n * reps, reps).median;
         out->t1_s = out->verify_s[1];
         for (int n = 1; n <= max_n; n++) out->verify[n] = out->t1_s > 0 ? out->verify_s[n] / out->t1_s : 0;
         if (mtp) {
-            out->draft_s = median(times + (size_t)(max_n + 1) * reps, reps);
+            out->draft_s = bench_stat_of(times + (size_t)(max_n + 1) * reps, reps).median;
             out->draft = out->t1_s > 0 ? out->draft_s / out->t1_s : 0;
         }
     }
