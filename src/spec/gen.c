@@ -337,6 +337,7 @@ int td_gen_begin(td_session *s, const int32_t *prompt, int n_prompt, const td_sa
     if (slots > e->max_context + 1) slots = e->max_context + 1;
     rc = td_seq_reserve(q, (int)slots, err);
     if (rc) {
+        td_session_reset(s); /* give adopted blocks back while this request waits */
         td_sampler_free(&g->sm);
         free(g->prompt);
         free(g->stop_ids);
