@@ -260,19 +260,6 @@ static int count_lines(const char *path, int *fields_first, int *fields_all_equa
     return n;
 }
 
-static char *slurp(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) { free(b); b = NULL; }
-    if (b) b[n] = 0;
-    fclose(f);
-    return b;
-}
-
 static void test_writers(const char *tmp) {
     bench_suite su = {.n_tasks = 2, .n_depths = 2, .depths = {0, 3}, .n_runs = 2};
     snprintf(su.tasks[0], BENCH_NAME, "a<b&c");
@@ -295,7 +282,7 @@ static void test_writers(const char *tmp) {
     if (f) fclose(f);
     int nfields, eq;
     CHECK(count_lines(path, &nfields, &eq) == 9 && eq && nfields == 14 + TD_MAX_SPEC_DEPTH + 7, "samples csv shape %d", nfields);
-    char *txt = slurp(path);
+    char *txt = test_read_file(path);
     CHECK(txt && strstr(txt, "\"with,comma\""), "quoted field");
     free(txt);
     /* round trip through --merge */
@@ -318,7 +305,7 @@ static void test_writers(const char *tmp) {
     f = fopen(path, "w");
     CHECK(f && bench_write_svg(f, &su, cells, "title <&>") == 0, "svg");
     if (f) fclose(f);
-    txt = slurp(path);
+    txt = test_read_file(path);
     CHECK(txt && !strncmp(txt, "<?xml", 5) && strstr(txt, "<svg") && strstr(txt + strlen(txt) - 8, "</svg>"), "svg frame");
     int polys = 0, opens = 0, closes = 0;
     for (const char *p = txt; p && (p = strstr(p, "<polyline")); p++) polys++;
@@ -333,7 +320,7 @@ static void test_writers(const char *tmp) {
     int nf = bench_sanity(&su, cells, s, 8, fl, 8);
     bench_report rep = {.su = &su, .cells = cells, .samples = s, .n_samples = 8, .flags = fl, .n_flags = nf, .title = "t"};
     if (f) bench_write_markdown(f, &rep), fclose(f);
-    txt = slurp(path);
+    txt = test_read_file(path);
     CHECK(txt && strstr(txt, "| depth | a<b&c | with,comma | accepted |") && strstr(txt, "| none |") && strstr(txt, "| 3 |") &&
               strstr(txt, "Sanity flags"),
           "markdown table");
@@ -394,7 +381,7 @@ static void test_end_to_end(const char *tmp) {
     int nf, eq;
     CHECK(count_lines(path, &nf, &eq) == 1 + 2 * 2 && eq, "4 requests recorded");
     snprintf(path, sizeof path, "%s/stderr.txt", tmp);
-    char *err = slurp(path);
+    char *err = test_read_file(path);
     CHECK(err && strstr(err, "4/4"), "progress on stderr");
     free(err);
     /* agent trace: 3 turns, growing prefix */

@@ -12,19 +12,6 @@ static const char *shared_dir(void) {
     return s ? s : "../shared";
 }
 
-static char *read_all(const char *path) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    long n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    char *b = malloc((size_t)n + 1);
-    if (b && fread(b, 1, (size_t)n, f) != (size_t)n) { free(b); b = NULL; }
-    if (b) b[n] = 0;
-    fclose(f);
-    return b;
-}
-
 static void first_diff(const char *a, size_t an, const char *b, size_t bn) {
     size_t i = 0;
     while (i < an && i < bn && a[i] == b[i]) i++;
@@ -69,7 +56,7 @@ static void run_chats(const char *path) {
         const char *name = json_string_value(json_object_get(rec, "template"));
         char tp[700];
         snprintf(tp, sizeof tp, "%s/%s.jinja", dir, name);
-        char *src = read_all(tp);
+        char *src = test_read_file(tp);
         CHECK(src != NULL, "missing template %s", tp);
         if (!src) { json_decref(rec); continue; }
         td_err err = {0};
