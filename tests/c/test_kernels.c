@@ -131,7 +131,7 @@ static void test_case(wcase c, int64_t N, int64_t K, const td_isa *isas, int n_i
     float *x = malloc(sizeof(float) * (size_t)(MBIG * K));
     for (int64_t i = 0; i < MBIG * K; i++) x[i] = frand();
     float *y16 = malloc(sizeof(float) * (size_t)(16 * N)), *y = malloc(sizeof(float) * (size_t)(MBIG * N));
-    float *first = malloc(sizeof(float) * (size_t)(16 * N));
+    float *first = malloc(sizeof(float) * (size_t)(16 * N)), *row1 = malloc(sizeof(float) * (size_t)N);
     for (int ii = 0; ii < n_isas; ii++) {
         td_kernels_set_isa(isas[ii]);
         const char *in = td_isa_name(isas[ii]);
@@ -161,6 +161,14 @@ static void test_case(wcase c, int64_t N, int64_t K, const td_isa *isas, int n_i
         }
         run_mm(2, &w.t, x, MBIG, y);
         if (memcmp(y, y16, sizeof(float) * (size_t)(16 * N))) diff_m++;
+        /* rows past 16 (the prefill panel path, two activation blocks) equal M = 1 on that row */
+        int diff_rows = 0;
+        for (int m = 16; m < MBIG; m++) {
+            run_mm(1, &w.t, x + (int64_t)m * K, 1, row1);
+            if (memcmp(row1, y + (int64_t)m * N, sizeof(float) * (size_t)N)) diff_rows++;
+        }
+        CHECK(diff_rows == 0, "%s %s N=%lld K=%lld: %d of rows 16..%d differ from M=1", case_names[c], in, (long long)N,
+              (long long)K, diff_rows, MBIG - 1);
         CHECK(diff_m == 0, "%s %s N=%lld K=%lld: %d batch sizes differ from M=16", case_names[c], in, (long long)N, (long long)K, diff_m);
         /* thread invariance */
         int diff_t = 0;
@@ -176,7 +184,7 @@ static void test_case(wcase c, int64_t N, int64_t K, const td_isa *isas, int n_i
                   (long long)N, (long long)K);
     }
     td_kernels_set_isa(TD_ISA_AUTO);
-    free(x); free(y); free(y16); free(first);
+    free(x); free(y); free(y16); free(first); free(row1);
     free_w(&w);
 }
 

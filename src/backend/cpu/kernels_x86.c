@@ -170,6 +170,113 @@ T512 INL void tile512(const wd *d, const int kind, const int RN, const int RM, c
         }
 }
 
+/* Prefill (many activation rows): the same per-element arithmetic as tile512,
+ * reordered for the caches. A panel of PAN_N weight rows x PAN_K columns is
+ * dequantized once into f32 (L1-resident) and reused by every activation row
+ * of the block, and x is walked in PAN_K-wide slices so that it is read from
+ * L1 rather than L2. Each output keeps its own 16-lane accumulator in `acc`
+ * between K slices, filled in increasing k with one FMA per element, then the
+ * same tail and reduction as tile512: results are bit-identical to the tile
+ * path (test_kernels compares every row of a prefill-sized batch with M = 1). */
+enum { PAN_N = 32, PAN_K = 256, PAN_M = 64 };
+/* Row strides of the packed panels, padded by one cache line so that rows do
+ * not fall on the same L1 sets (x rows of K = 2048 floats are 8 KiB apart). */
+enum { WSTR = PAN_K + 16, XSTR = PAN_K + 16 };
+
+T512 INL void micro512(const int RN, const int RM, const float *wp, const float *xp, int64_t ldx, int kk, float *acc) {
+    __m512 a[4][4];
+    for (int r = 0; r < RN; r++)
+        for (int q = 0; q < RM; q++) a[r][q] = _mm512_loadu_ps(acc + ((int64_t)r * PAN_M + q) * 16);
+    for (int i = 0; i < kk; i += 16) {
+        __m512 w[4];
+        for (int r = 0; r < RN; r++) w[r] = _mm512_loadu_ps(wp + r * WSTR + i);
+        for (int q = 0; q < RM; q++) {
+            __m512 xv = _mm512_loadu_ps(xp + q * ldx + i);
+            for (int r = 0; r < RN; r++) a[r][q] = _mm512_fmadd_ps(xv, w[r], a[r][q]);
+        }
+    }
+    for (int r = 0; r < RN; r++)
+        for (int q = 0; q < RM; q++) _mm512_storeu_ps(acc + ((int64_t)r * PAN_M + q) * 16, a[r][q]);
+}
+
+/* One panel block: weight rows [n, n+nn), activation rows [m, m+mm), nn <= PAN_N, mm <= PAN_M. */
+T512 INL void panel_block512(const wd *d, const int kind, const float *x, int m, int mm, int64_t n, int nn, float *y,
+                             int64_t ldy, float *wpan, float *xpan, float *acc) {
+    const int64_t K = d->K, Kfull = K & ~(int64_t)15;
+    memset(acc, 0, sizeof(float) * (size_t)PAN_N * PAN_M * 16); /* only the used part matters; small */
+    for (int64_t k0 = 0; k0 < Kfull; k0 += PAN_K) {
+        int kk = (int)(Kfull - k0 < PAN_K ? Kfull - k0 : PAN_K);
+        for (int r = 0; r < nn; r++) {
+            const uint8_t *row = d->data + (n + r) * d->row_bytes;
+            for (int i = 0; i < kk; i += 16) _mm512_storeu_ps(wpan + r * WSTR + i, w16_512(d, kind, row, n + r, k0 + i));
+        }
+        for (int q = 0; q < mm; q++) memcpy(xpan + q * XSTR, x + (int64_t)(m + q) * K + k0, sizeof(float) * (size_t)kk);
+        for (int q = 0; q < mm;) {
+            int rm = mm - q >= 4 ? 4 : mm - q >= 2 ? 2 : 1;
+            const float *xp = xpan + q * XSTR;
+            for (int r = 0; r < nn;) {
+                int rn = nn - r >= 4 ? 4 : nn - r >= 2 ? 2 : 1;
+                float *ap = acc + ((int64_t)r * PAN_M + q) * 16;
+                const float *wp = wpan + r * WSTR;
+                if (rn == 4) {
+                    if (rm == 4) micro512(4, 4, wp, xp, XSTR, kk, ap);
+                    else if (rm == 2) micro512(4, 2, wp, xp, XSTR, kk, ap);
+                    else micro512(4, 1, wp, xp, XSTR, kk, ap);
+                } else if (rn == 2) {
+                    if (rm == 4) micro512(2, 4, wp, xp, XSTR, kk, ap);
+                    else if (rm == 2) micro512(2, 2, wp, xp, XSTR, kk, ap);
+                    else micro512(2, 1, wp, xp, XSTR, kk, ap);
+                } else {
+                    if (rm == 4) micro512(1, 4, wp, xp, XSTR, kk, ap);
+                    else if (rm == 2) micro512(1, 2, wp, xp, XSTR, kk, ap);
+                    else micro512(1, 1, wp, xp, XSTR, kk, ap);
+                }
+                r += rn;
+            }
+            q += rm;
+        }
+    }
+    if (Kfull < K) {
+        int rem = (int)(K - Kfull);
+        float wb[16], xb[16] = {0};
+        for (int r = 0; r < nn; r++) {
+            w_tail(d, kind, d->data + (n + r) * d->row_bytes, n + r, Kfull, rem, wb);
+            __m512 wv = _mm512_loadu_ps(wb);
+            for (int q = 0; q < mm; q++) {
+                memcpy(xb, x + (int64_t)(m + q) * K + Kfull, (size_t)rem * sizeof(float));
+                float *ap = acc + ((int64_t)r * PAN_M + q) * 16;
+                _mm512_storeu_ps(ap, _mm512_fmadd_ps(_mm512_loadu_ps(xb), wv, _mm512_loadu_ps(ap)));
+            }
+        }
+    }
+    for (int r = 0; r < nn; r++)
+        for (int q = 0; q < mm; q++) {
+            float v = reduce16(acc + ((int64_t)r * PAN_M + q) * 16);
+            if (kind == KF8 || kind == KFP4) v *= d->post;
+            y[(int64_t)(m + q) * ldy + n + r] = v;
+        }
+}
+
+/* Scratch on the stack: 32 KiB weight panel + 128 KiB accumulators (pool
+ * threads run on default 8 MiB stacks). */
+#define PANEL512(NAME, KIND)                                                                                     \
+    T512 __attribute__((noinline)) static void NAME(const wd *d, const float *x, int m0, int m1, int64_t n0,      \
+                                                    int64_t n1, float *y, int64_t ldy) {                         \
+        _Alignas(64) float wpan[PAN_N * WSTR];                                                                   \
+        _Alignas(64) float xpan[PAN_M * XSTR];                                                                   \
+        _Alignas(64) float acc[PAN_N * PAN_M * 16];                                                              \
+        for (int64_t n = n0; n < n1; n += PAN_N)                                                                 \
+            for (int m = m0; m < m1; m += PAN_M)                                                                 \
+                panel_block512(d, KIND, x, m, m1 - m < PAN_M ? m1 - m : PAN_M, n, n1 - n < PAN_N ? (int)(n1 - n) : PAN_N, \
+                               y, ldy, wpan, xpan, acc);                                                               \
+    }
+PANEL512(pan512_f32, KF32)
+PANEL512(pan512_bf16, KBF16)
+PANEL512(pan512_f16, KF16)
+PANEL512(pan512_f8, KF8)
+PANEL512(pan512_f8b, KF8B)
+PANEL512(pan512_fp4, KFP4)
+
 #define DRIVER512(NAME, KIND)                                                                              \
     T512 __attribute__((noinline)) static void NAME(const wd *d, const float *x, int m0, int m1, int64_t n0, \
                                                     int64_t n1, float *y, int64_t ldy) {                   \
@@ -202,9 +309,25 @@ DRIVER512(mm512_f8, KF8)
 DRIVER512(mm512_f8b, KF8B)
 DRIVER512(mm512_fp4, KFP4)
 
+/* Activation blocks of at least this many rows (prefill) take the panel path;
+ * below that (decode, verify) the weights stream once through the register tiles. */
+#define PANEL_MIN_M 32
+
 void td_mm_avx512(const td_tensor *W, const float *x, int m0, int m1, int64_t n0, int64_t n1, float *y, int64_t ldy) {
     wd d;
-    switch (setup(W, &d)) {
+    int kind = setup(W, &d);
+    if (m1 - m0 >= PANEL_MIN_M) {
+        switch (kind) {
+        case KF32: pan512_f32(&d, x, m0, m1, n0, n1, y, ldy); break;
+        case KBF16: pan512_bf16(&d, x, m0, m1, n0, n1, y, ldy); break;
+        case KF16: pan512_f16(&d, x, m0, m1, n0, n1, y, ldy); break;
+        case KF8: pan512_f8(&d, x, m0, m1, n0, n1, y, ldy); break;
+        case KF8B: pan512_f8b(&d, x, m0, m1, n0, n1, y, ldy); break;
+        default: pan512_fp4(&d, x, m0, m1, n0, n1, y, ldy);
+        }
+        return;
+    }
+    switch (kind) {
     case KF32: mm512_f32(&d, x, m0, m1, n0, n1, y, ldy); break;
     case KBF16: mm512_bf16(&d, x, m0, m1, n0, n1, y, ldy); break;
     case KF16: mm512_f16(&d, x, m0, m1, n0, n1, y, ldy); break;
