@@ -135,9 +135,11 @@ def tokenize_corpus(corpus, tokdir, out):
 
 
 class Data:
-    def __init__(self, path, L, seed):
+    def __init__(self, path, L, seed, mix=None, p_chat=0.75):
         z = np.load(path)
         self.L = L
+        self.mix = mix or CHAT_KINDS     # weights of the chat kinds
+        self.p_chat = p_chat             # share of sequences made of chat transcripts
         self.docs = {}
         for k in CHAT_KINDS:
             if k + "__data" in z:
@@ -150,12 +152,12 @@ class Data:
         s = self.rng.randrange(0, len(self.raw) - n - 1)
         return self.raw[s:s + n]
 
-    def sequence(self, p_chat=0.75):
+    def sequence(self):
         L = self.L + 1
-        if self.rng.random() >= p_chat:
+        if self.rng.random() >= self.p_chat:
             return self.raw_chunk(L)
         parts, n = [], 0
-        kinds, w = zip(*[(k, v) for k, v in CHAT_KINDS.items() if k in self.docs])
+        kinds, w = zip(*[(k, v) for k, v in self.mix.items() if k in self.docs])
         while True:
             k = self.rng.choices(kinds, w)[0]
             d = self.rng.choice(self.docs[k])
@@ -263,7 +265,11 @@ def main():
     ap.add_argument("--ckpt-every", type=float, default=180, help="seconds")
     ap.add_argument("--eval-every", type=float, default=600, help="seconds")
     ap.add_argument("--resume", action="store_true")
-    ap.add_argument("--init", help="checkpoint to start the mtp phase from")
+    ap.add_argument("--init", help="checkpoint whose weights start this run (mtp phase: default joint.pt; "
+                    "joint phase: a fresh optimizer and schedule on trained weights)")
+    ap.add_argument("--tag", help="checkpoint name under ckpt/ (default: the phase)")
+    ap.add_argument("--mix", help="chat kind weights, e.g. edit=0.8,code=0.1,explain=0.05,tool=0.05")
+    ap.add_argument("--p-chat", type=float, default=0.75, help="share of sequences that are chat transcripts")
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--fp32", action="store_true", help="no bf16 autocast (default: autocast matmuls to bf16, CPU AMX / GPU)")
@@ -289,7 +295,7 @@ def main():
 
     ckdir = os.path.join(args.work, "ckpt")
     os.makedirs(ckdir, exist_ok=True)
-    ck_path = os.path.join(ckdir, f"{args.phase}.pt")
+    ck_path = os.path.join(ckdir, f"{args.tag or args.phase}.pt")
     if args.phase == "mtp":
         for p in model.parameters():
             p.requires_grad_(False)
@@ -307,15 +313,23 @@ def main():
         model.load_state_dict(ck["model"]); mtp.load_state_dict(ck["mtp"])
         opt.load_state_dict(ck["opt"]); state = ck["state"]
         print(f"resumed {ck_path} at step {state['step']}, {state['elapsed']:.0f}s", flush=True)
-    elif args.phase == "mtp":
-        ck = torch.load(args.init or os.path.join(ckdir, "joint.pt"), map_location=dev, weights_only=False)
+    elif args.phase == "mtp" or args.init:
+        init = args.init or os.path.join(ckdir, "joint.pt")
+        ck = torch.load(init, map_location=dev, weights_only=False)
         model.load_state_dict(ck["model"]); mtp.load_state_dict(ck["mtp"])
-        state["init"] = ck["state"]
-        print("mtp phase from joint step", ck["state"]["step"], flush=True)
+        state["init"] = {"path": init, "step": ck["state"]["step"], "tokens": ck["state"]["tokens"]}
+        print(args.phase, "phase from", init, "step", ck["state"]["step"], flush=True)
     if args.phase == "mtp":
         model.eval()
 
-    data = Data(os.path.join(data_dir, "train.npz"), args.seq, seed=1000 + state["step"])
+    mix = None
+    if args.mix:
+        mix = {k: float(v) for k, v in (kv.split("=") for kv in args.mix.split(","))}
+        bad = set(mix) - set(CHAT_KINDS)
+        if bad:
+            sys.exit(f"--mix: unknown kinds {sorted(bad)}; known: {sorted(CHAT_KINDS)}")
+    data = Data(os.path.join(data_dir, "train.npz"), args.seq, seed=1000 + state["step"],
+                mix=mix, p_chat=args.p_chat)
     vb = valid_batches(os.path.join(data_dir, "valid.npz"), args.seq)
     budget = args.minutes * 60
     t_last = time.time()
