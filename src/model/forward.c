@@ -9,6 +9,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include "backend/cpu/kernels.h" /* vector helpers for attention / DeltaNet (CPU tasks) */
 #include "util/err.h"
 
 struct td_fwd_ctx {
@@ -163,9 +164,7 @@ static void attn_task(void *ctx, int task) {
     float mx = -INFINITY;
     for (int p = 0; p <= pos; p++) {
         const float *k = td_seq_k_head(sq, L, p + sh, kh, tk);
-        float d = 0.0f;
-        for (int i = 0; i < hd; i++) d += q[i] * k[i];
-        d *= scale;
+        float d = td_dot_f32(q, k, hd) * scale;
         if (d > mx) mx = d;
     }
     float acc[1024];
@@ -174,11 +173,9 @@ static void attn_task(void *ctx, int task) {
     float sum = 0.0f;
     for (int p = 0; p <= pos; p++) {
         const float *k = td_seq_k_head(sq, L, p + sh, kh, tk), *v = td_seq_v_head(sq, L, p + sh, kh, tv);
-        float d = 0.0f;
-        for (int i = 0; i < hd; i++) d += q[i] * k[i];
-        float e = expf(d * scale - mx);
+        float e = expf(td_dot_f32(q, k, hd) * scale - mx);
         sum += e;
-        for (int i = 0; i < hd; i++) acc[i] += e * v[i];
+        td_vec_axpy(acc, e, v, hd);
     }
     float *o = j->out + (size_t)m * nh * hd + (size_t)h * hd;
     const float *gt = j->gate ? j->gate + (size_t)m * nh * hd + (size_t)h * hd : NULL;
@@ -303,17 +300,8 @@ static void recur_task(void *ctx, int task) {
         float gl = j->w->neg_A[h] * softplus(j->ba[(size_t)m * 2 * nv + nv + h] + j->w->dt_bias[h]);
         float decay = expf(gl);
         /* S = decay*S ; mem = S^T k ; d = beta (v - mem) ; S += k d^T ; o = S^T q */
-        for (int i = 0; i < dk * dv; i++) S[i] *= decay;
-        for (int e = 0; e < dv; e++) mem[e] = 0.0f;
-        for (int i = 0; i < dk; i++)
-            for (int e = 0; e < dv; e++) mem[e] += S[(size_t)i * dv + e] * kv[i];
-        for (int e = 0; e < dv; e++) mem[e] = (vv[e] - mem[e]) * beta;
-        for (int i = 0; i < dk; i++)
-            for (int e = 0; e < dv; e++) S[(size_t)i * dv + e] += kv[i] * mem[e];
         float *o = j->o + (size_t)m * vd + (size_t)h * dv;
-        for (int e = 0; e < dv; e++) o[e] = 0.0f;
-        for (int i = 0; i < dk; i++)
-            for (int e = 0; e < dv; e++) o[e] += S[(size_t)i * dv + e] * qv[i];
+        td_gdn_step(S, dk, dv, kv, vv, qv, beta, decay, mem, o);
         /* gated RMSNorm over dv: w * rmsnorm(o) * silu(z) (plain w) */
         float ss = 0.0f;
         for (int e = 0; e < dv; e++) ss += o[e] * o[e];

@@ -219,6 +219,39 @@ int main(void) {
             test_case((wcase)c, sh[s][0], sh[s][1], isas, n_isas);
         }
     }
+    /* DeltaNet step and axpy (vector clones) equal the plain reference loops bit for bit */
+    static const int gdn_shapes[][2] = {{128, 128}, {37, 19}, {32, 64}};
+    for (int s = 0; s < 3; s++) {
+        int dk = gdn_shapes[s][0], dv = gdn_shapes[s][1];
+        float *S = malloc(sizeof(float) * (size_t)(dk * dv)), *R = malloc(sizeof(float) * (size_t)(dk * dv));
+        float k[128], v[128], q[128], mem[128], o[128], rmem[128], ro[128];
+        for (int i = 0; i < dk * dv; i++) S[i] = R[i] = frand();
+        for (int i = 0; i < 128; i++) { k[i] = frand(); v[i] = frand(); q[i] = frand(); }
+        int diff = 0;
+        for (int step = 0; step < 3; step++) {
+            float beta = 0.3f + 0.2f * (float)step, decay = 0.9f - 0.1f * (float)step;
+            td_gdn_step(S, dk, dv, k, v, q, beta, decay, mem, o);
+            for (int i = 0; i < dk * dv; i++) R[i] *= decay;
+            for (int e = 0; e < dv; e++) rmem[e] = 0.0f;
+            for (int i = 0; i < dk; i++)
+                for (int e = 0; e < dv; e++) rmem[e] += R[i * dv + e] * k[i];
+            for (int e = 0; e < dv; e++) rmem[e] = (v[e] - rmem[e]) * beta;
+            for (int i = 0; i < dk; i++)
+                for (int e = 0; e < dv; e++) R[i * dv + e] += k[i] * rmem[e];
+            for (int e = 0; e < dv; e++) ro[e] = 0.0f;
+            for (int i = 0; i < dk; i++)
+                for (int e = 0; e < dv; e++) ro[e] += R[i * dv + e] * q[i];
+            diff += memcmp(S, R, sizeof(float) * (size_t)(dk * dv)) != 0;
+            diff += memcmp(o, ro, sizeof(float) * (size_t)dv) != 0;
+        }
+        CHECK(diff == 0, "td_gdn_step dk=%d dv=%d differs from the reference loops (%d)", dk, dv, diff);
+        float y[128], ry[128];
+        for (int i = 0; i < dv; i++) y[i] = ry[i] = frand();
+        td_vec_axpy(y, 0.37f, v, dv);
+        for (int i = 0; i < dv; i++) ry[i] += 0.37f * v[i];
+        CHECK(memcmp(y, ry, sizeof(float) * (size_t)dv) == 0, "td_vec_axpy n=%d differs", dv);
+        free(S); free(R);
+    }
     /* unsupported layouts are refused, not miscomputed */
     td_tensor t = {.dtype = TD_DTYPE_NVFP4, .ndim = 2, .shape = {4, 24}};
     CHECK(!td_matmul_supported(&t, NULL), "nvfp4 with K %% 16 != 0 accepted");

@@ -194,3 +194,39 @@ void td_matmul_block(const td_tensor *W, const float *x, int m0, int m1, int64_t
     default: mm_c(W, x, m0, m1, n0, n1, y, ldy);
     }
 }
+
+/* ---- vector helpers for attention and DeltaNet (model/forward.c) ----
+ * Element-wise loops over contiguous rows (vectorized by the clones without
+ * changing any element's arithmetic) and the dot product's fixed 16-lane order. */
+
+TD_CLONES void td_vec_axpy(float *restrict y, float a, const float *restrict x, int n) {
+    for (int i = 0; i < n; i++) y[i] += a * x[i];
+}
+
+/* One token of the gated delta rule for one head; S [dk, dv] row-major:
+ *   S = decay*S ; mem = S^T k ; d = beta (v - mem) ; S += k d^T ; o = S^T q
+ * Two passes over S instead of four, each element still computed in the
+ * reference order: row i is decayed before it enters mem, and updated before
+ * it enters o; mem and o accumulate over i in increasing order. */
+TD_CLONES void td_gdn_step(float *restrict S, int dk, int dv, const float *restrict k, const float *restrict v,
+                           const float *restrict q, float beta, float decay, float *restrict mem, float *restrict o) {
+    for (int e = 0; e < dv; e++) mem[e] = 0.0f;
+    for (int i = 0; i < dk; i++) {
+        float *restrict Si = S + (size_t)i * dv;
+        float ki = k[i];
+        for (int e = 0; e < dv; e++) {
+            Si[e] *= decay;
+            mem[e] += Si[e] * ki;
+        }
+    }
+    for (int e = 0; e < dv; e++) mem[e] = (v[e] - mem[e]) * beta;
+    for (int e = 0; e < dv; e++) o[e] = 0.0f;
+    for (int i = 0; i < dk; i++) {
+        float *restrict Si = S + (size_t)i * dv;
+        float ki = k[i], qi = q[i];
+        for (int e = 0; e < dv; e++) {
+            Si[e] += ki * mem[e];
+            o[e] += Si[e] * qi;
+        }
+    }
+}

@@ -20,6 +20,13 @@
 #include "model/tensor.h"
 
 float td_dot_f32(const float *x, const float *w, int64_t n);
+/* y[i] += a * x[i] */
+void td_vec_axpy(float *y, float a, const float *x, int n);
+/* One token of the gated delta rule for one head (see kernels.c); S [dk, dv]
+ * updated in place, mem [dv] scratch, o [dv] output. Bit-identical to the
+ * plain loops in every clone. */
+void td_gdn_step(float *S, int dk, int dv, const float *k, const float *v, const float *q, float beta, float decay,
+                 float *mem, float *o);
 float td_dot_bf16(const float *x, const uint16_t *w, int64_t n);
 float td_dot_f16(const float *x, const uint16_t *w, int64_t n);
 
