@@ -102,10 +102,13 @@ INL float reduce16(const float *a) {
 
 /* ======================= AVX-512 ======================= */
 
+/* e4m3 byte -> f16 bits with the value scaled by 2^-8 (f16 bias 15 vs e4m3 7):
+ * sign-extend the byte to 16 bits (bits 15..7 = sign, 6..0 = exponent and
+ * mantissa), shift left 7 (sign lands in bit 15, magnitude in 13..7) and
+ * clear bit 14, which holds a copy of the sign. Subnormals map to f16
+ * subnormals, so every finite code is exact. */
 T512 INL __m512 f8x16_512(__m128i b) {
-    __m256i v = _mm256_cvtepu8_epi16(b);
-    __m256i h = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(v, _mm256_set1_epi16(0x7f)), 7),
-                                _mm256_slli_epi16(_mm256_and_si256(v, _mm256_set1_epi16(0x80)), 8));
+    __m256i h = _mm256_and_si256(_mm256_slli_epi16(_mm256_cvtepi8_epi16(b), 7), _mm256_set1_epi16((short)0xbfff));
     return _mm512_cvtph_ps(h);
 }
 
@@ -179,9 +182,9 @@ T512 INL void tile512(const wd *d, const int kind, const int RN, const int RM, c
  * same tail and reduction as tile512: results are bit-identical to the tile
  * path (test_kernels compares every row of a prefill-sized batch with M = 1). */
 enum { PAN_N = 32, PAN_K = 256, PAN_M = 64 };
-/* Row strides of the packed panels, padded by one cache line so that rows do
- * not fall on the same L1 sets (x rows of K = 2048 floats are 8 KiB apart). */
-enum { WSTR = PAN_K + 16, XSTR = PAN_K + 16 };
+/* Row stride of the weight panel, padded by one cache line so that its rows
+ * do not fall on the same L1 sets. */
+enum { WSTR = PAN_K + 16 };
 
 T512 INL void micro512(const int RN, const int RM, const float *wp, const float *xp, int64_t ldx, int kk, float *acc) {
     __m512 a[4][4];
@@ -201,7 +204,7 @@ T512 INL void micro512(const int RN, const int RM, const float *wp, const float 
 
 /* One panel block: weight rows [n, n+nn), activation rows [m, m+mm), nn <= PAN_N, mm <= PAN_M. */
 T512 INL void panel_block512(const wd *d, const int kind, const float *x, int m, int mm, int64_t n, int nn, float *y,
-                             int64_t ldy, float *wpan, float *xpan, float *acc) {
+                             int64_t ldy, float *wpan, float *acc) {
     const int64_t K = d->K, Kfull = K & ~(int64_t)15;
     memset(acc, 0, sizeof(float) * (size_t)PAN_N * PAN_M * 16); /* only the used part matters; small */
     for (int64_t k0 = 0; k0 < Kfull; k0 += PAN_K) {
@@ -210,26 +213,25 @@ T512 INL void panel_block512(const wd *d, const int kind, const float *x, int m,
             const uint8_t *row = d->data + (n + r) * d->row_bytes;
             for (int i = 0; i < kk; i += 16) _mm512_storeu_ps(wpan + r * WSTR + i, w16_512(d, kind, row, n + r, k0 + i));
         }
-        for (int q = 0; q < mm; q++) memcpy(xpan + q * XSTR, x + (int64_t)(m + q) * K + k0, sizeof(float) * (size_t)kk);
         for (int q = 0; q < mm;) {
             int rm = mm - q >= 4 ? 4 : mm - q >= 2 ? 2 : 1;
-            const float *xp = xpan + q * XSTR;
+            const float *xp = x + (int64_t)(m + q) * K + k0;
             for (int r = 0; r < nn;) {
                 int rn = nn - r >= 4 ? 4 : nn - r >= 2 ? 2 : 1;
                 float *ap = acc + ((int64_t)r * PAN_M + q) * 16;
                 const float *wp = wpan + r * WSTR;
                 if (rn == 4) {
-                    if (rm == 4) micro512(4, 4, wp, xp, XSTR, kk, ap);
-                    else if (rm == 2) micro512(4, 2, wp, xp, XSTR, kk, ap);
-                    else micro512(4, 1, wp, xp, XSTR, kk, ap);
+                    if (rm == 4) micro512(4, 4, wp, xp, K, kk, ap);
+                    else if (rm == 2) micro512(4, 2, wp, xp, K, kk, ap);
+                    else micro512(4, 1, wp, xp, K, kk, ap);
                 } else if (rn == 2) {
-                    if (rm == 4) micro512(2, 4, wp, xp, XSTR, kk, ap);
-                    else if (rm == 2) micro512(2, 2, wp, xp, XSTR, kk, ap);
-                    else micro512(2, 1, wp, xp, XSTR, kk, ap);
+                    if (rm == 4) micro512(2, 4, wp, xp, K, kk, ap);
+                    else if (rm == 2) micro512(2, 2, wp, xp, K, kk, ap);
+                    else micro512(2, 1, wp, xp, K, kk, ap);
                 } else {
-                    if (rm == 4) micro512(1, 4, wp, xp, XSTR, kk, ap);
-                    else if (rm == 2) micro512(1, 2, wp, xp, XSTR, kk, ap);
-                    else micro512(1, 1, wp, xp, XSTR, kk, ap);
+                    if (rm == 4) micro512(1, 4, wp, xp, K, kk, ap);
+                    else if (rm == 2) micro512(1, 2, wp, xp, K, kk, ap);
+                    else micro512(1, 1, wp, xp, K, kk, ap);
                 }
                 r += rn;
             }
@@ -263,12 +265,11 @@ T512 INL void panel_block512(const wd *d, const int kind, const float *x, int m,
     T512 __attribute__((noinline)) static void NAME(const wd *d, const float *x, int m0, int m1, int64_t n0,      \
                                                     int64_t n1, float *y, int64_t ldy) {                         \
         _Alignas(64) float wpan[PAN_N * WSTR];                                                                   \
-        _Alignas(64) float xpan[PAN_M * XSTR];                                                                   \
         _Alignas(64) float acc[PAN_N * PAN_M * 16];                                                              \
         for (int64_t n = n0; n < n1; n += PAN_N)                                                                 \
             for (int m = m0; m < m1; m += PAN_M)                                                                 \
                 panel_block512(d, KIND, x, m, m1 - m < PAN_M ? m1 - m : PAN_M, n, n1 - n < PAN_N ? (int)(n1 - n) : PAN_N, \
-                               y, ldy, wpan, xpan, acc);                                                               \
+                               y, ldy, wpan, acc);                                                               \
     }
 PANEL512(pan512_f32, KF32)
 PANEL512(pan512_bf16, KBF16)
@@ -341,10 +342,8 @@ void td_mm_avx512(const td_tensor *W, const float *x, int m0, int m1, int64_t n0
 
 typedef struct { __m256 lo, hi; } v16;
 
-T256 INL v16 f8x16_256(__m128i b) {
-    __m256i v = _mm256_cvtepu8_epi16(b);
-    __m256i h = _mm256_or_si256(_mm256_slli_epi16(_mm256_and_si256(v, _mm256_set1_epi16(0x7f)), 7),
-                                _mm256_slli_epi16(_mm256_and_si256(v, _mm256_set1_epi16(0x80)), 8));
+T256 INL v16 f8x16_256(__m128i b) { /* see f8x16_512 */
+    __m256i h = _mm256_and_si256(_mm256_slli_epi16(_mm256_cvtepi8_epi16(b), 7), _mm256_set1_epi16((short)0xbfff));
     return (v16){_mm256_cvtph_ps(_mm256_castsi256_si128(h)), _mm256_cvtph_ps(_mm256_extracti128_si256(h, 1))};
 }
 
