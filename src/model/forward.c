@@ -146,40 +146,76 @@ typedef struct {
     int *row_seg;        /* row -> segment */
 } attn_job;
 
+/* Scores and accumulators of one task live on the stack up to this many
+ * floats (8 KiB); longer contexts take a heap buffer (the tests reach both). */
+#define ATTN_STACK_FLOATS 2048
+
+/* One query row m and one KV head: the `group` query heads that share it.
+ * Each K and V row is read once for the whole group. Exact two-pass softmax:
+ * the scaled scores of pass 1 are kept, so pass 2 reuses them (the same
+ * values a recomputation would give). Per head and row the arithmetic does
+ * not depend on M or on the other heads (batch invariance). */
 static void attn_task(void *ctx, int task) {
     const attn_job *j = ctx;
     const td_config *g = j->g;
-    int nh = g->n_heads, hd = g->head_dim, kvd = g->n_kv_heads * hd, group = nh / g->n_kv_heads;
-    int m = task / nh, h = task % nh;
+    int nh = g->n_heads, hd = g->head_dim, nkv = g->n_kv_heads, group = nh / nkv;
+    int m = task / nkv, kh = task % nkv, h0 = kh * group;
     const segment *s = &j->segs[j->row_seg[m]];
-    int pos = s->pos0 + (m - s->row0);
-    const float *q = j->q + (size_t)m * nh * hd + (size_t)h * hd;
-    int kh = h / group;
-    float tk[1024], tv[1024];
+    int pos = s->pos0 + (m - s->row0), n = pos + 1;
+    const float *q = j->q + (size_t)m * nh * hd + (size_t)h0 * hd; /* the group's heads are adjacent */
+    float tk[1024], tv[1024], sbuf[ATTN_STACK_FLOATS];
+    TD_ASSERT(hd <= 1024);
     td_seq *sq = s->seq;
     int L = s->kv_layer, sh = s->shift;
-    (void)kvd;
     float scale = 1.0f / sqrtf((float)hd);
-    /* Two passes: max, then exp-sum and weighted values (exact softmax). */
-    float mx = -INFINITY;
-    for (int p = 0; p <= pos; p++) {
+    size_t need = (size_t)group * ((size_t)n + (size_t)hd + 2);
+    float *buf = need <= ATTN_STACK_FLOATS ? sbuf : malloc(need * sizeof(float));
+    if (!buf) {   /* out of memory: recompute scores head by head, nothing kept */
+        for (int gi = 0; gi < group; gi++) {
+            const float *qh = q + (size_t)gi * hd;
+            float mx = -INFINITY, sum = 0.0f, acc[1024];
+            for (int p = 0; p < n; p++) {
+                float d = td_dot_f32(qh, td_seq_k_head(sq, L, p + sh, kh, tk), hd) * scale;
+                if (d > mx) mx = d;
+            }
+            for (int i = 0; i < hd; i++) acc[i] = 0.0f;
+            for (int p = 0; p < n; p++) {
+                float e = expf(td_dot_f32(qh, td_seq_k_head(sq, L, p + sh, kh, tk), hd) * scale - mx);
+                sum += e;
+                td_vec_axpy(acc, e, td_seq_v_head(sq, L, p + sh, kh, tv), hd);
+            }
+            float *o = j->out + (size_t)m * nh * hd + (size_t)(h0 + gi) * hd;
+            const float *gt = j->gate ? j->gate + (size_t)m * nh * hd + (size_t)(h0 + gi) * hd : NULL;
+            for (int i = 0; i < hd; i++) o[i] = (acc[i] / sum) * (gt ? sigmoid(gt[i]) : 1.0f);
+        }
+        return;
+    }
+    float *sc = buf, *acc = buf + (size_t)group * n, *mx = acc + (size_t)group * hd, *sum = mx + group;
+    for (int gi = 0; gi < group; gi++) mx[gi] = -INFINITY, sum[gi] = 0.0f;
+    for (int p = 0; p < n; p++) {
         const float *k = td_seq_k_head(sq, L, p + sh, kh, tk);
-        float d = td_dot_f32(q, k, hd) * scale;
-        if (d > mx) mx = d;
+        for (int gi = 0; gi < group; gi++) {
+            float d = td_dot_f32(q + (size_t)gi * hd, k, hd) * scale;
+            sc[(size_t)gi * n + p] = d;
+            if (d > mx[gi]) mx[gi] = d;
+        }
     }
-    float acc[1024];
-    TD_ASSERT(hd <= 1024);
-    for (int i = 0; i < hd; i++) acc[i] = 0.0f;
-    float sum = 0.0f;
-    for (int p = 0; p <= pos; p++) {
-        const float *k = td_seq_k_head(sq, L, p + sh, kh, tk), *v = td_seq_v_head(sq, L, p + sh, kh, tv);
-        float e = expf(td_dot_f32(q, k, hd) * scale - mx);
-        sum += e;
-        td_vec_axpy(acc, e, v, hd);
+    for (size_t i = 0; i < (size_t)group * hd; i++) acc[i] = 0.0f;
+    for (int p = 0; p < n; p++) {
+        const float *v = td_seq_v_head(sq, L, p + sh, kh, tv);
+        for (int gi = 0; gi < group; gi++) {
+            float e = expf(sc[(size_t)gi * n + p] - mx[gi]);
+            sum[gi] += e;
+            td_vec_axpy(acc + (size_t)gi * hd, e, v, hd);
+        }
     }
-    float *o = j->out + (size_t)m * nh * hd + (size_t)h * hd;
-    const float *gt = j->gate ? j->gate + (size_t)m * nh * hd + (size_t)h * hd : NULL;
-    for (int i = 0; i < hd; i++) o[i] = (acc[i] / sum) * (gt ? sigmoid(gt[i]) : 1.0f);
+    for (int gi = 0; gi < group; gi++) {
+        float *o = j->out + (size_t)m * nh * hd + (size_t)(h0 + gi) * hd;
+        const float *gt = j->gate ? j->gate + (size_t)m * nh * hd + (size_t)(h0 + gi) * hd : NULL;
+        const float *a = acc + (size_t)gi * hd;
+        for (int i = 0; i < hd; i++) o[i] = (a[i] / sum[gi]) * (gt ? sigmoid(gt[i]) : 1.0f);
+    }
+    if (buf != sbuf) free(buf);
 }
 
 /* x += o_proj(attn(norm1(x))) for a full-attention layer; xn holds norm1(x). */
@@ -217,7 +253,7 @@ static void attention_block(td_fwd_ctx *c, const td_attn_weights *w, const float
     attn_job j = {.g = g, .segs = segs, .nseg = nseg, .q = q, .gate = g->attn_output_gate ? gate : NULL, .out = out, .row_seg = row_seg};
     double work = 0;
     for (int si = 0; si < nseg; si++) work += (double)segs[si].n * (segs[si].pos0 + segs[si].n) * nh * hd * 2;
-    par_for(c, M * nh, attn_task, &j, work);
+    par_for(c, M * nkv, attn_task, &j, work);
     b->ops->matmul(b, &w->o_proj, out, M, c->t0);
     for (size_t i = 0; i < (size_t)M * g->hidden_size; i++) c->x[i] += c->t0[i];
 }
