@@ -38,6 +38,8 @@ static void usage(FILE *f) {
                "  --memory               the planner's numbers and the measured memory for each depth\n"
                "  --merge FILE           add the samples.csv of an earlier run (e.g. a baseline against another server)\n"
                "  --enable-prefix-caching  keep the prefix cache on in the suite (default off: cold prefill every request)\n"
+               "  --kernels [OPTS]       kernel and engine speed instead of the suite: the same as `tandem kernels OPTS`\n"
+               "                         (bandwidth probe, decode, verify cost t(k+1)/t(1), prefill 512 and 4096)\n"
                "  --no-prefix-caching    turn it off for --agent-trace (default on there)\n"
                "  --cost-reps N          repeats of each cost timing (default 9); --no-costs skips the cost model\n"
                "common options:\n%s",
@@ -238,6 +240,15 @@ static int run_trace(bench_cli *c, bench_params *p) {
 }
 
 int cmd_bench(int argc, char **argv) {
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--kernels")) { /* tandem bench --kernels [OPTS] == tandem kernels [OPTS] */
+            char *args[256];
+            int n = 0;
+            for (int k = 0; k < argc && n < 255; k++)
+                if (k != i) args[n++] = argv[k];
+            args[n] = NULL;
+            return cmd_kernels(n, args);
+        }
     bench_cli c;
     int pr = parse_args(&c, argc, argv);
     if (pr) return pr == 1 ? 0 : 2;

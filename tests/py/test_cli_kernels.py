@@ -1,0 +1,36 @@
+"""`tandem bench --kernels` (= `tandem kernels`) on a tiny golden model: the report has
+every part issue 9 asks for (probe, decode, verify cost per k, prefill rows), and bad
+options fail with a message. Timings are not checked (benchmarks, not tests)."""
+import os
+import re
+import subprocess
+
+from conftest import BIN, ROOT
+
+TINY = os.path.join(ROOT, "tests", "golden", "tiny-a", "f32")
+
+
+def run(*args):
+    return subprocess.run([BIN, *args], capture_output=True, text=True, timeout=120, cwd=ROOT)
+
+
+def test_bench_kernels_report():
+    p = run("bench", "--kernels", "-m", TINY, "-t", "1", "--reps", "1", "--probe-mb", "16", "--mm-mb", "1",
+            "--mm-k", "256", "--max-k", "3", "--prefill", "16,40")
+    assert p.returncode == 0, p.stderr
+    out = p.stdout
+    assert re.search(r"bandwidth probe .*: [0-9.]+ GB/s", out)
+    assert re.search(r"^decode \(depth 0\): [0-9.]+ tokens/s", out, re.M)
+    ks = [int(m.group(1)) for m in re.finditer(r"^\| (\d+) \| (\d+) \| [0-9.]+ \| [0-9.]+ \|$", out, re.M)]
+    assert ks == [1, 2, 3], out
+    pre = [int(m.group(1)) for m in re.finditer(r"^\| (\d+) \| [0-9.]+ \| [0-9.]+ \|$", out, re.M)]
+    assert pre == [16, 40], out
+    # the matmul table covers M = 1..16 for each ISA the CPU has
+    assert re.search(r"^\| c \| 16 \|", out, re.M)
+
+
+def test_bench_kernels_same_as_kernels_command():
+    a = run("bench", "--kernels", "--bogus")
+    b = run("kernels", "--bogus")
+    assert a.returncode != 0 and b.returncode == a.returncode
+    assert "usage: tandem kernels" in a.stderr + a.stdout
