@@ -82,7 +82,7 @@ import statistics as st, sys
 label, ftd, flc, ngen, npro = sys.argv[1:]
 td = [list(map(float, l.split())) for l in open(ftd)]
 lc = [list(map(float, l.split())) for l in open(flc)]
-for i, name in enumerate([f"decode tokens/s (tandem depth 16 median / llama.cpp tg{ngen})", f"prefill {npro} tokens/s"]):
+for i, name in enumerate([f"decode tokens/s (tandem: median step after a 16-token prompt / llama.cpp tg{ngen})", f"prefill {npro} tokens/s"]):
     a, b = [x[i] for x in td], [x[i] for x in lc]
     ma, mb = st.median(a), st.median(b)
     print(f"| {label} | {name} | {ma:.2f} | {mb:.2f} | {ma / mb:.2f}x | {', '.join(f'{x:.2f}' for x in a)} | {', '.join(f'{x:.2f}' for x in b)} |")
