@@ -324,28 +324,15 @@ DRIVER512(mm512_fp4, KFP4)
  * below that (decode, verify) the weights stream once through the register tiles. */
 #define PANEL_MIN_M 32
 
+typedef void (*mm_fn)(const wd *d, const float *x, int m0, int m1, int64_t n0, int64_t n1, float *y, int64_t ldy);
+/* by kind: KF32, KBF16, KF16, KF8, KF8B, KFP4 */
+static const mm_fn tiles512[] = {mm512_f32, mm512_bf16, mm512_f16, mm512_f8, mm512_f8b, mm512_fp4};
+static const mm_fn panels512[] = {pan512_f32, pan512_bf16, pan512_f16, pan512_f8, pan512_f8b, pan512_fp4};
+
 void td_mm_avx512(const td_tensor *W, const float *x, int m0, int m1, int64_t n0, int64_t n1, float *y, int64_t ldy) {
     wd d;
     int kind = setup(W, &d);
-    if (m1 - m0 >= PANEL_MIN_M) {
-        switch (kind) {
-        case KF32: pan512_f32(&d, x, m0, m1, n0, n1, y, ldy); break;
-        case KBF16: pan512_bf16(&d, x, m0, m1, n0, n1, y, ldy); break;
-        case KF16: pan512_f16(&d, x, m0, m1, n0, n1, y, ldy); break;
-        case KF8: pan512_f8(&d, x, m0, m1, n0, n1, y, ldy); break;
-        case KF8B: pan512_f8b(&d, x, m0, m1, n0, n1, y, ldy); break;
-        default: pan512_fp4(&d, x, m0, m1, n0, n1, y, ldy);
-        }
-        return;
-    }
-    switch (kind) {
-    case KF32: mm512_f32(&d, x, m0, m1, n0, n1, y, ldy); break;
-    case KBF16: mm512_bf16(&d, x, m0, m1, n0, n1, y, ldy); break;
-    case KF16: mm512_f16(&d, x, m0, m1, n0, n1, y, ldy); break;
-    case KF8: mm512_f8(&d, x, m0, m1, n0, n1, y, ldy); break;
-    case KF8B: mm512_f8b(&d, x, m0, m1, n0, n1, y, ldy); break;
-    default: mm512_fp4(&d, x, m0, m1, n0, n1, y, ldy);
-    }
+    (m1 - m0 >= PANEL_MIN_M ? panels512 : tiles512)[kind](&d, x, m0, m1, n0, n1, y, ldy);
 }
 
 /* ======================= AVX2 ======================= */
@@ -469,16 +456,12 @@ DRIVER256(mm256_f8, KF8)
 DRIVER256(mm256_f8b, KF8B)
 DRIVER256(mm256_fp4, KFP4)
 
+static const mm_fn tiles256[] = {mm256_f32, mm256_bf16, mm256_f16, mm256_f8, mm256_f8b, mm256_fp4};
+
 void td_mm_avx2(const td_tensor *W, const float *x, int m0, int m1, int64_t n0, int64_t n1, float *y, int64_t ldy) {
     wd d;
-    switch (setup(W, &d)) {
-    case KF32: mm256_f32(&d, x, m0, m1, n0, n1, y, ldy); break;
-    case KBF16: mm256_bf16(&d, x, m0, m1, n0, n1, y, ldy); break;
-    case KF16: mm256_f16(&d, x, m0, m1, n0, n1, y, ldy); break;
-    case KF8: mm256_f8(&d, x, m0, m1, n0, n1, y, ldy); break;
-    case KF8B: mm256_f8b(&d, x, m0, m1, n0, n1, y, ldy); break;
-    default: mm256_fp4(&d, x, m0, m1, n0, n1, y, ldy);
-    }
+    int kind = setup(W, &d);
+    tiles256[kind](&d, x, m0, m1, n0, n1, y, ldy);
 }
 #else
 typedef int td_kernels_x86_unused;
