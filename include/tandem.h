@@ -57,6 +57,8 @@ typedef struct td_engine_opts {
     bool no_prefix_caching; /* do not keep prefix-cache checkpoints */
     int prefix_checkpoints; /* DeltaNet checkpoints kept for prefix hits (0 = 8 x max_seqs) */
     int kv_cache_dtype;  /* 0 = auto (f32 on CPU), 1 = bf16, 2 = fp8 e4m3 with per-token, per-head scales */
+    int quantize;        /* 0 = weights as stored; 1 = q8: F32/BF16/F16 linear weights to int8 with an F32
+                            scale per 32 inputs, made at load (the engine owns the copies) */
 } td_engine_opts;
 
 /* KV cache figures (caller-owned copy). */

@@ -118,7 +118,8 @@ static int bench_model(const kbench_opts *o, double bw, FILE *out) {
     td_err err = {0};
     int maxp = 0;
     for (int i = 0; i < o->n_prefill; i++) if (o->prefill[i] > maxp) maxp = o->prefill[i];
-    td_engine_opts eo = {.n_threads = o->threads, .max_context = maxp + 512, .spec_depth = o->max_k, .no_prefix_caching = true, .max_seqs = 1};
+    td_engine_opts eo = {.n_threads = o->threads, .max_context = maxp + 512, .spec_depth = o->max_k, .no_prefix_caching = true, .max_seqs = 1,
+                          .quantize = o->quantize};
     td_engine *eng;
     if (td_engine_load(o->model_dir, &eo, &eng, &err)) { fprintf(stderr, "tandem kernels: %s\n", err.msg); return 1; }
     const td_model *m = eng->model;

@@ -16,6 +16,7 @@ typedef struct kbench_opts {
     int prefill[4], n_prefill;
     int max_k;              /* verify k = 1..max_k */
     const char *mm_dtype;   /* bf16, f32, f16, fp8, nvfp4 */
+    int quantize;           /* td_engine_opts.quantize for the model runs */
 } kbench_opts;
 
 int kbench_run(const kbench_opts *o, FILE *out);

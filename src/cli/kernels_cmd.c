@@ -9,6 +9,7 @@
 static int usage(FILE *f) {
     fprintf(f, "usage: tandem kernels [-m DIR] [-t THREADS] [--reps N] [--probe-mb MB] [--mm-mb MB] [--mm-k K]\n"
                "                      [--dtype bf16|f32|f16|fp8|nvfp4] [--prefill 512,4096] [--max-k 8] [--isa c|avx2|avx512]\n"
+               "                      [--quantize none|q8]\n"
                "  bandwidth probe, matmul GB/s per ISA and M = 1..16 on a synthetic weight (--mm-mb 0 skips it),\n"
                "  and with -m: decode tokens/s (depth 0), verify cost t(k+1)/t(1), prefill tokens/s\n");
     return f == stdout ? 0 : 2;
@@ -34,6 +35,11 @@ int cmd_kernels(int argc, char **argv) {
             if (!td_kernels_set_isa(want)) { fprintf(stderr, "tandem kernels: this CPU has no %s\n", v); return 2; }
         }
         else if (!strcmp(a, "--max-k")) o.max_k = atoi(v);
+        else if (!strcmp(a, "--quantize")) {
+            if (!strcmp(v, "q8")) o.quantize = 1;
+            else if (!strcmp(v, "none")) o.quantize = 0;
+            else return usage(stderr);
+        }
         else if (!strcmp(a, "--prefill")) {
             o.n_prefill = 0;
             for (const char *p = v; *p && o.n_prefill < 4;) {

@@ -56,6 +56,14 @@ int cli_engine_opts(const common_opts *o, int max_seqs, int batch_tokens, td_eng
     eo->n_threads = o->threads;
     eo->spec_depth = o->spec_depth;
     eo->kv_cache_dtype = o->kv_dtype;
+    eo->quantize = o->quantize;
+    if (o->quantize) {
+        /* the int8 copies (1.125 bytes per weight) come on top of the mapped file, which stays
+         * counted: a conservative 9/16 of the BF16 bytes (norms and embedding included) */
+        w.main += w.main * 9 / 16;
+        w.mtp += w.mtp * 9 / 16;
+        w.lm_head += w.lm_head * 9 / 16;
+    }
     eo->no_prefix_caching = !o->prefix_caching;
     eo->max_seqs = max_seqs;
     int d = o->spec_depth;

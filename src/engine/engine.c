@@ -3,6 +3,7 @@
 #include <string.h>
 #include <unistd.h>
 #include "spec/gen.h"
+#include "model/quant.h"
 #include "util/err.h"
 
 td_kv_shape td_engine_kv_shape_for(const td_config *c, bool has_mtp, int kv_dtype) {
@@ -32,6 +33,11 @@ int td_engine_load(const char *model_dir, const td_engine_opts *opts, td_engine 
     if (opts) e->opts = *opts;
     int rc = td_model_load(model_dir, &e->model, err);
     if (rc) goto fail;
+    if (e->opts.quantize < 0 || e->opts.quantize > 1) {
+        rc = TD_FAIL(err, TD_ERR_ARG, "quantize %d (0 none, 1 q8)", e->opts.quantize);
+        goto fail;
+    }
+    if ((rc = td_model_quantize(e->model, (td_quant_kind)e->opts.quantize, err))) goto fail;
     int threads = e->opts.n_threads;
     if (threads <= 0) {
         long n = sysconf(_SC_NPROCESSORS_ONLN);

@@ -4,9 +4,9 @@
 #include "util/err.h"
 
 static const char *const dtype_names[TD_DTYPE_COUNT] = {
-    "F32", "BF16", "F16", "F8_E4M3", "NVFP4", "I32", "I64", "U8",
+    "F32", "BF16", "F16", "F8_E4M3", "NVFP4", "I32", "I64", "U8", "Q8",
 };
-static const size_t dtype_sizes[TD_DTYPE_COUNT] = {4, 2, 2, 1, 0, 4, 8, 1};
+static const size_t dtype_sizes[TD_DTYPE_COUNT] = {4, 2, 2, 1, 0, 4, 8, 1, 1};
 
 const char *td_dtype_name(td_dtype t) { return (unsigned)t < TD_DTYPE_COUNT ? dtype_names[t] : "?"; }
 size_t td_dtype_size(td_dtype t) { return (unsigned)t < TD_DTYPE_COUNT ? dtype_sizes[t] : 0; }

@@ -15,6 +15,7 @@ typedef enum {
     TD_DTYPE_I32,
     TD_DTYPE_I64,
     TD_DTYPE_U8,
+    TD_DTYPE_Q8,        /* int8 [out, in], made at load by --quantize q8; F32 scales [out, in/32] */
     TD_DTYPE_COUNT
 } td_dtype;
 
@@ -31,7 +32,8 @@ typedef struct td_tensor {
     const void *data;
     /* Quantization (unused for F32/BF16/F16):
      *  F8_E4M3: per-tensor `scale_f` or block scales `scales` ([out/blk, in/blk] F32).
-     *  NVFP4:   `scales` = fp8 e4m3 [out, in/16], global multiplier `scale_f`. */
+     *  NVFP4:   `scales` = fp8 e4m3 [out, in/16], global multiplier `scale_f`.
+     *  Q8:      `scales` = F32 [out, in/32] (value = int8 * scale, blocks of 32 along in). */
     const void *scales;
     td_dtype scales_dtype;
     int64_t scale_block[2];

@@ -14,6 +14,7 @@
 #include "backend/backend.h"
 #include "backend/cpu/kernels.h"
 #include "check.h"
+#include "model/quant.h"
 #include "tandem.h"
 
 static uint64_t rng = 0x9e3779b97f4a7c15ull;
@@ -42,8 +43,8 @@ static uint8_t rand_fp8_scale(void) { /* positive, normal, moderate: 2^-4 .. 2^3
     return (uint8_t)(((3 + rnd() % 8) << 3) | (rnd() & 7));
 }
 
-typedef enum { C_F32, C_BF16, C_F16, C_F8T, C_F8B, C_F8CH, C_FP4MO, C_FP4CT, C_COUNT } wcase;
-static const char *case_names[C_COUNT] = {"f32", "bf16", "f16", "fp8-tensor", "fp8-block128", "fp8-channel", "nvfp4-modelopt", "nvfp4-ct"};
+typedef enum { C_F32, C_BF16, C_F16, C_F8T, C_F8B, C_F8CH, C_FP4MO, C_FP4CT, C_Q8, C_COUNT } wcase;
+static const char *case_names[C_COUNT] = {"f32", "bf16", "f16", "fp8-tensor", "fp8-block128", "fp8-channel", "nvfp4-modelopt", "nvfp4-ct", "q8"};
 
 typedef struct {
     td_tensor t;
@@ -110,6 +111,27 @@ static void make_w(wcase c, int64_t N, int64_t K, wmat *w) {
                 int nib = (d[(n * K + k) / 2] >> ((k & 1) * 4)) & 15;
                 w->deq[n * K + k] = ref_e2m1(nib) * ref_e4m3(s[n * (K / 16) + k / 16]) * (double)w->t.scale_f;
             }
+        break;
+    }
+    case C_Q8: { /* made by the load-time quantizer from random f32 weights */
+        float *f = malloc(sizeof(float) * (size_t)(N * K));
+        for (int64_t i = 0; i < N * K; i++) f[i] = frand() * (i % 97 == 0 ? 8.0f : 1.0f); /* some outliers */
+        td_tensor src = {.dtype = TD_DTYPE_F32, .ndim = 2, .shape = {N, K}, .data = f};
+        int8_t *q = malloc((size_t)(N * K));
+        float *sc = malloc(sizeof(float) * (size_t)(N * K / 32));
+        td_quantize_q8_rows(&src, 0, N, q, sc);
+        int bad = 0;
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t k = 0; k < K; k++) {
+                double v = (double)q[n * K + k] * sc[n * (K / 32) + k / 32];
+                w->deq[n * K + k] = v;
+                bad += fabs(v - f[n * K + k]) > 0.5 * sc[n * (K / 32) + k / 32] * (1 + 1e-5) + 1e-7;
+            }
+        CHECK(bad == 0, "q8 N=%lld K=%lld: %d weights off by more than half a step", (long long)N, (long long)K, bad);
+        free(f);
+        w->t.dtype = TD_DTYPE_Q8; w->data = q;
+        w->t.scales = w->scales = sc; w->t.scales_dtype = TD_DTYPE_F32;
+        w->t.scale_block[0] = 1; w->t.scale_block[1] = 32; w->t.scale_f = 1.0f;
         break;
     }
     default: break;
@@ -211,8 +233,9 @@ int main(void) {
     /* shapes: odd N (row tiles 4/2/1), K with and without a 16-tail */
     static const int64_t float_shapes[][2] = {{13, 37}, {7, 256}, {33, 1000}};
     static const int64_t quant_shapes[][2] = {{13, 256}, {33, 400}, {130, 272}};
+    static const int64_t q8_shapes[][2] = {{13, 256}, {33, 416}, {130, 288}};
     for (int c = 0; c < C_COUNT; c++) {
-        const int64_t (*sh)[2] = c <= C_F8T ? float_shapes : quant_shapes;
+        const int64_t (*sh)[2] = c <= C_F8T ? float_shapes : c == C_Q8 ? q8_shapes : quant_shapes;
         for (int s = 0; s < 3; s++) {
             if (c >= C_FP4MO && sh[s][1] % 16) continue;
             if (c == C_F8B && sh[s][1] % 16) continue;
@@ -255,6 +278,8 @@ int main(void) {
     /* unsupported layouts are refused, not miscomputed */
     td_tensor t = {.dtype = TD_DTYPE_NVFP4, .ndim = 2, .shape = {4, 24}};
     CHECK(!td_matmul_supported(&t, NULL), "nvfp4 with K %% 16 != 0 accepted");
+    td_tensor t8 = {.dtype = TD_DTYPE_Q8, .ndim = 2, .shape = {4, 48}};
+    CHECK(!td_matmul_supported(&t8, NULL), "q8 with K %% 32 != 0 accepted");
     for (int i = 1; i <= 3; i++) td_backend_free(bk[i]);
     TEST_MAIN_END("kernels");
 }

@@ -91,6 +91,10 @@ bool td_matmul_supported(const td_tensor *W, const char **why) {
             else if (W->scales_dtype != TD_DTYPE_F32 && W->scales_dtype != TD_DTYPE_BF16 && W->scales_dtype != TD_DTYPE_F16) w = "fp8 block scales must be F32, BF16 or F16";
         }
         break;
+    case TD_DTYPE_Q8:
+        if (K % 32) w = "q8 needs in_features divisible by 32";
+        else if (!W->scales || W->scales_dtype != TD_DTYPE_F32) w = "q8 needs F32 block scales";
+        break;
     case TD_DTYPE_NVFP4:
         if (K % 16) w = "nvfp4 needs in_features divisible by 16";
         else if (!W->scales || W->scales_dtype != TD_DTYPE_F8_E4M3) w = "nvfp4 needs fp8 e4m3 block scales";
@@ -105,6 +109,12 @@ bool td_matmul_supported(const td_tensor *W, const char **why) {
 static float dot_quant_c(const td_tensor *W, const float *x, int64_t n) {
     int64_t K = W->shape[1];
     float acc[LANES] = {0};
+    if (W->dtype == TD_DTYPE_Q8) {
+        const int8_t *w = (const int8_t *)W->data + n * K;
+        const float *s = (const float *)W->scales + n * (K / 32);
+        for (int64_t i = 0; i < K; i++) acc[i % LANES] += x[i] * ((float)w[i] * s[i / 32]);
+        return reduce16(acc);
+    }
     if (W->dtype == TD_DTYPE_F8_E4M3) {
         const uint8_t *w = (const uint8_t *)W->data + n * K;
         if (!W->scales) {

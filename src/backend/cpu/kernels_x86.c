@@ -19,10 +19,11 @@
 #define T512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,fma,f16c,avx2")))
 #define T256 __attribute__((target("avx2,fma,f16c")))
 
-enum { KF32, KBF16, KF16, KF8, KF8B, KFP4 };
+enum { KF32, KBF16, KF16, KF8, KF8B, KFP4, KQ8 };
 
 typedef struct {
     const uint8_t *data, *s4; /* s4: nvfp4 block scales */
+    const float *sq;          /* q8 block scales [N, K/32] */
     int64_t K, row_bytes;
     const td_tensor *W;       /* fp8 block scales */
     int64_t bn, bk, sc;
@@ -69,6 +70,10 @@ static int setup(const td_tensor *W, wd *d) {
         d->bk = W->scale_block[1];
         d->sc = (d->K + d->bk - 1) / d->bk;
         return KF8B;
+    case TD_DTYPE_Q8:
+        d->row_bytes = d->K;
+        d->sq = W->scales;
+        return KQ8;
     default:
         d->row_bytes = d->K / 2;
         d->s4 = W->scales;
@@ -88,7 +93,7 @@ static void w_tail(const wd *d, int kind, const uint8_t *row, int64_t n, int64_t
         case KF16: out[j] = td_f16_to_f32(((const uint16_t *)row)[i + j]); break;
         case KF8: out[j] = fp8_lut[row[i + j]] * (1.0f / 256.0f); break;
         case KF8B: out[j] = (fp8_lut[row[i + j]] * (1.0f / 256.0f)) * (block_scale_val(d, n, i) * 256.0f); break;
-        default: break; /* nvfp4: K % 16 == 0 */
+        default: break; /* nvfp4, q8: K % 16 == 0 */
         }
     }
 }
@@ -127,6 +132,9 @@ T512 INL __m512 w16_512(const wd *d, const int kind, const uint8_t *row, int64_t
     case KF16: return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)row + i)));
     case KF8: return f8x16_512(_mm_loadu_si128((const __m128i *)(row + i)));
     case KF8B: return _mm512_mul_ps(f8x16_512(_mm_loadu_si128((const __m128i *)(row + i))), _mm512_set1_ps(block_scale_val(d, n, i) * 256.0f));
+    case KQ8:
+        return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(row + i)))),
+                             _mm512_set1_ps(d->sq[n * (d->K / 32) + i / 32]));
     default: {
         __m512 v = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(nib16(row + i / 2)), _mm512_loadu_ps(e2m1_lut));
         return _mm512_mul_ps(v, _mm512_set1_ps(fp8_lut[d->s4[n * (d->K / 16) + i / 16]]));
@@ -286,6 +294,7 @@ PANEL512(pan512_f16, KF16)
 PANEL512(pan512_f8, KF8)
 PANEL512(pan512_f8b, KF8B)
 PANEL512(pan512_fp4, KFP4)
+PANEL512(pan512_q8, KQ8)
 
 /* Decode and verify (up to 31 rows; prefill blocks take the panel path):
  * tiles of up to 4 weight rows x 4 activation rows (3 included, so a batch
@@ -319,15 +328,16 @@ DRIVER512(mm512_f16, KF16)
 DRIVER512(mm512_f8, KF8)
 DRIVER512(mm512_f8b, KF8B)
 DRIVER512(mm512_fp4, KFP4)
+DRIVER512(mm512_q8, KQ8)
 
 /* Activation blocks of at least this many rows (prefill) take the panel path;
  * below that (decode, verify) the weights stream once through the register tiles. */
 #define PANEL_MIN_M 32
 
 typedef void (*mm_fn)(const wd *d, const float *x, int m0, int m1, int64_t n0, int64_t n1, float *y, int64_t ldy);
-/* by kind: KF32, KBF16, KF16, KF8, KF8B, KFP4 */
-static const mm_fn tiles512[] = {mm512_f32, mm512_bf16, mm512_f16, mm512_f8, mm512_f8b, mm512_fp4};
-static const mm_fn panels512[] = {pan512_f32, pan512_bf16, pan512_f16, pan512_f8, pan512_f8b, pan512_fp4};
+/* by kind: KF32, KBF16, KF16, KF8, KF8B, KFP4, KQ8 */
+static const mm_fn tiles512[] = {mm512_f32, mm512_bf16, mm512_f16, mm512_f8, mm512_f8b, mm512_fp4, mm512_q8};
+static const mm_fn panels512[] = {pan512_f32, pan512_bf16, pan512_f16, pan512_f8, pan512_f8b, pan512_fp4, pan512_q8};
 
 void td_mm_avx512(const td_tensor *W, const float *x, int m0, int m1, int64_t n0, int64_t n1, float *y, int64_t ldy) {
     wd d;
@@ -364,6 +374,12 @@ T256 INL v16 w16_256(const wd *d, const int kind, const uint8_t *row, int64_t n,
         return (v16){_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 8)))};
     }
     case KF8: return f8x16_256(_mm_loadu_si128((const __m128i *)(row + i)));
+    case KQ8: {
+        __m128i b = _mm_loadu_si128((const __m128i *)(row + i));
+        __m256 sc = _mm256_set1_ps(d->sq[n * (d->K / 32) + i / 32]);
+        return (v16){_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), sc),
+                     _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(b, b))), sc)};
+    }
     case KF8B: {
         v16 v = f8x16_256(_mm_loadu_si128((const __m128i *)(row + i)));
         __m256 s = _mm256_set1_ps(block_scale_val(d, n, i) * 256.0f);
@@ -455,8 +471,9 @@ DRIVER256(mm256_f16, KF16)
 DRIVER256(mm256_f8, KF8)
 DRIVER256(mm256_f8b, KF8B)
 DRIVER256(mm256_fp4, KFP4)
+DRIVER256(mm256_q8, KQ8)
 
-static const mm_fn tiles256[] = {mm256_f32, mm256_bf16, mm256_f16, mm256_f8, mm256_f8b, mm256_fp4};
+static const mm_fn tiles256[] = {mm256_f32, mm256_bf16, mm256_f16, mm256_f8, mm256_f8b, mm256_fp4, mm256_q8};
 
 void td_mm_avx2(const td_tensor *W, const float *x, int m0, int m1, int64_t n0, int64_t n1, float *y, int64_t ldy) {
     wd d;

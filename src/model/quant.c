@@ -1,0 +1,86 @@
+/* Load-time quantization (--quantize q8): linear weights stored in F32, BF16
+ * or F16 become int8 with one F32 scale per 32 inputs (absmax / 127, rounded
+ * to nearest), 1.125 bytes per weight, the same class as llama.cpp's Q8_0.
+ * The kernels dequantize in registers (kernels.c, kernels_x86.c). Embeddings
+ * and a tied lm_head stay as they are (the embedding rows are gathered, not
+ * multiplied). */
+#include "model/quant.h"
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include "util/err.h"
+
+void td_quantize_q8_rows(const td_tensor *W, int64_t r0, int64_t r1, int8_t *q, float *s) {
+    int64_t K = W->shape[1];
+    float row[32];
+    for (int64_t n = r0; n < r1; n++)
+        for (int64_t b = 0; b < K / 32; b++) {
+            float amax = 0.0f;
+            for (int j = 0; j < 32; j++) {
+                row[j] = td_tensor_get_f32(W, n * K + b * 32 + j);
+                float a = fabsf(row[j]);
+                if (a > amax) amax = a;
+            }
+            float sc = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
+            s[n * (K / 32) + b] = sc;
+            for (int j = 0; j < 32; j++) {
+                long v = lrintf(row[j] * inv);
+                q[n * K + b * 32 + j] = (int8_t)(v > 127 ? 127 : v < -127 ? -127 : v);
+            }
+        }
+}
+
+/* Replaces *t by its Q8 form in one owned allocation [int8 data | F32 scales];
+ * *part (the model's byte count for that part) follows. */
+static int quantize_tensor(td_model *m, td_tensor *t, size_t *part, td_err *err) {
+    if (t->ndim != 2 || t->shape[1] % 32 || !t->data) return TD_OK; /* left as is */
+    if (t->dtype != TD_DTYPE_F32 && t->dtype != TD_DTYPE_BF16 && t->dtype != TD_DTYPE_F16) return TD_OK;
+    int64_t N = t->shape[0], K = t->shape[1];
+    size_t qbytes = (size_t)(N * K), sbytes = (size_t)(N * (K / 32)) * sizeof(float);
+    size_t qpad = (qbytes + 63) & ~(size_t)63;
+    char *buf = TD_MALLOC(err, qpad + sbytes);
+    if (!buf) return TD_ERR_NOMEM;
+    float **nv = realloc(m->owned_vecs, (size_t)(m->n_owned_vecs + 1) * sizeof *nv);
+    if (!nv) { free(buf); return TD_FAIL(err, TD_ERR_NOMEM, "out of memory"); }
+    m->owned_vecs = nv;
+    m->owned_vecs[m->n_owned_vecs++] = (float *)(void *)buf;
+    m->owned_bytes += qpad + sbytes;
+    td_quantize_q8_rows(t, 0, N, (int8_t *)buf, (float *)(void *)(buf + qpad));
+    *part = *part - (size_t)(N * K) * td_dtype_size(t->dtype) + qbytes + sbytes;
+    td_tensor q = *t;
+    q.dtype = TD_DTYPE_Q8;
+    q.data = buf;
+    q.scales = buf + qpad;
+    q.scales_dtype = TD_DTYPE_F32;
+    q.scale_block[0] = 1;
+    q.scale_block[1] = 32;
+    q.scale_f = 1.0f;
+    *t = q;
+    return TD_OK;
+}
+
+static int quantize_layer(td_model *m, td_layer_weights *l, size_t *part, td_err *err) {
+    td_tensor *ts[] = {&l->attn.q_proj, &l->attn.k_proj, &l->attn.v_proj, &l->attn.o_proj, &l->lin.in_proj_qkv,
+                       &l->lin.in_proj_z, &l->lin.in_proj_b, &l->lin.in_proj_a, &l->lin.out_proj, &l->gate_proj,
+                       &l->up_proj, &l->down_proj};
+    for (size_t i = 0; i < sizeof ts / sizeof *ts; i++) {
+        int rc = quantize_tensor(m, ts[i], part, err);
+        if (rc) return rc;
+    }
+    return TD_OK;
+}
+
+int td_model_quantize(td_model *m, td_quant_kind kind, td_err *err) {
+    /* m->bytes_* become the bytes the kernels read (int8 + scales) */
+    if (kind == TD_QUANT_NONE) return TD_OK;
+    if (kind != TD_QUANT_Q8) return TD_FAIL(err, TD_ERR_ARG, "quantize: unknown kind %d", (int)kind);
+    int rc;
+    for (int i = 0; i < m->cfg.n_layers; i++)
+        if ((rc = quantize_layer(m, &m->layers[i], &m->bytes_main, err))) return rc;
+    if (m->has_mtp) {
+        if ((rc = quantize_tensor(m, &m->mtp.fc, &m->bytes_mtp, err))) return rc;
+        if ((rc = quantize_layer(m, &m->mtp.layer, &m->bytes_mtp, err))) return rc;
+    }
+    if (m->lm_head.data != m->embed.data && (rc = quantize_tensor(m, &m->lm_head, &m->bytes_head, err))) return rc;
+    return TD_OK;
+}

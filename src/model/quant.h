@@ -1,0 +1,18 @@
+/* Load-time weight quantization (--quantize q8). */
+#ifndef TANDEM_MODEL_QUANT_H
+#define TANDEM_MODEL_QUANT_H
+#include "model/model.h"
+#include "tandem.h"
+
+typedef enum { TD_QUANT_NONE = 0, TD_QUANT_Q8 = 1 } td_quant_kind;
+
+/* Rows [r0, r1) of a [N, K] F32/BF16/F16 weight (K % 32 == 0) as int8 q [N*K]
+ * and F32 scales s [N*K/32]: s = absmax of the 32-block / 127, q = round(w / s). */
+void td_quantize_q8_rows(const td_tensor *W, int64_t r0, int64_t r1, int8_t *q, float *s);
+
+/* Quantizes every linear weight of a loaded model that is F32/BF16/F16 with
+ * in_features % 32 == 0 (not the embedding or a tied lm_head); the int8 copies
+ * are owned by the model (freed by td_model_free) and counted in owned_bytes. */
+int td_model_quantize(td_model *m, td_quant_kind kind, td_err *err);
+
+#endif
