@@ -9,7 +9,8 @@
 # Environment (defaults in brackets):
 #   LLAMA_CPP   llama.cpp tree with build/bin/llama-bench      [/work/llama.cpp]
 #   TANDEM      tandem binary                                   [build/tandem]
-#   PAIRS       "label:tandem_dir:gguf ..." pairs to compare    [bf16 and 8-bit, below]
+#   PAIRS       "label:tandem_dir:gguf[:tandem_quantize] ..."   [bf16 and 8-bit, below]
+#               (tandem_quantize: q8 = `--quantize q8` at load)
 #   LLAMA_ENV   environment for llama-bench                     [OMP_WAIT_POLICY=passive]
 #   LLAMA_ARGS  extra llama-bench arguments                     [--repack 0]
 #   ROUNDS [3]  THREADS [2]  NGEN [64]  NPROMPT [512]  REPS [8] (tandem decode reps)
@@ -54,13 +55,13 @@ echo
 echo "| pair | metric | tandem (median) | llama.cpp (median) | tandem / llama.cpp | tandem samples | llama.cpp samples |"
 echo "|---|---|---|---|---|---|---|"
 for pair in $PAIRS; do
-    IFS=: read -r label tdir gguf <<<"$pair"
+    IFS=: read -r label tdir gguf tquant <<<"$pair"
     for f in "$tdir/model.safetensors" "$gguf"; do [ -e "$f" ] || { echo "missing $f" >&2; exit 1; }; done
     : >"$LOG/td"; : >"$LOG/lc"
     for r in $(seq 1 "$ROUNDS"); do
         for who in td lc; do   # ABAB...: tandem, then llama.cpp, each round
             if [ "$who" = td ]; then
-                out=$("$TANDEM" kernels -m "$tdir" -t "$THREADS" --reps "$REPS" --probe-mb 64 --mm-mb 0 --max-k 1 --prefill "$NPROMPT" 2>&1)
+                out=$("$TANDEM" kernels -m "$tdir" --quantize "${tquant:-none}" -t "$THREADS" --reps "$REPS" --probe-mb 64 --mm-mb 0 --max-k 1 --prefill "$NPROMPT" 2>&1)
                 dec=$(sed -n 's/^decode (depth 0): \([0-9.]*\) tokens\/s.*/\1/p' <<<"$out")
                 pre=$(awk -F'|' -v n="$NPROMPT" '$2+0==n && NF>=5 {gsub(/ /,"",$4); print $4}' <<<"$out")
                 [ -n "$dec" ] && [ -n "$pre" ] || { echo "tandem failed: $out" >&2; exit 1; }

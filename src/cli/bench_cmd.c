@@ -215,7 +215,7 @@ static int run_trace(bench_cli *c, bench_params *p) {
     bench_chat chat = {0};
     bool have_chat = false;
     if (local) {
-        rc = bench_local_open(c->co.model, c->co.threads, c->co.max_model_len, depth, !c->no_prefix_caching, &L, &err);
+        rc = bench_local_open(c->co.model, c->co.threads, c->co.max_model_len, depth, !c->no_prefix_caching, c->co.quantize, &L, &err);
     } else {
         rc = bench_remote_open(c->server, c->api_key, c->served_model, &R, &err);
         /* a local tokenizer, when the model directory has one, measures the shareable prefix */
@@ -266,7 +266,7 @@ int cmd_bench(int argc, char **argv) {
     bench_local L;
     bench_remote R;
     bool local = !c.server;
-    int rc = local ? bench_local_open(c.co.model, c.co.threads, c.co.max_model_len, max_depth(&c.su), c.prefix_caching, &L, &err)
+    int rc = local ? bench_local_open(c.co.model, c.co.threads, c.co.max_model_len, max_depth(&c.su), c.prefix_caching, c.co.quantize, &L, &err)
                    : bench_remote_open(c.server, c.api_key, c.served_model, &R, &err);
     if (rc) { fprintf(stderr, "tandem bench: %s\n", err.msg); bench_prompts_free(&pset); return 1; }
     if (!local) {

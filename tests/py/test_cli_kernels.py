@@ -34,3 +34,29 @@ def test_bench_kernels_same_as_kernels_command():
     b = run("kernels", "--bogus")
     assert a.returncode != 0 and b.returncode == a.returncode
     assert "usage: tandem kernels" in a.stderr + a.stdout
+
+
+BF16 = os.path.join(ROOT, "tests", "golden", "tiny-b", "bf16")
+
+
+def test_run_quantize_q8_lossless_and_bad_value():
+    outs = []
+    for depth in ("0", "3"):
+        p = run("run", "-m", BF16, "-p", "hello world", "-n", "24", "--temperature", "0", "--ignore-eos",
+                "--quantize", "q8", "--spec-depth", depth, "-t", "1")
+        assert p.returncode == 0, p.stderr
+        outs.append(p.stdout)
+    assert outs[0] == outs[1] and len(outs[0]) > 0
+    plain = run("run", "-m", BF16, "-p", "hello world", "-n", "24", "--temperature", "0", "--ignore-eos", "-t", "1")
+    assert plain.returncode == 0, plain.stderr
+    bad = run("run", "-m", BF16, "-p", "x", "--quantize", "q4")
+    assert bad.returncode != 0 and "--quantize" in bad.stderr
+
+
+def test_kernels_quantize_q8_reports_fewer_bytes():
+    def read_mb(*extra):
+        p = run("kernels", "-m", BF16, "-t", "1", "--reps", "1", "--probe-mb", "16", "--mm-mb", "0", "--max-k", "1",
+                "--prefill", "16", *extra)
+        assert p.returncode == 0, p.stderr
+        return int(re.search(r"(\d+) MB read per decode step", p.stdout).group(1))
+    assert read_mb("--quantize", "q8") < read_mb()
