@@ -144,9 +144,9 @@ T512 INL __m512 w16_512(const wd *d, const int kind, const uint8_t *row, int64_t
 
 T512 INL void tile512(const wd *d, const int kind, const int RN, const int RM, const float *x, int m, int64_t n, float *y, int64_t ldy) {
     const int64_t K = d->K;
-    __m512 acc[4][4];
+    __m512 acc[4][6]; /* up to 24 accumulators + 4 weight chunks + 1 x of the 32 zmm */
     const uint8_t *row[4];
-    const float *xr[4];
+    const float *xr[6];
     for (int r = 0; r < RN; r++) row[r] = d->data + (n + r) * d->row_bytes;
     for (int q = 0; q < RM; q++) xr[q] = x + (int64_t)(m + q) * K;
     for (int r = 0; r < RN; r++)
@@ -297,12 +297,14 @@ PANEL512(pan512_fp4, KFP4)
 PANEL512(pan512_q8, KQ8)
 
 /* Decode and verify (up to 31 rows; prefill blocks take the panel path):
- * tiles of up to 4 weight rows x 4 activation rows (3 included, so a batch
- * of 3 or 7 rows needs one pass fewer over each weight chunk: with quantized
- * weights the dequantization is what a verify step pays for). Wider tiles
- * (2 weight rows x 5..8 activation rows) were measured and lost: they halve
- * the dequantizations but double the activation loads. */
-#define T512_RM4(K_, RN_)                                               \
+ * tiles of up to 4 weight rows x 6 activation rows, so a verify of up to 6
+ * tokens dequantizes each weight chunk once (with quantized weights the
+ * dequantization is what a verify step pays for), and 7..12 rows need two
+ * passes. Wider tiles of 2 weight rows x 8 activation rows were measured and
+ * lost: they halve the dequantizations but double the activation loads. */
+#define T512_RM(K_, RN_)                                                \
+    case 6: tile512(d, K_, RN_, 6, x, m, n, y, ldy); break;             \
+    case 5: tile512(d, K_, RN_, 5, x, m, n, y, ldy); break;             \
     case 4: tile512(d, K_, RN_, 4, x, m, n, y, ldy); break;             \
     case 3: tile512(d, K_, RN_, 3, x, m, n, y, ldy); break;             \
     case 2: tile512(d, K_, RN_, 2, x, m, n, y, ldy); break;             \
@@ -313,10 +315,10 @@ PANEL512(pan512_q8, KQ8)
         for (int64_t n = n0; n < n1;) {                                                                    \
             int rn = n1 - n >= 4 ? 4 : n1 - n >= 2 ? 2 : 1;                                                \
             for (int m = m0; m < m1;) {                                                                    \
-                int rm = m1 - m >= 4 ? 4 : m1 - m;                                                         \
-                if (rn == 4) { switch (rm) { T512_RM4(KIND, 4) } }                                         \
-                else if (rn == 2) { switch (rm) { T512_RM4(KIND, 2) } }                                    \
-                else { switch (rm) { T512_RM4(KIND, 1) } }                                                 \
+                int rm = m1 - m >= 6 ? 6 : m1 - m;                                                         \
+                if (rn == 4) { switch (rm) { T512_RM(KIND, 4) } }                                          \
+                else if (rn == 2) { switch (rm) { T512_RM(KIND, 2) } }                                     \
+                else { switch (rm) { T512_RM(KIND, 1) } }                                                  \
                 m += rm;                                                                                   \
             }                                                                                              \
             n += rn;                                                                                       \
