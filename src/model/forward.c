@@ -150,6 +150,14 @@ typedef struct {
  * floats (8 KiB); longer contexts take a heap buffer (the tests reach both). */
 #define ATTN_STACK_FLOATS 2048
 
+/* out[m, head h] = (acc / sum) * sigmoid(gate) (gate: the attention output gate, if any) */
+static void attn_finish(const attn_job *j, int m, int h, const float *acc, float sum) {
+    int nh = j->g->n_heads, hd = j->g->head_dim;
+    float *o = j->out + (size_t)m * nh * hd + (size_t)h * hd;
+    const float *gt = j->gate ? j->gate + (size_t)m * nh * hd + (size_t)h * hd : NULL;
+    for (int i = 0; i < hd; i++) o[i] = (acc[i] / sum) * (gt ? sigmoid(gt[i]) : 1.0f);
+}
+
 /* One query row m and one KV head: the `group` query heads that share it.
  * Each K and V row is read once for the whole group. Exact two-pass softmax:
  * the scaled scores of pass 1 are kept, so pass 2 reuses them (the same
@@ -184,9 +192,7 @@ static void attn_task(void *ctx, int task) {
                 sum += e;
                 td_vec_axpy(acc, e, td_seq_v_head(sq, L, p + sh, kh, tv), hd);
             }
-            float *o = j->out + (size_t)m * nh * hd + (size_t)(h0 + gi) * hd;
-            const float *gt = j->gate ? j->gate + (size_t)m * nh * hd + (size_t)(h0 + gi) * hd : NULL;
-            for (int i = 0; i < hd; i++) o[i] = (acc[i] / sum) * (gt ? sigmoid(gt[i]) : 1.0f);
+            attn_finish(j, m, h0 + gi, acc, sum);
         }
         return;
     }
@@ -209,12 +215,7 @@ static void attn_task(void *ctx, int task) {
             td_vec_axpy(acc + (size_t)gi * hd, e, v, hd);
         }
     }
-    for (int gi = 0; gi < group; gi++) {
-        float *o = j->out + (size_t)m * nh * hd + (size_t)(h0 + gi) * hd;
-        const float *gt = j->gate ? j->gate + (size_t)m * nh * hd + (size_t)(h0 + gi) * hd : NULL;
-        const float *a = acc + (size_t)gi * hd;
-        for (int i = 0; i < hd; i++) o[i] = (a[i] / sum[gi]) * (gt ? sigmoid(gt[i]) : 1.0f);
-    }
+    for (int gi = 0; gi < group; gi++) attn_finish(j, m, h0 + gi, acc + (size_t)gi * hd, sum[gi]);
     if (buf != sbuf) free(buf);
 }
 
