@@ -103,8 +103,8 @@ int cli_engine_opts(const common_opts *o, int max_seqs, int batch_tokens, td_eng
     }
     eo->max_context = (int)want;
     eo->kv_cache_bytes = (size_t)p.kv_blocks * (size_t)p.kv_bytes_per_block;
-    snprintf(summary, cap_summary, "tandem: KV cache %.2f GiB (%s, %d-token blocks): %lld tokens, max concurrency %.2f at the full window (%lld tokens, depth %d)\n",
+    snprintf(summary, cap_summary, "tandem: KV cache %.2f GiB (%s, %d-token blocks): %lld tokens, max concurrency %.2f at the full window (%lld tokens, depth %d)%s\n",
             (double)eo->kv_cache_bytes / GIB, o->kv_dtype == 0 ? "f32" : o->kv_dtype == 1 ? "bf16" : "fp8", TD_KV_BLOCK, (long long)p.kv_tokens,
-            p.max_concurrency, (long long)want, d);
+            p.max_concurrency, (long long)want, d, o->quantize ? "; linear weights quantized to q8 at load" : "");
     return 0;
 }
