@@ -88,7 +88,7 @@ static void check_model(const char *dir, double tol) {
 
 int main(void) {
     /* random weights amplify rounding layer after layer (measured 7.4e-2); the trained demo
-     * model shows what int8 rounding costs a real model (measured 6.4e-3) */
+     * model shows what int8 rounding costs a trained model (measured 1.6e-2) */
     check_model("tests/golden/tiny-b/bf16", 0.15);
     check_model("models/demo", 2e-2);
     /* an engine option out of range is an error, not a crash */
