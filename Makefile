@@ -61,4 +61,4 @@ clean:
 	rm -rf build build-asan
 
 .PHONY: all test tests asan deps clean
--include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d)
+-include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(BUILD)/tests/mutant/gen.d $(TEST_BIN:=.d)
