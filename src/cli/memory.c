@@ -57,6 +57,7 @@ int cli_engine_opts(const common_opts *o, int max_seqs, int batch_tokens, td_eng
     eo->spec_depth = o->spec_depth;
     eo->kv_cache_dtype = o->kv_dtype;
     eo->quantize = o->quantize;
+    eo->deltanet_chunk = o->deltanet_chunk;
     if (o->quantize) {
         /* the int8 copies (1.125 bytes per weight) come on top of the mapped file, which stays
          * counted: a conservative 9/16 of the BF16 bytes (norms and embedding included) */

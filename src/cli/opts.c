@@ -79,6 +79,11 @@ int common_opts_parse(common_opts *o, int argc, char **argv, int *i) {
         else return bad(a, val);
         TAKE(); return 1;
     }
+    if (!strcmp(a, "--deltanet-chunk")) {
+        int n = val ? atoi(val) : -1;
+        if (n < 0 || n > 256) return bad(a, val);
+        o->deltanet_chunk = n; TAKE(); return 1;
+    }
     if (!strcmp(a, "--quantize")) {
         if (!val) return bad(a, val);
         if (!strcmp(val, "none")) o->quantize = 0;
@@ -119,6 +124,8 @@ const char *common_opts_help(void) {
            "  -c, --max-model-len N|auto  context window (130k = 130000, 128K = 131072); auto = largest that fits\n"
            "  --kv-cache-dtype auto|bf16|fp8   KV storage (auto = f32 on CPU; fp8 = e4m3, per-token per-head scales)\n"
            "  --quantize none|q8        q8: BF16/F16/F32 linear weights to int8 at load, F32 scale per 32 inputs\n"
+           "  --deltanet-chunk N        prompt DeltaNet in chunks of N tokens (chunked form; 0 = off: token by token,\n"
+           "                            bit-exact across chunkings and prefix-cache hits)\n"
            "  --kv-cache-memory BYTES   KV cache size (e.g. 2GiB); default: what the budget leaves\n"
            "  --memory-budget BYTES|auto  memory for everything (auto = RAM x --gpu-memory-utilization, default 0.9)\n"
            "  --no-prefix-caching       do not reuse exact prefixes across requests (on by default)\n"

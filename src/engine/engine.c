@@ -45,6 +45,11 @@ int td_engine_load(const char *model_dir, const td_engine_opts *opts, td_engine 
     }
     if ((rc = td_backend_cpu_create(threads, &e->backend, err))) goto fail;
     if ((rc = td_fwd_ctx_new(e->model, e->backend, &e->fwd, err))) goto fail;
+    if (e->opts.deltanet_chunk < 0 || e->opts.deltanet_chunk > 256) {
+        rc = TD_FAIL(err, TD_ERR_ARG, "deltanet_chunk %d (0 = off, up to 256 tokens)", e->opts.deltanet_chunk);
+        goto fail;
+    }
+    td_fwd_set_deltanet_chunk(e->fwd, e->opts.deltanet_chunk);
     int maxc = e->opts.max_context;
     if (maxc <= 0) maxc = e->model->cfg.max_position_embeddings < 32768 ? e->model->cfg.max_position_embeddings : 32768;
     if (maxc > e->model->cfg.max_position_embeddings) maxc = e->model->cfg.max_position_embeddings;

@@ -21,6 +21,7 @@ struct td_fwd_ctx {
     int cap_lg;
     int *layer_slot;  /* layer -> index among full-attn or among DeltaNet layers */
     float *inv_freq;  /* [rot/2] */
+    int gdn_chunk;    /* td_fwd_set_deltanet_chunk */
 };
 
 typedef struct segment {
@@ -273,6 +274,7 @@ typedef struct {
     const float *z, *ba;  /* z [M, vd]; ba [M, 2*nv] = [b | a] */
     float *o;             /* [M, vd] gated-normed output */
     int n_ch_tasks;
+    int chunk;            /* tokens per chunk for prompt segments; 0 = token by token */
 } gdn_job;
 
 static void conv_task(void *ctx, int task) {
@@ -312,39 +314,76 @@ static void l2norm(float *v, int n) {
     for (int i = 0; i < n; i++) v[i] *= r;
 }
 
+/* Token m of head h: l2-normed q (scaled by 1/sqrt(dk)) and k, its v row, beta and log-decay. */
+static const float *gdn_prep(const gdn_job *j, const td_seq *q, int m, int h, float *qv, float *kv, float *beta, float *logdecay) {
+    const td_config *g = j->g;
+    int nv = g->lin_nv, dk = g->lin_dk, dv = g->lin_dv, kh = h / (g->lin_nv / g->lin_nk), key_dim = g->lin_nk * dk;
+    const float *row = j->conv_out + (size_t)m * q->conv_dim;
+    memcpy(qv, row + (size_t)kh * dk, (size_t)dk * sizeof(float));
+    memcpy(kv, row + key_dim + (size_t)kh * dk, (size_t)dk * sizeof(float));
+    l2norm(qv, dk);
+    l2norm(kv, dk);
+    float qscale = 1.0f / sqrtf((float)dk);
+    for (int i = 0; i < dk; i++) qv[i] *= qscale;
+    *beta = sigmoid(j->ba[(size_t)m * 2 * nv + h]);
+    *logdecay = j->w->neg_A[h] * softplus(j->ba[(size_t)m * 2 * nv + nv + h] + j->w->dt_bias[h]);
+    return row + 2 * key_dim + (size_t)h * dv;
+}
+
+/* gated RMSNorm over dv, in place: w * rmsnorm(o) * silu(z) (plain w) */
+static void gdn_gated_norm(const gdn_job *j, int m, int h, float *o) {
+    const td_config *g = j->g;
+    int dv = g->lin_dv, vd = g->lin_nv * dv;
+    float ss = 0.0f;
+    for (int e = 0; e < dv; e++) ss += o[e] * o[e];
+    float rn = 1.0f / sqrtf(ss / (float)dv + (float)g->rms_norm_eps);
+    const float *z = j->z + (size_t)m * vd + (size_t)h * dv;
+    for (int e = 0; e < dv; e++) o[e] = (j->w->norm[e] * (o[e] * rn)) * silu(z[e]);
+}
+
 static void recur_task(void *ctx, int task) {
     const gdn_job *j = ctx;
     const td_config *g = j->g;
-    int nv = g->lin_nv, dk = g->lin_dk, dv = g->lin_dv, r = g->lin_nv / g->lin_nk;
-    int si = task / nv, h = task % nv, kh = h / r;
+    int nv = g->lin_nv, dk = g->lin_dk, dv = g->lin_dv, vd = nv * dv;
+    int si = task / nv, h = task % nv;
     const segment *s = &j->segs[si];
     td_seq *q = s->seq;
-    int C = q->conv_dim, key_dim = g->lin_nk * dk, vd = nv * dv;
     float *S = q->ssm[j->slot] + (size_t)h * dk * dv;
     float qv[1024], kv[1024], mem[1024];
     TD_ASSERT(dk <= 1024 && dv <= 1024);
-    float qscale = 1.0f / sqrtf((float)dk);
-    for (int t = 0; t < s->n; t++) {
+    int t = 0;
+    /* Opt-in chunked form for prompt segments (no per-token checkpoints): the
+     * same recurrence to rounding; a heap failure falls back to token by token. */
+    int CH = j->chunk;
+    float *cb = CH > 1 && !s->checkpoint && s->n >= CH
+                    ? malloc(sizeof(float) * ((size_t)CH * (2 * (size_t)dk + 5 * (size_t)dv) + 3 * (size_t)CH))
+                    : NULL;
+    if (cb) {
+        float *K = cb, *Q = K + (size_t)CH * dk, *V = Q + (size_t)CH * dk, *O = V + (size_t)CH * dv;
+        float *beta = O + (size_t)CH * dv, *ld = beta + CH, *scr = ld + CH;
+        for (; t + CH <= s->n; t += CH) {
+            for (int u = 0; u < CH; u++) {
+                const float *vv = gdn_prep(j, q, s->row0 + t + u, h, Q + (size_t)u * dk, K + (size_t)u * dk, &beta[u], &ld[u]);
+                memcpy(V + (size_t)u * dv, vv, (size_t)dv * sizeof(float));
+            }
+            td_gdn_chunk(S, dk, dv, CH, K, V, Q, beta, ld, scr, O);
+            for (int u = 0; u < CH; u++) {
+                int m = s->row0 + t + u;
+                float *o = j->o + (size_t)m * vd + (size_t)h * dv;
+                memcpy(o, O + (size_t)u * dv, (size_t)dv * sizeof(float));
+                gdn_gated_norm(j, m, h, o);
+            }
+        }
+        free(cb);
+    }
+    for (; t < s->n; t++) {
         int m = s->row0 + t;
-        const float *row = j->conv_out + (size_t)m * C;
-        memcpy(qv, row + (size_t)kh * dk, (size_t)dk * sizeof(float));
-        memcpy(kv, row + key_dim + (size_t)kh * dk, (size_t)dk * sizeof(float));
-        const float *vv = row + 2 * key_dim + (size_t)h * dv;
-        l2norm(qv, dk);
-        l2norm(kv, dk);
-        for (int i = 0; i < dk; i++) qv[i] *= qscale;
-        float beta = sigmoid(j->ba[(size_t)m * 2 * nv + h]);
-        float gl = j->w->neg_A[h] * softplus(j->ba[(size_t)m * 2 * nv + nv + h] + j->w->dt_bias[h]);
-        float decay = expf(gl);
+        float beta, gl;
+        const float *vv = gdn_prep(j, q, m, h, qv, kv, &beta, &gl);
         /* S = decay*S ; mem = S^T k ; d = beta (v - mem) ; S += k d^T ; o = S^T q */
         float *o = j->o + (size_t)m * vd + (size_t)h * dv;
-        td_gdn_step(S, dk, dv, kv, vv, qv, beta, decay, mem, o);
-        /* gated RMSNorm over dv: w * rmsnorm(o) * silu(z) (plain w) */
-        float ss = 0.0f;
-        for (int e = 0; e < dv; e++) ss += o[e] * o[e];
-        float rn = 1.0f / sqrtf(ss / (float)dv + (float)g->rms_norm_eps);
-        const float *z = j->z + (size_t)m * vd + (size_t)h * dv;
-        for (int e = 0; e < dv; e++) o[e] = (j->w->norm[e] * (o[e] * rn)) * silu(z[e]);
+        td_gdn_step(S, dk, dv, kv, vv, qv, beta, expf(gl), mem, o);
+        gdn_gated_norm(j, m, h, o);
         if (s->checkpoint)
             memcpy(q->ck_ssm[j->slot] + (size_t)t * q->ssm_size + (size_t)h * dk * dv, S, (size_t)dk * dv * sizeof(float));
     }
@@ -365,6 +404,7 @@ static void deltanet_block(td_fwd_ctx *c, const td_deltanet_weights *w, int slot
     b->ops->matmul(b, &w->in_proj_a, xn, M, tmp);
     for (int m = 0; m < M; m++) memcpy(ba + (size_t)m * 2 * nv + nv, tmp + (size_t)m * nv, (size_t)nv * sizeof(float));
     gdn_job j = {.g = g, .w = w, .segs = segs, .nseg = nseg, .slot = slot, .qkv = qkv, .conv_out = conv_out, .z = z, .ba = ba, .o = o,
+                 .chunk = c->gdn_chunk,
                  .n_ch_tasks = (C + CONV_CH_PER_TASK - 1) / CONV_CH_PER_TASK};
     par_for(c, nseg * j.n_ch_tasks, conv_task, &j, (double)M * C * 4);
     par_for(c, nseg * nv, recur_task, &j, (double)M * nv * g->lin_dk * g->lin_dv * 4);
@@ -545,3 +585,5 @@ int td_mtp_forward(td_fwd_ctx *c, td_mtp_item *items, int n_items, td_err *err) 
     free(toks);
     return rc;
 }
+
+void td_fwd_set_deltanet_chunk(td_fwd_ctx *c, int tokens) { c->gdn_chunk = tokens > 1 ? tokens : 0; }

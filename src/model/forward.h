@@ -32,6 +32,11 @@ typedef struct td_mtp_item {
 typedef struct td_fwd_ctx td_fwd_ctx;
 
 int td_fwd_ctx_new(const td_model *m, td_backend *b, td_fwd_ctx **out, td_err *err);
+/* Prompt segments (items without checkpoints) run the DeltaNet recurrence in
+ * chunks of this many tokens (td_gdn_chunk): equal to the token-by-token form
+ * up to rounding, so off (0) by default, where prefix-cache hits and chunked
+ * prefill are bit-exact. */
+void td_fwd_set_deltanet_chunk(td_fwd_ctx *c, int tokens);
 void td_fwd_ctx_free(td_fwd_ctx *c);
 /* Bytes of the forward scratch for a batch of `rows` tokens of which
  * `logits_rows` need logits (what ensure_scratch and the logits buffer

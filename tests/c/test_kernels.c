@@ -275,6 +275,34 @@ int main(void) {
         CHECK(memcmp(y, ry, sizeof(float) * (size_t)dv) == 0, "td_vec_axpy n=%d differs", dv);
         free(S); free(R);
     }
+    /* chunked DeltaNet (prefill form) against the token-by-token step */
+    static const int chunk_shapes[][3] = {{16, 32, 32}, {64, 128, 128}, {7, 37, 19}}; /* C, dk, dv */
+    for (int s = 0; s < 3; s++) {
+        int C = chunk_shapes[s][0], dk = chunk_shapes[s][1], dv = chunk_shapes[s][2];
+        float *S = malloc(sizeof(float) * (size_t)(dk * dv)), *R = malloc(sizeof(float) * (size_t)(dk * dv));
+        float *K = malloc(sizeof(float) * (size_t)(C * dk)), *Q = malloc(sizeof(float) * (size_t)(C * dk));
+        float *V = malloc(sizeof(float) * (size_t)(C * dv)), *O = malloc(sizeof(float) * (size_t)(C * dv));
+        float *RO = malloc(sizeof(float) * (size_t)(C * dv)), *scr = malloc(sizeof(float) * (size_t)(3 * C * dv + C));
+        float beta[64], ld[64], mem[128];
+        for (int i = 0; i < dk * dv; i++) S[i] = R[i] = 0.1f * frand();
+        for (int t = 0; t < C; t++) {
+            double nk = 0, nq = 0;
+            for (int i = 0; i < dk; i++) { K[t * dk + i] = frand(); Q[t * dk + i] = frand(); }
+            for (int i = 0; i < dk; i++) { nk += K[t * dk + i] * K[t * dk + i]; nq += Q[t * dk + i] * Q[t * dk + i]; }
+            for (int i = 0; i < dk; i++) { K[t * dk + i] /= (float)sqrt(nk); Q[t * dk + i] /= (float)sqrt(nq * dk); } /* l2-normed, as in the model */
+            for (int e = 0; e < dv; e++) V[t * dv + e] = frand();
+            beta[t] = 0.2f + 0.7f * (float)(rnd() % 1000) / 1000.0f;
+            ld[t] = -0.5f * (float)(rnd() % 1000) / 1000.0f;
+        }
+        td_gdn_chunk(S, dk, dv, C, K, V, Q, beta, ld, scr, O);
+        for (int t = 0; t < C; t++) td_gdn_step(R, dk, dv, K + t * dk, V + t * dv, Q + t * dk, beta[t], expf(ld[t]), mem, RO + t * dv);
+        double es = 0, ms = 0, eo = 0, mo = 0;
+        for (int i = 0; i < dk * dv; i++) { es = fmax(es, fabs(S[i] - R[i])); ms = fmax(ms, fabs(R[i])); }
+        for (int i = 0; i < C * dv; i++) { eo = fmax(eo, fabs(O[i] - RO[i])); mo = fmax(mo, fabs(RO[i])); }
+        CHECK(es <= 1e-5 * ms && eo <= 1e-5 * mo, "td_gdn_chunk C=%d dk=%d dv=%d vs td_gdn_step: state %.3g, output %.3g (relative)", C, dk,
+              dv, es / ms, eo / mo);
+        free(S); free(R); free(K); free(Q); free(V); free(O); free(RO); free(scr);
+    }
     /* unsupported layouts are refused, not miscomputed */
     td_tensor t = {.dtype = TD_DTYPE_NVFP4, .ndim = 2, .shape = {4, 24}};
     CHECK(!td_matmul_supported(&t, NULL), "nvfp4 with K %% 16 != 0 accepted");

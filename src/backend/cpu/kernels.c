@@ -240,3 +240,67 @@ TD_CLONES void td_gdn_step(float *restrict S, int dk, int dv, const float *restr
         }
     }
 }
+
+/* C tokens of the gated delta rule for one head at once (the chunked form used
+ * for prefill). With cumulative log-decay c_t = sum_{i<=t} log g_i:
+ *   d_t = b_t (v_t - e^{c_t} S0^T k_t - sum_{i<t} e^{c_t - c_i} (k_i.k_t) d_i)   (forward substitution)
+ *   o_t = e^{c_t} S0^T q_t + sum_{i<=t} e^{c_t - c_i} (k_i.q_t) d_i
+ *   S   = e^{c_C} S0 + sum_i e^{c_C - c_i} k_i d_i^T
+ * which is the recurrence of td_gdn_step unrolled; the sums run in another
+ * order, so results agree with it to rounding, not bit for bit. Decay ratios
+ * are formed from log differences (no overflow for long chunks).
+ * scratch: 3*C*dv + C floats. */
+TD_CLONES void td_gdn_chunk(float *restrict S, int dk, int dv, int C, const float *restrict K, const float *restrict V,
+                            const float *restrict Q, const float *restrict beta, const float *restrict logdecay,
+                            float *restrict scratch, float *restrict O) {
+    float *U = scratch, *D = U + (size_t)C * dv, *QS = D + (size_t)C * dv, *cum = QS + (size_t)C * dv;
+    float c = 0.0f;
+    for (int t = 0; t < C; t++) cum[t] = (c += logdecay[t]);
+    /* U = K S0, QS = Q S0 (rows of S0 walked once per token: S0 stays in cache) */
+    for (int t = 0; t < C; t++) {
+        float *u = U + (size_t)t * dv, *qs = QS + (size_t)t * dv;
+        for (int e = 0; e < dv; e++) u[e] = qs[e] = 0.0f;
+        for (int i = 0; i < dk; i++) {
+            const float *Si = S + (size_t)i * dv;
+            float kt = K[(size_t)t * dk + i], qt = Q[(size_t)t * dk + i];
+            for (int e = 0; e < dv; e++) {
+                u[e] += Si[e] * kt;
+                qs[e] += Si[e] * qt;
+            }
+        }
+    }
+    for (int t = 0; t < C; t++) {
+        const float *kt = K + (size_t)t * dk, *qt = Q + (size_t)t * dk;
+        float *d = D + (size_t)t * dv, *o = O + (size_t)t * dv;
+        float gt = expf(cum[t]);
+        for (int e = 0; e < dv; e++) {
+            d[e] = V[(size_t)t * dv + e] - gt * U[(size_t)t * dv + e];
+            o[e] = gt * QS[(size_t)t * dv + e];
+        }
+        for (int i = 0; i < t; i++) {
+            const float *ki = K + (size_t)i * dk, *di = D + (size_t)i * dv;
+            float kk = 0.0f;
+            for (int a = 0; a < dk; a++) kk += ki[a] * kt[a];
+            float w = expf(cum[t] - cum[i]) * kk;
+            for (int e = 0; e < dv; e++) d[e] -= w * di[e];
+        }
+        for (int e = 0; e < dv; e++) d[e] *= beta[t];
+        for (int i = 0; i <= t; i++) {
+            const float *ki = K + (size_t)i * dk, *di = D + (size_t)i * dv;
+            float kq = 0.0f;
+            for (int a = 0; a < dk; a++) kq += ki[a] * qt[a];
+            float w = expf(cum[t] - cum[i]) * kq;
+            for (int e = 0; e < dv; e++) o[e] += w * di[e];
+        }
+    }
+    float gC = expf(cum[C - 1]);
+    for (int i = 0; i < dk; i++) {
+        float *Si = S + (size_t)i * dv;
+        for (int e = 0; e < dv; e++) Si[e] *= gC;
+        for (int t = 0; t < C; t++) {
+            float w = expf(cum[C - 1] - cum[t]) * K[(size_t)t * dk + i];
+            const float *dt = D + (size_t)t * dv;
+            for (int e = 0; e < dv; e++) Si[e] += w * dt[e];
+        }
+    }
+}

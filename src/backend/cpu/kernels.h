@@ -27,6 +27,11 @@ void td_vec_axpy(float *y, float a, const float *x, int n);
  * plain loops in every clone. */
 void td_gdn_step(float *S, int dk, int dv, const float *k, const float *v, const float *q, float beta, float decay,
                  float *mem, float *o);
+/* C tokens at once (chunked form, see kernels.c): K, Q [C, dk], V, O [C, dv],
+ * beta [C], logdecay [C] (log of each token's decay); scratch 3*C*dv + C floats.
+ * Equal to C td_gdn_step calls up to rounding. */
+void td_gdn_chunk(float *S, int dk, int dv, int C, const float *K, const float *V, const float *Q, const float *beta,
+                  const float *logdecay, float *scratch, float *O);
 float td_dot_bf16(const float *x, const uint16_t *w, int64_t n);
 float td_dot_f16(const float *x, const uint16_t *w, int64_t n);
 
