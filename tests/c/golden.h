@@ -37,4 +37,12 @@ static inline int32_t argmax_f(const float *x, int n) {
     for (int i = 1; i < n; i++) if (x[i] > x[b]) b = i;
     return b;
 }
+/* Up to 64 generated tokens, for td_session_generate's token callback. */
+typedef struct { int32_t buf[64]; int n; } tok64;
+static inline int collect64(void *u, int32_t t) {
+    tok64 *v = u;
+    if (v->n < 64) v->buf[v->n++] = t;
+    return 0;
+}
+
 #endif

@@ -6,13 +6,6 @@
 #include "engine/engine.h"
 #include "golden.h"
 
-typedef struct { int32_t buf[64]; int n; } tokvec;
-static int collect(void *u, int32_t t) {
-    tokvec *v = u;
-    if (v->n < 64) v->buf[v->n++] = t;
-    return 0;
-}
-
 int main(void) {
     td_err err = {0};
     td_engine_opts o = {.n_threads = 2, .spec_depth = 4, .max_context = 1024};
@@ -43,10 +36,10 @@ int main(void) {
     int same = 0;
     for (int d = 0; d <= 4; d++) {
         td_session_reset(s);
-        tokvec v = {.n = 0};
+        tok64 v = {.n = 0};
         td_gen_opts go = {.max_tokens = (int)G, .spec_depth = d, .ignore_eos = true};
         td_gen_result r;
-        rc = td_session_generate(s, prompt, (int)T, &sp, &go, collect, &v, &r, &err);
+        rc = td_session_generate(s, prompt, (int)T, &sp, &go, collect64, &v, &r, &err);
         bool ok = rc == 0 && v.n == G && memcmp(v.buf, greedy, sizeof(int32_t) * (size_t)G) == 0;
         CHECK(ok, "demo greedy at depth %d differs from transformers", d);
         same += ok;

@@ -5,13 +5,6 @@
 #include "engine/engine.h"
 #include "golden.h"
 
-typedef struct { int32_t buf[64]; int n; } tokvec;
-static int collect(void *u, int32_t t) {
-    tokvec *v = u;
-    if (v->n < 64) v->buf[v->n++] = t;
-    return 0;
-}
-
 static void check_model(const char *dir, int chunk) {
     td_err err = {0};
     td_engine_opts o = {.n_threads = 2, .spec_depth = 3, .max_context = 512};
@@ -41,12 +34,12 @@ static void check_model(const char *dir, int chunk) {
     td_session_new(ch, &s, &err);
     td_sampling sp;
     td_sampling_default(&sp);
-    tokvec v[2] = {{.n = 0}, {.n = 0}};
+    tok64 v[2] = {{.n = 0}, {.n = 0}};
     for (int k = 0; k < 2; k++) {
         td_session_reset(s);
         td_gen_opts go = {.max_tokens = 48, .spec_depth = k ? 3 : 0, .ignore_eos = true};
         td_gen_result r;
-        CHECK(td_session_generate(s, toks, 100, &sp, &go, collect, &v[k], &r, &err) == 0, "%s", err.msg);
+        CHECK(td_session_generate(s, toks, 100, &sp, &go, collect64, &v[k], &r, &err) == 0, "%s", err.msg);
     }
     CHECK(v[0].n == 48 && v[1].n == 48 && memcmp(v[0].buf, v[1].buf, sizeof(int32_t) * 48) == 0,
           "%s chunk %d: greedy at depth 3 differs from depth 0", dir, chunk);

@@ -7,13 +7,6 @@
 #include "golden.h"
 #include "model/quant.h"
 
-typedef struct { int32_t buf[64]; int n; } tokvec;
-static int collect(void *u, int32_t t) {
-    tokvec *v = u;
-    if (v->n < 64) v->buf[v->n++] = t;
-    return 0;
-}
-
 static int prefill_logits(td_engine *e, const int32_t *toks, int n, float *logits, td_err *err) {
     td_session *s;
     int rc = td_session_new(e, &s, err);
@@ -65,14 +58,14 @@ static void check_model(const char *dir, double tol) {
     td_session_new(q8, &s, &err);
     td_sampling sp;
     td_sampling_default(&sp);
-    tokvec base = {.n = 0};
+    tok64 base = {.n = 0};
     int same = 0;
     for (int d = 0; d <= 4; d++) {
         td_session_reset(s);
-        tokvec v = {.n = 0};
+        tok64 v = {.n = 0};
         td_gen_opts go = {.max_tokens = 48, .spec_depth = d, .ignore_eos = true};
         td_gen_result r;
-        rc = td_session_generate(s, toks, 12, &sp, &go, collect, &v, &r, &err);
+        rc = td_session_generate(s, toks, 12, &sp, &go, collect64, &v, &r, &err);
         CHECK(rc == 0, "%s: %s", dir, err.msg);
         if (d == 0) base = v;
         else same += v.n == base.n && memcmp(v.buf, base.buf, sizeof(int32_t) * (size_t)v.n) == 0;
