@@ -7,7 +7,7 @@
 #   bench/llamacpp_compare.sh            # settings from the environment, below
 #
 # Environment (defaults in brackets):
-#   LLAMA_CPP   llama.cpp tree with build/bin/llama-bench      [/work/llama.cpp]
+#   LLAMA_CPP   llama.cpp tree with build/bin/llama-bench      [build/llama.cpp]
 #   TANDEM      tandem binary                                   [build/tandem]
 #   PAIRS       "label:tandem_dir:gguf[:tandem_quantize] ..."   [bf16 and 8-bit, below]
 #               (tandem_quantize: q8 = `--quantize q8` at load)
@@ -34,11 +34,11 @@
 #              tg NGEN (mean over NGEN tokens from depth 0) and pp NPROMPT.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-LLAMA_CPP=${LLAMA_CPP:-/work/llama.cpp}
+LLAMA_CPP=${LLAMA_CPP:-build/llama.cpp}
 TANDEM=${TANDEM:-build/tandem}
 ROUNDS=${ROUNDS:-3}; THREADS=${THREADS:-2}; NGEN=${NGEN:-64}; NPROMPT=${NPROMPT:-512}; REPS=${REPS:-8}
 LLAMA_ENV=${LLAMA_ENV-OMP_WAIT_POLICY=passive}; LLAMA_ARGS=${LLAMA_ARGS---repack 0}
-M=/work/lcp-models
+M=${GGUF_DIR:-build/lcp-models}
 PAIRS=${PAIRS:-"BF16-vs-BF16:build/rand-27b-scaled:$M/rand-27b-scaled-bf16.gguf FP8-vs-Q8_0:build/rand-27b-scaled-fp8:$M/rand-27b-scaled-q8_0.gguf"}
 BENCH=$LLAMA_CPP/build/bin/llama-bench
 [ -x "$BENCH" ] || { echo "no $BENCH: build llama.cpp first" >&2; exit 1; }

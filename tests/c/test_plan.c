@@ -268,8 +268,7 @@ static void cli(void) {
 }
 
 int main(void) {
-    const char *sh = getenv("TANDEM_SHARED");
-    snprintf(g_cfg27, sizeof g_cfg27, "%s/data/configs/qwen3.6-27b.config.json", sh ? sh : "../shared");
+    snprintf(g_cfg27, sizeof g_cfg27, "tests/data/configs/qwen3.6-27b.config.json");
     parsing();
     td_config *c = load_cfg(g_cfg27);
     if (c) {

@@ -7,10 +7,6 @@
 #include "check.h"
 #include "template/template.h"
 
-static const char *shared_dir(void) {
-    const char *s = getenv("TANDEM_SHARED");
-    return s ? s : "../shared";
-}
 
 static void first_diff(const char *a, size_t an, const char *b, size_t bn) {
     size_t i = 0;
@@ -45,7 +41,7 @@ static void run_chats(const char *path) {
     CHECK(f != NULL, "cannot open %s", path);
     if (!f) return;
     char dir[512];
-    snprintf(dir, sizeof dir, "%s/data/chat-templates", shared_dir());
+    snprintf(dir, sizeof dir, "tests/data/chat-templates");
     char line_buf[1];
     (void)line_buf;
     json_error_t je;

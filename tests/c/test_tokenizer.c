@@ -1,6 +1,6 @@
 /* Tokenizer vs Hugging Face `tokenizers` (tests/golden/tokenizer, produced
  * by tools/reference/tok_golden.py) on the Qwen3 tokenizer in
- * ../shared/data/qwen3-tokenizer: ids, decode, streaming decode, round
+ * tests/data/qwen3-tokenizer: ids, decode, streaming decode, round
  * trip, the llama.cpp vectors, the Qwen3.5 regex variant, invalid UTF-8
  * and unsupported components. */
 #include <jansson.h>
@@ -460,8 +460,7 @@ static void cli_checks(void) {
 }
 
 int main(void) {
-    const char *sh = getenv("TANDEM_SHARED");
-    snprintf(g_dir, sizeof g_dir, "%s/data/qwen3-tokenizer", sh ? sh : "../shared");
+    snprintf(g_dir, sizeof g_dir, "tests/data/qwen3-tokenizer");
     td_err err = {0};
     tokenizer *t;
     struct timespec a, b;

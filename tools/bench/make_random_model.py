@@ -14,7 +14,7 @@ import argparse, json, os, random, struct
 
 ap = argparse.ArgumentParser()
 ap.add_argument("out")
-ap.add_argument("--config", default="/work/shared/data/configs/qwen3.6-27b.config.json")
+ap.add_argument("--config", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tests", "data", "configs", "qwen3.6-27b.config.json"))
 ap.add_argument("--hidden", type=int, default=2048)
 ap.add_argument("--layers", type=int, default=12)
 ap.add_argument("--vocab", type=int, default=16384)

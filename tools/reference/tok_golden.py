@@ -3,7 +3,7 @@
 Run: /work/venv-ref/bin/python tools/reference/tok_golden.py  (tokenizers==0.23.3)
 
 Files (one JSON object per line):
-  qwen3.jsonl    - the Qwen3 tokenizer in ../shared/data/qwen3-tokenizer
+  qwen3.jsonl    - the Qwen3 tokenizer in tests/data/qwen3-tokenizer
   qwen35re.jsonl - the same vocabulary with the Qwen3.5 pre-tokenizer regex
                    (\\p{M} variant); the C test builds the same tokenizer.json
 Each line: {"text": s} or {"hex": bytes} (invalid UTF-8, fed to HF as
@@ -17,7 +17,7 @@ from tok_strings import all_strings, gen_long
 from tokenizers import Tokenizer
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-SHARED = os.path.join(ROOT, "..", "shared", "data")
+SHARED = os.path.join(ROOT, "tests", "data")
 OUT = os.path.join(ROOT, "tests", "golden", "tokenizer")
 QWEN35_RE = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"
 

@@ -12,7 +12,7 @@ import json, os
 from transformers.utils.chat_template_utils import render_jinja_template, _compile_jinja_template
 
 ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
-TPL = os.path.join(ROOT, "..", "shared", "data", "chat-templates")
+TPL = os.path.join(ROOT, "tests", "data", "chat-templates")
 OUT = os.path.join(ROOT, "tests", "golden", "templates")
 SPECIAL = {"eos_token": "<|im_end|>", "pad_token": "<|endoftext|>"}
 

@@ -18,7 +18,7 @@ Output: OUT/{train,valid}.jsonl, one {"kind": .., "text": ..} per line; 2% of th
 documents of every kind (by a hash of the document) go to valid.
 Deterministic for a given machine (fixed seed, sorted file lists).
 
-Run: /work/venv-ref/bin/python tools/train/build_corpus.py --out /work/train7/corpus
+Run: /work/venv-ref/bin/python tools/train/build_corpus.py --out build/train7/corpus
 """
 import argparse
 import ast
@@ -478,7 +478,7 @@ def tool_docs(rng, n, filenames, words):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--out", default="/work/train7/corpus")
+    ap.add_argument("--out", default="build/train7/corpus")
     ap.add_argument("--seed", type=int, default=7)
     args = ap.parse_args()
     rng = random.Random(args.seed)

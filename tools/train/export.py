@@ -7,7 +7,7 @@ tokenizer.json, tokenizer_config.json (Qwen3 ChatML chat template with tools and
 enable_thinking), generation_config.json. Then reloads the directory with transformers
 and checks that the bf16 trunk's logits match the checkpoint's (upcast) within bf16 noise.
 
-Run: /work/venv-ref/bin/python tools/train/export.py --ckpt /work/train7/ckpt/mtp.pt --out models/demo
+Run: /work/venv-ref/bin/python tools/train/export.py --ckpt build/train7/ckpt/mtp.pt --out models/demo
 """
 import argparse
 import json
@@ -27,7 +27,7 @@ import train  # noqa: E402
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--ckpt", default="/work/train7/ckpt/joint.pt")
+    ap.add_argument("--ckpt", default="build/train7/ckpt/joint.pt")
     ap.add_argument("--work", default=train.WORK)
     ap.add_argument("--out", default=os.path.join(HERE, "..", "..", "models", "demo"))
     args = ap.parse_args()

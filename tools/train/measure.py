@@ -68,11 +68,11 @@ def run(model, prompt, depth, n, threads):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--model", default=os.path.join(REPO, "models", "demo"))
-    ap.add_argument("--corpus", default="/work/train7/corpus")
+    ap.add_argument("--corpus", default="build/train7/corpus")
     ap.add_argument("--n-prompts", type=int, default=6)
     ap.add_argument("--tokens", type=int, default=96)
     ap.add_argument("--threads", type=int, default=1)
-    ap.add_argument("--out", default="/work/train7/acceptance.json")
+    ap.add_argument("--out", default="build/train7/acceptance.json")
     args = ap.parse_args()
     docs = [json.loads(l) for l in open(os.path.join(args.corpus, "valid.jsonl"))]
     res = {}

@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from transformers import Qwen3_5ForCausalLM, Qwen3_5TextConfig
 from transformers.models.qwen3_5.modeling_qwen3_5 import Qwen3_5DecoderLayer, Qwen3_5RMSNorm
 
-WORK = "/work/train7"
+WORK = "build/train7"
 
 # Sized for a 2-core CPU shared with other jobs: we got ~0.5 core, ~120 tokens/s for
 # fwd+bwd of a H=256 model, so the shipped run uses H=192.

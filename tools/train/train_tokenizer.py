@@ -8,7 +8,7 @@ learned vocabulary (ids V-7 .. V-1):
   <think> </think> <tool_call> </tool_call>   special=False (like Qwen: kept on decode)
 
 Run: /work/venv-ref/bin/python tools/train/train_tokenizer.py \
-        --corpus /work/train7/corpus --out /work/train7/tok --vocab 8192
+        --corpus build/train7/corpus --out build/train7/tok --vocab 8192
 """
 import argparse
 import json
@@ -43,8 +43,8 @@ def texts(corpus, max_chars, seed=7):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--corpus", default="/work/train7/corpus")
-    ap.add_argument("--out", default="/work/train7/tok")
+    ap.add_argument("--corpus", default="build/train7/corpus")
+    ap.add_argument("--out", default="build/train7/tok")
     ap.add_argument("--vocab", type=int, default=8192)
     ap.add_argument("--max-chars", type=float, default=25e6)
     args = ap.parse_args()
