@@ -12,12 +12,25 @@ static void row(const char *part, int64_t params, size_t bytes) {
 int cmd_inspect(int argc, char **argv) {
     const char *dir = TD_DEFAULT_MODEL;
     for (int i = 1; i < argc; i++) {
-        if ((!strcmp(argv[i], "-m") || !strcmp(argv[i], "--model")) && i + 1 < argc) dir = argv[++i];
-        else { fprintf(stderr, "usage: tandem inspect -m DIR\n"); return 2; }
+        const char *a = argv[i];
+        if (cli_is_help(a)) {
+            printf("usage: tandem inspect [-m DIR] [-v]\n"
+                   "  parameter counts, dtypes and bytes of a model, by part\n"
+                   "  -m, --model DIR   model directory (default " TD_DEFAULT_MODEL ")\n"
+                   "  -v, --verbose     errors with their source location\n"
+                   "  -h, --help        this help\n");
+            return 0;
+        }
+        if (cli_is_verbose(a)) cli_verbose = true;
+        else if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
+            if (i + 1 >= argc) return cli_missing("inspect", a, "a model directory");
+            dir = argv[++i];
+        } else return cli_unknown("inspect", a);
     }
+    if (cli_check_model_dir("tandem inspect", dir)) return 1;
     td_err err = {0};
     td_model *m;
-    if (td_model_load(dir, &m, &err)) { fprintf(stderr, "tandem: %s\n", err.msg); return 1; }
+    if (td_model_load(dir, &m, &err)) { cli_error("tandem inspect", &err); return 1; }
     const td_config *c = &m->cfg;
     printf("model: %s (%s), %d layers (%d full attention, %d Gated DeltaNet), hidden %d, vocab %d, MTP layers %d%s\n", dir,
            c->model_type, c->n_layers, c->n_full_attn, c->n_layers - c->n_full_attn, c->hidden_size, c->vocab_size,

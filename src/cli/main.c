@@ -18,7 +18,8 @@ static const struct { const char *name; int (*fn)(int, char **); const char *hel
 static int usage(FILE *f) {
     fprintf(f, "usage: tandem COMMAND [options]\n\ncommands:\n");
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++) fprintf(f, "  %-11s %s\n", commands[i].name, commands[i].help);
-    fprintf(f, "\n`tandem COMMAND --help` for its options.\n");
+    fprintf(f, "\n`tandem COMMAND --help` (or -h) for its options, each with its default; without -m DIR a command uses\n"
+               "the demo model in models/demo. -v / --verbose: errors with their source location.\n");
     return f == stderr ? 2 : 0;
 }
 
@@ -27,6 +28,6 @@ int main(int argc, char **argv) {
     if (!strcmp(argv[1], "-h") || !strcmp(argv[1], "--help") || !strcmp(argv[1], "help")) return usage(stdout);
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         if (!strcmp(argv[1], commands[i].name)) return commands[i].fn(argc - 1, argv + 1);
-    fprintf(stderr, "tandem: unknown command \"%s\"\n", argv[1]);
-    return usage(stderr);
+    fprintf(stderr, "tandem: unknown command \"%s\" (commands: run serve bench plan kernels inspect tokenize detokenize template; tandem --help)\n", argv[1]);
+    return 2;
 }

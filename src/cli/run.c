@@ -42,7 +42,7 @@ static void print_stats(const td_gen_result *r, int depth) {
 static char *chat_prompt(const char *dir, const char *user, bool thinking) {
     td_err err = {0};
     tok_chat_config cc;
-    if (tok_chat_config_load(dir, &cc, &err)) { fprintf(stderr, "tandem: %s\n", err.msg); return NULL; }
+    if (tok_chat_config_load(dir, &cc, &err)) { cli_error("tandem", &err); return NULL; }
     char *out = NULL;
     size_t len;
     tpl *t = NULL;
@@ -53,12 +53,12 @@ static char *chat_prompt(const char *dir, const char *user, bool thinking) {
         json_t *kw = json_pack("{s:b}", "enable_thinking", thinking);
         tpl_chat_args a = {.messages = msgs, .kwargs = kw, .add_generation_prompt = true, .bos_token = cc.bos, .eos_token = cc.eos,
                            .pad_token = cc.pad, .unk_token = cc.unk};
-        if (tpl_apply_chat(t, &a, &out, &len, &err)) { fprintf(stderr, "tandem: template: %s\n", err.msg); out = NULL; }
+        if (tpl_apply_chat(t, &a, &out, &len, &err)) { cli_error("tandem: template", &err); out = NULL; }
         json_decref(msgs);
         json_decref(kw);
         tpl_free(t);
     } else {
-        fprintf(stderr, "tandem: template: %s\n", err.msg);
+        cli_error("tandem: template", &err);
     }
     tok_chat_config_free(&cc);
     return out;
@@ -74,32 +74,52 @@ int cmd_run(int argc, char **argv) {
         int r = common_opts_parse(&o, argc, argv, &i);
         if (r < 0) return 2;
         if (r) continue;
-        if ((!strcmp(argv[i], "-p") || !strcmp(argv[i], "--prompt")) && i + 1 < argc) prompt = argv[++i];
-        else if ((!strcmp(argv[i], "-n") || !strcmp(argv[i], "--max-tokens")) && i + 1 < argc) n_predict = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--chat")) chat = true;
+        if (!strcmp(argv[i], "-p") || !strcmp(argv[i], "--prompt")) {
+            if (i + 1 >= argc) return cli_missing("run", argv[i], "the prompt text");
+            prompt = argv[++i];
+        } else if (!strcmp(argv[i], "-n") || !strcmp(argv[i], "--max-tokens")) {
+            char *end;
+            long n = i + 1 < argc ? strtol(argv[i + 1], &end, 10) : 0;
+            if (i + 1 >= argc || *end || end == argv[i + 1] || n < 1 || n > 1000000000) {
+                fprintf(stderr, "tandem: %s must be an integer in [1, 1000000000], got \"%s\"\n", argv[i], i + 1 < argc ? argv[i + 1] : "");
+                return 2;
+            }
+            n_predict = (int)n;
+            i++;
+        } else if (!strcmp(argv[i], "--chat")) chat = true;
         else if (!strcmp(argv[i], "--think")) thinking = true;
         else if (!strcmp(argv[i], "--stats")) stats = true;
-        else if (!strcmp(argv[i], "-v") || !strcmp(argv[i], "--verbose")) verbose = true;
+        else if (cli_is_verbose(argv[i])) verbose = cli_verbose = true;
         else if (!strcmp(argv[i], "--ignore-eos")) ignore_eos = true;
         else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
-            printf("usage: tandem run [-m DIR] -p TEXT [--chat] [--think] [-n N] [--stats] [--ignore-eos] [-v] [options]\n%s", common_opts_help());
+            printf("usage: tandem run [-m DIR] -p TEXT [--chat] [--think] [-n N] [--stats] [--ignore-eos] [-v] [options]\n"
+                   "  generate from a prompt, streaming the text to stdout (speed and notes on stderr)\n"
+                   "  -p, --prompt TEXT         the prompt (required)\n"
+                   "  --chat                    wrap the prompt in the model's chat template as one user message (default: raw)\n"
+                   "  --think                   with --chat: enable_thinking = true (default false)\n"
+                   "  -n, --max-tokens N        tokens to generate at most, 1..1e9 (default 128)\n"
+                   "  --stats                   speculative decoding counters and acceptance per draft position\n"
+                   "  --ignore-eos              do not stop at end-of-sequence tokens (default: stop)\n"
+                   "  -v, --verbose             the KV cache plan, and errors with their source location\n"
+                   "  -h, --help                this help\n"
+                   "common options:\n%s",
+                   common_opts_help());
             return 0;
         } else {
-            fprintf(stderr, "tandem run: unknown option %s (see --help)\n", argv[i]);
-            return 2;
+            return cli_unknown("run", argv[i]);
         }
     }
     if (!prompt) { fprintf(stderr, "tandem run: -p TEXT is required\n"); return 2; }
-    if (n_predict <= 0) { fprintf(stderr, "tandem run: -n must be positive\n"); return 2; }
+    if (cli_check_model_dir("tandem", o.model)) return 1;
     td_err err = {0};
     tokenizer *tok = NULL;
-    if (tok_load(o.model, &tok, &err)) { fprintf(stderr, "tandem: %s\n", err.msg); return 1; }
+    if (tok_load(o.model, &tok, &err)) { cli_error("tandem", &err); return 1; }
     td_engine_opts eo;
     char kv_summary[512] = "";
     int mrc = cli_engine_opts(&o, 1, 256, &eo, stderr, kv_summary, sizeof kv_summary);
     if (mrc) { tok_free(tok); return 1; }
     td_engine *eng = NULL;
-    if (td_engine_load(o.model, &eo, &eng, &err)) { fprintf(stderr, "tandem: %s\n", err.msg); tok_free(tok); return 1; }
+    if (td_engine_load(o.model, &eo, &eng, &err)) { cli_error("tandem", &err); tok_free(tok); return 1; }
     if (verbose) fprintf(stderr, "%s\n", kv_summary);
     int rc = 1;
     char *text = chat ? chat_prompt(o.model, prompt, thinking) : strdup(prompt);
@@ -107,8 +127,8 @@ int cmd_run(int argc, char **argv) {
     size_t n_ids = 0;
     td_session *s = NULL;
     if (!text) goto out;
-    if (tok_encode(tok, text, strlen(text), !chat, &ids, &n_ids, &err)) { fprintf(stderr, "tandem: %s\n", err.msg); goto out; }
-    if (td_session_new(eng, &s, &err)) { fprintf(stderr, "tandem: %s\n", err.msg); goto out; }
+    if (tok_encode(tok, text, strlen(text), !chat, &ids, &n_ids, &err)) { cli_error("tandem", &err); goto out; }
+    if (td_session_new(eng, &s, &err)) { cli_error("tandem", &err); goto out; }
     int32_t stop[2];
     int n_stop = 0;
     if (tok_eos_id(tok) >= 0) stop[n_stop++] = tok_eos_id(tok);
@@ -118,7 +138,7 @@ int cmd_run(int argc, char **argv) {
     tok_stream_init(&sc.ts, tok, true);
     td_gen_result res;
     if (td_session_generate(s, ids, (int)n_ids, &o.sampling, &go, on_token, &sc, &res, &err)) {
-        fprintf(stderr, "\ntandem: %s\n", err.msg);
+        fprintf(stderr, "\ntandem: %s\n", cli_errmsg(&err));
     } else {
         const char *tail;
         size_t tl;
@@ -128,6 +148,14 @@ int cmd_run(int argc, char **argv) {
         fprintf(stderr, "prompt: %d tokens, %.1f tokens/s; generation: %d tokens, %.1f tokens/s\n", res.n_prompt,
                 res.prefill_seconds > 0 ? (res.n_prompt - res.n_reused) / res.prefill_seconds : 0.0, res.n_generated,
                 res.decode_seconds > 0 ? res.n_generated / res.decode_seconds : 0.0);
+        /* LENGTH before -n tokens: the session ran out of positions */
+        if (res.finish == TD_FINISH_LENGTH && res.n_generated < n_predict) {
+            td_model_info mi;
+            td_engine_info(eng, &mi);
+            fprintf(stderr, "tandem: stopped: the context window (%d tokens) is full after %d prompt + %d generated tokens; "
+                            "-c / --max-model-len sets it\n",
+                    mi.max_position_embeddings, res.n_prompt, res.n_generated);
+        }
         if (stats) print_stats(&res, o.spec_depth);
         rc = 0;
     }

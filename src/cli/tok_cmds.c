@@ -1,11 +1,11 @@
 /* `tandem tokenize | detokenize | template`: thin wrappers over
  * src/tokenizer and src/template, used by the golden tests. */
-#include <getopt.h>
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "cli/cli.h"
+#include "cli/opts.h"
 #include "template/template.h"
 #include "tokenizer/tokenizer.h"
 
@@ -28,33 +28,43 @@ static char *slurp(FILE *f, size_t *len) {
     return b;
 }
 
-static int usage(const char *cmd) {
-    if (!strcmp(cmd, "template"))
-        fprintf(stderr, "usage: tandem template -m DIR --messages FILE [--tools FILE] [--no-generation-prompt] [--kwargs JSON]\n");
-    else
-        fprintf(stderr, "usage: tandem %s -m DIR < input\n", cmd);
-    return 2;
-}
+static const char *tok_help =
+    "usage: tandem %s [-m DIR] [-v] < input\n"
+    "  %s\n"
+    "  -m, --model DIR   model directory with tokenizer.json (default " TD_DEFAULT_MODEL ")\n"
+    "  -v, --verbose     errors with their source location\n"
+    "  -h, --help        this help\n";
 
-/* -m DIR is the only option of tokenize / detokenize */
-static const char *model_dir(int argc, char **argv) {
-    for (int i = 1; i + 1 < argc; i++)
-        if (!strcmp(argv[i], "-m") || !strcmp(argv[i], "--model")) return argv[i + 1];
-    return NULL;
+/* -m DIR, -v and -h are the options of tokenize / detokenize: 0 to go on,
+ * else the exit code (help: 0, bad usage: 2). */
+static int tok_args(const char *cmd, const char *what, int argc, char **argv, const char **dir) {
+    *dir = TD_DEFAULT_MODEL;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (cli_is_help(a)) { printf(tok_help, cmd, what); return -1; }
+        if (cli_is_verbose(a)) cli_verbose = true;
+        else if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
+            if (i + 1 >= argc) return cli_missing(cmd, a, "a model directory");
+            *dir = argv[++i];
+        } else return cli_unknown(cmd, a);
+    }
+    return 0;
 }
 
 int cmd_tokenize(int argc, char **argv) {
-    const char *dir = model_dir(argc, argv);
-    if (!dir) return usage("tokenize");
+    const char *dir;
+    int r = tok_args("tokenize", "text on stdin -> JSON array of token ids (with the post-processor's special tokens, as tokenizers does)", argc, argv, &dir);
+    if (r) return r < 0 ? 0 : r;
+    if (cli_check_model_dir("tandem tokenize", dir)) return 1;
     td_err err = {0};
     tokenizer *t;
-    if (tok_load(dir, &t, &err)) { fprintf(stderr, "tandem tokenize: %s\n", err.msg); return 1; }
+    if (tok_load(dir, &t, &err)) { cli_error("tandem tokenize", &err); return 1; }
     size_t n;
     char *text = slurp(stdin, &n);
     int32_t *ids = NULL;
     size_t nid = 0;
     if (!text || tok_encode(t, text, n, true, &ids, &nid, &err)) {
-        fprintf(stderr, "tandem tokenize: %s\n", text ? err.msg : "out of memory");
+        fprintf(stderr, "tandem tokenize: %s\n", text ? cli_errmsg(&err) : "out of memory");
         free(text);
         tok_free(t);
         return 1;
@@ -69,8 +79,10 @@ int cmd_tokenize(int argc, char **argv) {
 }
 
 int cmd_detokenize(int argc, char **argv) {
-    const char *dir = model_dir(argc, argv);
-    if (!dir) return usage("detokenize");
+    const char *dir;
+    int r = tok_args("detokenize", "JSON array of token ids on stdin -> text", argc, argv, &dir);
+    if (r) return r < 0 ? 0 : r;
+    if (cli_check_model_dir("tandem detokenize", dir)) return 1;
     td_err err = {0};
     json_error_t je;
     json_t *arr = json_loadf(stdin, 0, &je);
@@ -80,7 +92,7 @@ int cmd_detokenize(int argc, char **argv) {
         return 1;
     }
     tokenizer *t;
-    if (tok_load(dir, &t, &err)) { fprintf(stderr, "tandem detokenize: %s\n", err.msg); json_decref(arr); return 1; }
+    if (tok_load(dir, &t, &err)) { cli_error("tandem detokenize", &err); json_decref(arr); return 1; }
     size_t n = json_array_size(arr);
     int32_t *ids = malloc((n ? n : 1) * sizeof *ids);
     int rc = 1;
@@ -93,7 +105,7 @@ int cmd_detokenize(int argc, char **argv) {
             free(out);
             rc = 0;
         } else {
-            fprintf(stderr, "tandem detokenize: %s\n", err.msg);
+            cli_error("tandem detokenize", &err);
         }
     }
     free(ids);
@@ -109,32 +121,43 @@ static json_t *load_json_file(const char *path, const char *what) {
     return j;
 }
 
+static const char *tpl_help =
+    "usage: tandem template [-m DIR] --messages FILE [--tools FILE] [--no-generation-prompt] [--kwargs JSON] [-v]\n"
+    "  render the model's chat template (tokenizer_config.json / chat_template.jinja) to stdout\n"
+    "  -m, --model DIR          model directory (default " TD_DEFAULT_MODEL ")\n"
+    "  --messages FILE          JSON array of messages, or {\"messages\": [...], \"tools\": [...]}; - = stdin (required)\n"
+    "  --tools FILE             JSON array of tools (default: none, or the messages file's \"tools\")\n"
+    "  --no-generation-prompt   leave out the assistant turn's opening (default: add it)\n"
+    "  --kwargs JSON            extra template variables, a JSON object, e.g. '{\"enable_thinking\": false}' (default {})\n"
+    "  -v, --verbose            errors with their source location\n"
+    "  -h, --help               this help\n";
+
 int cmd_template(int argc, char **argv) {
-    static const struct option opts[] = {
-        {"model", required_argument, 0, 'm'}, {"messages", required_argument, 0, 'M'},
-        {"tools", required_argument, 0, 'T'}, {"no-generation-prompt", no_argument, 0, 'N'},
-        {"kwargs", required_argument, 0, 'K'}, {0, 0, 0, 0}};
-    const char *dir = NULL, *mfile = NULL, *tfile = NULL, *kw = NULL;
+    const char *dir = TD_DEFAULT_MODEL, *mfile = NULL, *tfile = NULL, *kw = NULL;
     bool gen = true;
-    optind = 1;
-    int o;
-    while ((o = getopt_long(argc, argv, "m:", opts, NULL)) != -1) {
-        switch (o) {
-        case 'm': dir = optarg; break;
-        case 'M': mfile = optarg; break;
-        case 'T': tfile = optarg; break;
-        case 'N': gen = false; break;
-        case 'K': kw = optarg; break;
-        default: return usage("template");
-        }
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (cli_is_help(a)) { fputs(tpl_help, stdout); return 0; }
+        if (cli_is_verbose(a)) { cli_verbose = true; continue; }
+        if (!strcmp(a, "--no-generation-prompt")) { gen = false; continue; }
+        const char **dst = !strcmp(a, "-m") || !strcmp(a, "--model") ? &dir
+                           : !strcmp(a, "--messages")                ? &mfile
+                           : !strcmp(a, "--tools")                   ? &tfile
+                           : !strcmp(a, "--kwargs")                  ? &kw
+                                                                     : NULL;
+        if (!dst) return cli_unknown("template", a);
+        if (!v) return cli_missing("template", a, !strcmp(a, "--kwargs") ? "a JSON object" : dst == &dir ? "a model directory" : "a JSON file");
+        *dst = v;
+        i++;
     }
-    if (!dir || !mfile) return usage("template");
+    if (!mfile) { fprintf(stderr, "tandem template: --messages FILE is required (usage: tandem template --help)\n"); return 2; }
+    if (cli_check_model_dir("tandem template", dir)) return 1;
     td_err err = {0};
     tok_chat_config cfg;
     int rc = 1;
     json_t *msgs = NULL, *tools = NULL, *kwargs = NULL;
     tpl *t = NULL;
-    if (tok_chat_config_load(dir, &cfg, &err)) { fprintf(stderr, "tandem template: %s\n", err.msg); return 1; }
+    if (tok_chat_config_load(dir, &cfg, &err)) { cli_error("tandem template", &err); return 1; }
     if (!cfg.chat_template) { fprintf(stderr, "tandem template: no chat template in %s\n", dir); goto out; }
     if (!(msgs = load_json_file(mfile, "messages"))) goto out;
     /* a file holding {"messages": [...], "tools": [...]} is accepted too */
@@ -151,7 +174,7 @@ int cmd_template(int argc, char **argv) {
         if (!json_is_object(kwargs)) { fprintf(stderr, "tandem template: --kwargs must be a JSON object\n"); goto out; }
     }
     if (tpl_parse(cfg.chat_template, strlen(cfg.chat_template), &t, &err)) {
-        fprintf(stderr, "tandem template: %s\n", err.msg);
+        cli_error("tandem template", &err);
         goto out;
     }
     tpl_chat_args a = {.messages = msgs, .tools = tools, .kwargs = kwargs, .add_generation_prompt = gen,
@@ -159,7 +182,7 @@ int cmd_template(int argc, char **argv) {
     char *out;
     size_t len;
     if (tpl_apply_chat(t, &a, &out, &len, &err)) {
-        fprintf(stderr, "tandem template: %s\n", err.msg);
+        cli_error("tandem template", &err);
         goto out;
     }
     fwrite(out, 1, len, stdout);

@@ -19,6 +19,24 @@ int td_err_set(td_err *e, int code, const char *file, int line, const char *fmt,
     return code;
 }
 
+/* Length of a "path.c:123: " prefix at s (a source file name, no spaces), else 0. */
+static size_t location_len(const char *s) {
+    size_t i = 0;
+    while (s[i] && s[i] != ':' && s[i] != ' ') i++;
+    if (i < 3 || s[i] != ':' || s[i - 2] != '.' || (s[i - 1] != 'c' && s[i - 1] != 'h')) return 0;
+    size_t j = i + 1;
+    while (s[j] >= '0' && s[j] <= '9') j++;
+    if (j == i + 1 || s[j] != ':' || s[j + 1] != ' ') return 0;
+    return j + 2;
+}
+
+const char *td_err_text(const td_err *e) {
+    if (!e) return "";
+    const char *m = e->msg;
+    for (size_t n; (n = location_len(m)) > 0;) m += n;
+    return m;
+}
+
 void *td_malloc(td_err *e, size_t n, const char *file, int line) {
     void *p = malloc(n ? n : 1);
     if (!p) td_err_set(e, TD_ERR_NOMEM, file, line, "out of memory allocating %zu bytes", n);

@@ -13,6 +13,10 @@
 int td_err_set(td_err *e, int code, const char *file, int line, const char *fmt, ...)
     __attribute__((format(printf, 5, 6)));
 
+/* The message without its leading "src/x.c:123: " locations (what a user
+ * should read); e->msg keeps them for a verbose report. */
+const char *td_err_text(const td_err *e);
+
 #define TD_FAIL(e, code, ...) td_err_set((e), (code), __FILE__, __LINE__, __VA_ARGS__)
 
 #define TD_ASSERT(cond)                                                              \
