@@ -38,20 +38,23 @@ static void generation_defaults(const char *dir, td_sampling *s, int *max_new_to
 }
 
 static const char *help =
-    "usage: tandem serve -m DIR [options]\n"
+    "usage: tandem serve [-m DIR] [options]\n"
+    "  OpenAI-compatible HTTP server: /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics\n"
     "  --host ADDR                  bind address (default 127.0.0.1)\n"
     "  --port N                     port (default 8000; 0 = any free port)\n"
     "  --api-key KEY                require 'Authorization: Bearer KEY' (all routes but /health)\n"
     "  --served-model-name NAME     model id in the API (default: the directory's name)\n"
-    "  --max-num-seqs N             requests run at once (default 8)\n"
-    "  --max-queue N                waiting requests before 503 (default 64)\n"
-    "  --max-num-batched-tokens N   tokens per engine step, for chunked prefill (default 512)\n"
+    "  --max-num-seqs N             requests run at once, 1..16M (default 8)\n"
+    "  --max-queue N                waiting requests before 503, 0..16M (default 64)\n"
+    "  --max-num-batched-tokens N   tokens per engine step, for chunked prefill, 1..16M (default 512)\n"
     "  --enable-prefix-caching / --no-prefix-caching   (default on)\n"
-    "  --max-body BYTES             largest request body, k/M suffixes (default 32M)\n"
-    "  --http-threads N             HTTP polling threads (default 4)\n"
-    "  --shutdown-timeout S         on SIGTERM, seconds for requests in flight (default 10)\n"
-    "  --enforce-eager   accepted (GPU only; the CPU backend captures no graphs)\n"
-    "  --quiet                      no per-request log lines\n"
+    "  --max-body BYTES             largest request body, at least 1k, k/M suffixes (default 32M)\n"
+    "  --http-threads N             HTTP polling threads, 1..64 (default 4)\n"
+    "  --shutdown-timeout S         on SIGTERM, seconds for requests in flight, 0..86400 (default 10)\n"
+    "  --enforce-eager              accepted (GPU only; the CPU backend captures no graphs)\n"
+    "  --quiet                      no per-request log lines (default: one line per request)\n"
+    "  -v, --verbose                errors with their source location\n"
+    "  -h, --help                   this help\n"
     "common options (sampling flags set the defaults for requests that leave them out;\n"
     "generation_config.json in DIR is read first):\n";
 
@@ -86,7 +89,7 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--port")) {
             NEED();
             n = parse_size_suffix(v);
-            if (n < 0 || n > 65535 || strchr(v, 'k') || strchr(v, 'K')) { fprintf(stderr, "tandem serve: bad --port %s\n", v); return 2; }
+            if (n < 0 || n > 65535 || strpbrk(v, "kKmM.")) { fprintf(stderr, "tandem serve: --port must be an integer in [0, 65535], got \"%s\"\n", v); return 2; }
             cfg.port = (int)n;
         } else if (!strcmp(a, "--api-key")) { NEED(); cfg.api_key = v; }
         else if (!strcmp(a, "--served-model-name")) { NEED(); cfg.served_model_name = v; }
@@ -95,7 +98,7 @@ int cmd_serve(int argc, char **argv) {
             NEED();
             n = parse_size_suffix(v);
             bool q = !strcmp(a, "--max-queue");
-            if (n < (q ? 0 : 1) || n > (1 << 24)) { fprintf(stderr, "tandem serve: bad %s %s\n", a, v); return 2; }
+            if (n < (q ? 0 : 1) || n > (1 << 24)) { fprintf(stderr, "tandem serve: %s must be an integer in [%d, 16777216], got \"%s\"\n", a, q ? 0 : 1, v); return 2; }
             if (!strcmp(a, "--max-num-seqs")) so.max_num_seqs = (int)n;
             else if (q) so.max_queue = (int)n;
             else if (!strcmp(a, "--http-threads")) cfg.http_threads = n > 64 ? 64 : (int)n;
@@ -103,24 +106,28 @@ int cmd_serve(int argc, char **argv) {
         } else if (!strcmp(a, "--max-body")) {
             NEED();
             n = parse_size_suffix(v);
-            if (n < 1024) { fprintf(stderr, "tandem serve: bad --max-body %s (at least 1k)\n", v); return 2; }
+            if (n < 1024) { fprintf(stderr, "tandem serve: --max-body must be a size of at least 1k (e.g. 32M), got \"%s\"\n", v); return 2; }
             cfg.max_body = (size_t)n;
         } else if (!strcmp(a, "--shutdown-timeout")) {
             NEED();
             char *end;
             shutdown_s = strtod(v, &end);
-            if (*end || !(shutdown_s >= 0 && shutdown_s < 86400)) { fprintf(stderr, "tandem serve: bad --shutdown-timeout %s\n", v); return 2; }
+            if (end == v || *end || !(shutdown_s >= 0 && shutdown_s <= 86400)) {
+                fprintf(stderr, "tandem serve: --shutdown-timeout must be a number of seconds in [0, 86400], got \"%s\"\n", v);
+                return 2;
+            }
         } else if (!strcmp(a, "--enforce-eager")) gpu_only[2] = "on";
         else if (!strcmp(a, "--quiet")) cfg.quiet = true;
-        else if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+        else if (cli_is_verbose(a)) cli_verbose = true;
+        else if (cli_is_help(a)) {
             printf("%s%s", help, common_opts_help());
             return 0;
         } else {
-            fprintf(stderr, "tandem serve: unknown option %s (see --help)\n", a);
-            return 2;
+            return cli_unknown("serve", a);
         }
 #undef NEED
     }
+    if (cli_check_model_dir("tandem serve", o.model)) return 1;
     char *dir_copy = strdup(o.model), *base = NULL;
     if (!dir_copy) return 1;
     size_t dl = strlen(dir_copy);
@@ -147,7 +154,7 @@ int cmd_serve(int argc, char **argv) {
     td_err err = {0};
     srv *s = NULL;
     if (srv_start(&cfg, &s, &err)) {
-        fprintf(stderr, "tandem serve: %s\n", err.msg);
+        cli_error("tandem serve", &err);
         free(dir_copy);
         return 1;
     }
@@ -160,18 +167,18 @@ int cmd_serve(int argc, char **argv) {
     tokenizer *tok = NULL;
     td_engine *eng = NULL;
     td_sched *sched = NULL;
-    if (tok_load(o.model, &tok, &err)) { fprintf(stderr, "tandem serve: %s\n", err.msg); goto out; }
+    if (tok_load(o.model, &tok, &err)) { cli_error("tandem serve", &err); goto out; }
     so.prefix_caching = o.prefix_caching;
     td_engine_opts eo;
     char kv_summary[512] = "";
     if (cli_engine_opts(&o, so.max_num_seqs, so.max_batch_tokens, &eo, stderr, kv_summary, sizeof kv_summary)) goto out;
-    if (td_engine_load(o.model, &eo, &eng, &err)) { fprintf(stderr, "tandem serve: %s\n", err.msg); goto out; }
+    if (td_engine_load(o.model, &eo, &eng, &err)) { cli_error("tandem serve", &err); goto out; }
     fprintf(stderr, "%s\n", kv_summary);
     td_model_info mi;
     td_engine_info(eng, &mi);
-    if (td_sched_new(eng, &so, &sched, &err)) { fprintf(stderr, "tandem serve: %s\n", err.msg); goto out; }
+    if (td_sched_new(eng, &so, &sched, &err)) { cli_error("tandem serve", &err); goto out; }
     srv_model m = {.tok = tok, .eng = eng, .sched = sched, .n_ctx = mi.max_position_embeddings};
-    if (srv_set_model(s, &m, &err)) { fprintf(stderr, "tandem serve: %s\n", err.msg); goto out; }
+    if (srv_set_model(s, &m, &err)) { cli_error("tandem serve", &err); goto out; }
     fprintf(stderr, "tandem serve: ready on http://%s%s%s:%d: model \"%s\" (%s), max_model_len %d, spec depth %d, max_num_seqs %d, max_queue %d%s\n",
             v6 ? "[" : "", cfg.host, v6 ? "]" : "", srv_port(s), cfg.served_model_name, mi.model_type ? mi.model_type : "?",
             mi.max_position_embeddings, o.spec_depth, so.max_num_seqs, so.max_queue, cfg.api_key ? ", API key required" : "");

@@ -414,6 +414,9 @@ static void on_done(void *user, const td_gen_result *res, const char *error) {
         fprintf(stderr, "tandem serve: %s %s prompt %d (cached %d) generated %d finish %s%s%s %.3fs\n", j->id, j->req.stream ? "stream" : "",
                 j->n_prompt, j->res.n_reused, j->res.n_generated, finish_reason(j), j->error[0] ? " error: " : "", j->error,
                 now - j->t_arrival);
+    /* finish "length" because the window, not max_tokens, ran out */
+    if (!s->cfg.quiet && !j->error[0] && f == F_LENGTH && j->n_ctx > 0 && j->n_prompt + j->res.n_generated >= j->n_ctx)
+        fprintf(stderr, "tandem serve: %s stopped: the context window (%d tokens) is full\n", j->id, j->n_ctx);
     pthread_mutex_unlock(&j->mu);
     srv_job_finished(s, j);
     job_unref(j);

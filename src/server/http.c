@@ -15,13 +15,16 @@
  * disconnected. All state lives in struct srv. */
 #include <errno.h>
 #include <netdb.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 #include "server/srv_internal.h"
 #include "util/err.h"
 
@@ -381,18 +384,52 @@ int srv_start(const srv_config *cfg, srv **out, td_err *err) {
         srv_release(s);
         return TD_FAIL(err, TD_ERR_ARG, "cannot resolve --host %s: %s", cfg->host, gai_strerror(g));
     }
-    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
-    if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
-    s->daemon = MHD_start_daemon(flags, 0, NULL, NULL, on_request, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s, MHD_OPTION_SOCK_ADDR, ai->ai_addr, MHD_OPTION_NOTIFY_COMPLETED,
-                                 on_completed, s, MHD_OPTION_THREAD_POOL_SIZE, (unsigned)s->cfg.http_threads,
-                                 MHD_OPTION_CONNECTION_TIMEOUT, 600u, MHD_OPTION_CONNECTION_LIMIT, 1000u, MHD_OPTION_END);
+    /* Bind here rather than in libmicrohttpd, to say why it failed
+     * (libmicrohttpd only logs "Failed to bind to port 0"). */
+    int fd = -1, why = 0;
+    for (struct addrinfo *a = ai; a && fd < 0; a = a->ai_next) {
+        fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol);
+        if (fd < 0) { why = errno; continue; }
+        int one = 1;
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+        if (a->ai_family == AF_INET6) setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &one, sizeof one);
+        if (bind(fd, a->ai_addr, a->ai_addrlen) != 0 || listen(fd, SOMAXCONN) != 0) {
+            why = errno;
+            close(fd);
+            fd = -1;
+        }
+    }
+    bool v6 = ai->ai_family == AF_INET6;
     freeaddrinfo(ai);
-    if (!s->daemon) {
+    if (fd < 0) {
         srv_release(s);
-        return TD_FAIL(err, TD_ERR_IO, "cannot listen on %s:%d (address in use or not allowed?)", cfg->host, cfg->port);
+        char reason[160];
+        if (why == EADDRINUSE) snprintf(reason, sizeof reason, "address already in use (another server on that port? --port N picks another)");
+        else if (why == EACCES) snprintf(reason, sizeof reason, "permission denied (ports below 1024 need privileges)");
+        else if (why == EADDRNOTAVAIL) snprintf(reason, sizeof reason, "no such address on this machine (--host)");
+        else {
+            snprintf(reason, sizeof reason, "%s", strerror(why));
+            if (reason[0] >= 'A' && reason[0] <= 'Z') reason[0] = (char)(reason[0] - 'A' + 'a');
+        }
+        return TD_FAIL(err, TD_ERR_IO, "cannot listen on %s%s%s:%d: %s", v6 ? "[" : "", cfg->host, v6 ? "]" : "", cfg->port, reason);
+    }
+    struct sockaddr_storage bound;
+    socklen_t bl = sizeof bound;
+    int bound_port = cfg->port;
+    if (getsockname(fd, (struct sockaddr *)&bound, &bl) == 0)
+        bound_port = ntohs(bound.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&bound)->sin6_port : ((struct sockaddr_in *)&bound)->sin_port);
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
+    if (v6) flags |= MHD_USE_IPv6;
+    s->daemon = MHD_start_daemon(flags, 0, NULL, NULL, on_request, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s, MHD_OPTION_LISTEN_SOCKET, fd,
+                                 MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_THREAD_POOL_SIZE, (unsigned)s->cfg.http_threads,
+                                 MHD_OPTION_CONNECTION_TIMEOUT, 600u, MHD_OPTION_CONNECTION_LIMIT, 1000u, MHD_OPTION_END);
+    if (!s->daemon) {
+        close(fd);
+        srv_release(s);
+        return TD_FAIL(err, TD_ERR_IO, "cannot start the HTTP server on %s:%d", cfg->host, bound_port);
     }
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->daemon, MHD_DAEMON_INFO_BIND_PORT);
-    s->port = di ? di->port : cfg->port;
+    s->port = di && di->port ? di->port : bound_port;
     if (pthread_create(&s->watchdog, NULL, watchdog_main, s)) {
         MHD_stop_daemon(s->daemon);
         srv_release(s);
