@@ -99,7 +99,7 @@ static int parse_header(td_st_file *f, int file_idx, td_st_entry **entries, int 
             if (strcmp(ds, st_dtypes[k].name) == 0) { esize = st_dtypes[k].size; dt = st_dtypes[k].dtype; break; }
         if (!esize) { rc = TD_FAIL(err, TD_ERR_FORMAT, "%s: tensor %s: unknown dtype \"%s\"", path, key, ds); break; }
         size_t nd = json_array_size(js);
-        if (nd > TD_MAX_DIMS) { rc = TD_FAIL(err, TD_ERR_FORMAT, "%s: tensor %s: %zu dims (max %d)", path, key, nd, TD_MAX_DIMS); break; }
+        if (nd > TD_ST_MAX_DIMS) { rc = TD_FAIL(err, TD_ERR_FORMAT, "%s: tensor %s: %zu dims (at most %d are read)", path, key, nd, TD_ST_MAX_DIMS); break; }
         td_st_entry e;
         memset(&e, 0, sizeof e);
         e.ndim = (int)nd;
@@ -290,8 +290,9 @@ const td_st_entry *td_weights_find(const td_weights *w, const char *name) {
 void td_st_entry_tensor(const td_st_entry *e, td_tensor *t) {
     memset(t, 0, sizeof *t);
     t->dtype = e->dtype;
-    t->ndim = e->ndim;
-    memcpy(t->shape, e->shape, sizeof t->shape);
+    t->ndim = e->ndim < TD_MAX_DIMS ? e->ndim : TD_MAX_DIMS;
+    for (int d = 0; d < t->ndim; d++) t->shape[d] = e->shape[d];
+    for (int d = TD_MAX_DIMS; d < e->ndim; d++) t->shape[TD_MAX_DIMS - 1] *= e->shape[d];
     t->data = e->data;
     t->name = e->name;
     t->scale_f = 1.0f;

@@ -9,12 +9,18 @@
 #include "model/tensor.h"
 #include "tandem.h"
 
+/* A header may give a tensor any rank (real checkpoints carry a 5-D Conv3d
+ * vision patch embedding); the reader bounds it only to keep a hostile header
+ * from allocating without limit. The engine's own tensors have at most
+ * TD_MAX_DIMS dims; get_tensor in model.c checks the rank it needs. */
+#define TD_ST_MAX_DIMS 64
+
 typedef struct td_st_entry {
     char *name;
     char dtype_str[16];   /* as written in the header, e.g. "BF16" */
     td_dtype dtype;       /* TD_DTYPE_COUNT when the dtype is valid but unsupported here */
-    int ndim;
-    int64_t shape[TD_MAX_DIMS];
+    int ndim;             /* 0..TD_ST_MAX_DIMS */
+    int64_t shape[TD_ST_MAX_DIMS];
     const void *data;     /* points into the mapping */
     size_t nbytes;
     int file;             /* index into td_weights.files */
@@ -39,7 +45,9 @@ int td_weights_open_dir(const char *dir, td_weights **out, td_err *err);
 int td_weights_open_files(const char *const *paths, int n, td_weights **out, td_err *err);
 void td_weights_free(td_weights *w);
 const td_st_entry *td_weights_find(const td_weights *w, const char *name);
-/* Fills a td_tensor view of an entry. */
+/* Fills a td_tensor view of an entry. An entry of more than TD_MAX_DIMS dims
+ * is viewed with its trailing dims folded into the last one (same element
+ * count); the loader never maps such a tensor into compute. */
 void td_st_entry_tensor(const td_st_entry *e, td_tensor *t);
 
 #endif

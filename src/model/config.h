@@ -7,6 +7,9 @@
 
 #define TD_MAX_LAYERS 1024
 #define TD_MAX_EOS 8
+/* Largest attention / DeltaNet head dim the CPU kernels take (per-head
+ * scratch lives on the stack in forward.c); checked at config load. */
+#define TD_MAX_HEAD_DIM 1024
 
 typedef struct td_config {
     char model_type[32];      /* outer model_type as written */
@@ -19,10 +22,12 @@ typedef struct td_config {
     bool full_attn[TD_MAX_LAYERS];       /* layer_types[i] == full_attention */
     int n_full_attn;
     bool tie_word_embeddings;
-    int mtp_layers;
+    int mtp_layers;                      /* mtp_num_hidden_layers (0 when absent) */
+    bool mtp_layers_given;               /* false: td_model_load counts mtp.layers.N */
     int max_position_embeddings;
     int bos_token_id;                    /* -1 when absent */
     int eos_token_ids[TD_MAX_EOS], n_eos;
+    char defaulted[512];                 /* "head_dim=256, ...": size fields config.json left out */
 } td_config;
 
 /* Reads and validates <dir>/config.json (or a config file path). */

@@ -172,8 +172,8 @@ static void attn_task(void *ctx, int task) {
     const segment *s = &j->segs[j->row_seg[m]];
     int pos = s->pos0 + (m - s->row0), n = pos + 1;
     const float *q = j->q + (size_t)m * nh * hd + (size_t)h0 * hd; /* the group's heads are adjacent */
-    float tk[1024], tv[1024], sbuf[ATTN_STACK_FLOATS];
-    TD_ASSERT(hd <= 1024);
+    float tk[TD_MAX_HEAD_DIM], tv[TD_MAX_HEAD_DIM], sbuf[ATTN_STACK_FLOATS];
+    TD_ASSERT(hd <= TD_MAX_HEAD_DIM);
     td_seq *sq = s->seq;
     int L = s->kv_layer, sh = s->shift;
     float scale = 1.0f / sqrtf((float)hd);
@@ -182,7 +182,7 @@ static void attn_task(void *ctx, int task) {
     if (!buf) {   /* out of memory: recompute scores head by head, nothing kept */
         for (int gi = 0; gi < group; gi++) {
             const float *qh = q + (size_t)gi * hd;
-            float mx = -INFINITY, sum = 0.0f, acc[1024];
+            float mx = -INFINITY, sum = 0.0f, acc[TD_MAX_HEAD_DIM];
             for (int p = 0; p < n; p++) {
                 float d = td_dot_f32(qh, td_seq_k_head(sq, L, p + sh, kh, tk), hd) * scale;
                 if (d > mx) mx = d;
@@ -349,8 +349,8 @@ static void recur_task(void *ctx, int task) {
     const segment *s = &j->segs[si];
     td_seq *q = s->seq;
     float *S = q->ssm[j->slot] + (size_t)h * dk * dv;
-    float qv[1024], kv[1024], mem[1024];
-    TD_ASSERT(dk <= 1024 && dv <= 1024);
+    float qv[TD_MAX_HEAD_DIM], kv[TD_MAX_HEAD_DIM], mem[TD_MAX_HEAD_DIM];
+    TD_ASSERT(dk <= TD_MAX_HEAD_DIM && dv <= TD_MAX_HEAD_DIM);
     int t = 0;
     /* Opt-in chunked form for prompt segments (no per-token checkpoints): the
      * same recurrence to rounding; a heap failure falls back to token by token. */

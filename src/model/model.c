@@ -3,6 +3,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include "model/genconfig.h"
 #include "util/err.h"
 
 /* Loader context: owned f32 vectors are tracked for freeing. */
@@ -49,7 +50,10 @@ static int get_tensor(loader *L, td_tensor *out, const char *name, int ndim, ...
         char got[96] = "", exp[96] = "";
         for (int i = 0; i < e->ndim; i++) snprintf(got + strlen(got), sizeof got - strlen(got), "%s%lld", i ? ", " : "", (long long)e->shape[i]);
         for (int i = 0; i < ndim; i++) snprintf(exp + strlen(exp), sizeof exp - strlen(exp), "%s%lld", i ? ", " : "", (long long)want[i]);
-        return TD_FAIL(L->err, TD_ERR_FORMAT, "%s: tensor %s has shape [%s], config needs [%s]", file_of(L, e), name, got, exp);
+        char why[700] = "";
+        if (L->m->cfg.defaulted[0])
+            snprintf(why, sizeof why, " (%s/config.json leaves these out, so transformers' defaults apply: %s)", L->dir, L->m->cfg.defaulted);
+        return TD_FAIL(L->err, TD_ERR_FORMAT, "%s: tensor %s has shape [%s], config needs [%s]%s", file_of(L, e), name, got, exp, why);
     }
     td_st_entry_tensor(e, out);
     return TD_OK;
@@ -238,6 +242,16 @@ int td_model_load(const char *dir, td_model **out, td_err *err) {
     loader L = {.m = m, .dir = dir, .err = err};
     snprintf(L.index_path, sizeof L.index_path, "%s/model.safetensors.index.json", dir);
     int rc = td_config_load(dir, &m->cfg, err);
+    /* generation_config.json's eos ids end generation too (its list is what
+     * transformers' generate stops on: the demo model's <|endoftext|> is only
+     * there). */
+    td_gen_config gc;
+    if (!rc) rc = td_gen_config_load(dir, m->cfg.vocab_size, &gc, err);
+    for (int i = 0; !rc && i < gc.n_eos; i++) {
+        bool seen = false;
+        for (int j = 0; j < m->cfg.n_eos; j++) seen |= m->cfg.eos_token_ids[j] == gc.eos_token_ids[i];
+        if (!seen && m->cfg.n_eos < TD_MAX_EOS) m->cfg.eos_token_ids[m->cfg.n_eos++] = gc.eos_token_ids[i];
+    }
     if (!rc) rc = td_weights_open_dir(dir, &m->weights, err);
     if (rc) goto fail;
     const td_config *c = &m->cfg;
@@ -270,6 +284,17 @@ int td_model_load(const char *dir, td_model **out, td_err *err) {
         if ((rc = load_layer(&L, &m->layers[i], n, c->full_attn[i], &m->n_params_main, &m->bytes_main))) goto fail;
     }
     m->n_params_main += H;
+    /* mtp_num_hidden_layers is not a transformers field: when a config leaves
+     * it out, the head is as deep as the mtp.layers.N the weights hold. */
+    if (!c->mtp_layers_given) {
+        int n_mtp = 0;
+        while (n_mtp < 16) {
+            snprintf(n, sizeof n, "mtp.layers.%d.input_layernorm.weight", n_mtp);
+            if (!td_weights_find(m->weights, n)) break;
+            n_mtp++;
+        }
+        m->cfg.mtp_layers = n_mtp;
+    }
     /* MTP head: all of it or none of it (some exports strip mtp.*). */
     m->has_mtp = c->mtp_layers > 0 && td_weights_find(m->weights, "mtp.fc.weight") != NULL;
     if (m->has_mtp) {

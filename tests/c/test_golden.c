@@ -128,5 +128,11 @@ int main(void) {
         run_model(models[i], "f32");
         run_model(models[i], "bf16");
     }
+    /* Shaped like the published files (tools/reference/make_real_golden.py):
+     * Qwen3_5ForConditionalGeneration saved by transformers (5-D vision
+     * tensors, nested config, 7 shards, mtp.* in the last one), and a config
+     * with every optional field left out (transformers' defaults). */
+    run_model("mm-a", "bf16");
+    run_model("defaults-a", "bf16");
     TEST_MAIN_END("golden");
 }
