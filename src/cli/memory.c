@@ -1,4 +1,5 @@
 #include "cli/memory.h"
+#include "cli/cli.h"
 #include <stdint.h>
 #include <string.h>
 #include "kv/kv.h"
@@ -7,7 +8,7 @@
 
 #define GIB (1024.0 * 1024.0 * 1024.0)
 
-static uint64_t mem_total(void) {
+uint64_t cli_mem_total(void) {
     FILE *f = fopen("/proc/meminfo", "r");
     unsigned long long kb = 0;
     if (f) {
@@ -49,9 +50,9 @@ static void plan_opts(const common_opts *o, const td_config *cfg, const td_plan_
 int cli_engine_opts(const common_opts *o, int max_seqs, int batch_tokens, td_engine_opts *eo, FILE *log, char *summary, size_t cap_summary) {
     td_err err = {0};
     td_config cfg;
-    if (td_config_load(o->model, &cfg, &err)) { fprintf(log, "tandem: %s\n", err.msg); return 2; }
+    if (td_config_load(o->model, &cfg, &err)) { fprintf(log, "tandem: %s\n", cli_errmsg(&err)); return 2; }
     td_plan_weights w;
-    if (td_plan_weights_from_dir(o->model, &w, &err)) { fprintf(log, "tandem: %s\n", err.msg); return 2; }
+    if (td_plan_weights_from_dir(o->model, &w, &err)) { fprintf(log, "tandem: %s\n", cli_errmsg(&err)); return 2; }
     memset(eo, 0, sizeof *eo);
     eo->n_threads = o->threads;
     eo->spec_depth = o->spec_depth;
@@ -68,7 +69,7 @@ int cli_engine_opts(const common_opts *o, int max_seqs, int batch_tokens, td_eng
     eo->no_prefix_caching = !o->prefix_caching;
     eo->max_seqs = max_seqs;
     int d = o->spec_depth;
-    uint64_t total = mem_total();
+    uint64_t total = cli_mem_total();
     uint64_t budget = o->memory_budget ? o->memory_budget : (uint64_t)((double)total * o->mem_util);
     int64_t cap = cfg.max_position_embeddings;
     if (o->max_model_len > cap) {
@@ -79,7 +80,7 @@ int cli_engine_opts(const common_opts *o, int max_seqs, int batch_tokens, td_eng
     plan_opts(o, &cfg, &w, w.mtp > 0 && cfg.mtp_layers > 0, max_seqs, batch_tokens, budget, &po);
     po.max_model_len = o->max_model_len > 0 ? o->max_model_len : o->max_model_len_auto ? 0 : (cap < 32768 ? cap : 32768);
     td_plan p;
-    if (td_plan_compute(&cfg, &po, &p, &err)) { fprintf(log, "tandem: %s\n", err.msg); return 1; }
+    if (td_plan_compute(&cfg, &po, &p, &err)) { fprintf(log, "tandem: %s\n", cli_errmsg(&err)); return 1; }
     int64_t want = p.max_model_len;
     if (!p.fits) {
         char depth_msg[96];

@@ -3,6 +3,7 @@
  * saying what would fit. */
 #ifndef TANDEM_CLI_MEMORY_H
 #define TANDEM_CLI_MEMORY_H
+#include <stdint.h>
 #include <stdio.h>
 #include "cli/opts.h"
 
@@ -12,5 +13,7 @@
  * of the KV cache goes to `summary`, for the caller to log once the model
  * has loaded), 1 when one request of max_model_len does not (the refusal,
  * one line, is written to log), 2 on a bad model directory (one line). */
+/* MemTotal of /proc/meminfo in bytes (0 when unreadable): the RAM the CPU budget is a fraction of. */
+uint64_t cli_mem_total(void);
 int cli_engine_opts(const common_opts *o, int max_seqs, int batch_tokens, td_engine_opts *eo, FILE *log, char *summary, size_t cap_summary);
 #endif

@@ -7,39 +7,50 @@
 #include <string.h>
 #include <sys/stat.h>
 #include "cli/cli.h"
+#include "cli/memory.h"
 #include "plan/plan.h"
+
+#define TD_PLAN_STR_(x) #x
+#define TD_PLAN_STR(x) TD_PLAN_STR_(x)
 
 static int usage(FILE *f) {
     fprintf(f,
             "usage: tandem plan -m DIR | --config FILE [options]\n"
+            "  memory plan: weights, activations, KV cache; whether one full-window request fits (exit 0) or not (exit 1)\n"
             "  -m, --model DIR               model directory (config.json; weights measured from its safetensors)\n"
             "  --config FILE                 a config.json alone (weights estimated)\n"
             "  --quant nvfp4|fp8|bf16        weight format for the estimate (default: the checkpoint's, else nvfp4)\n"
-            "  --device-memory SIZE          e.g. 32GiB, 32607MiB, 34GB (default 32607MiB, an RTX 5090)\n"
-            "  --gpu-memory-utilization F    fraction of the device to use (default 0.90)\n"
-            "  --max-model-len N|auto        window; 130k = 130,000, 128K = 131,072 (default auto: largest that fits)\n"
-            "  --spec-depth N                MTP draft tokens per step, 0..%d (default 0)\n"
-            "  --cuda-graphs | --enforce-eager  graph memory on (default) or off\n"
-            "  --kv-cache-dtype auto|bf16|fp8  (auto: fp8 if the checkpoint asks for it, else bf16)\n"
-            "  --max-num-seqs N              concurrent sequences (default 256)\n"
-            "  --max-num-batched-tokens N    prefill chunk (default 2048)\n"
-            "  --block-size N                KV block tokens (default 16)\n"
-            "  --weights SIZE                total weight bytes incl. MTP instead of the estimate\n"
-            "  --mtp-weights SIZE            MTP head bytes (with --weights)\n"
-            "  --runtime-reserve SIZE        fixed runtime reserve (default 576MiB, calibrated)\n"
             "  --device gpu|cpu              GPU model (default) or what the CPU engine allocates (needs -m DIR;\n"
             "                                KV f32 unless --kv-cache-dtype; --max-num-seqs 4, --max-num-batched-tokens 512 defaults)\n"
+            "  --device-memory SIZE          e.g. 32GiB, 32607MiB, 34GB (default: GPU 32607MiB, an RTX 5090;\n"
+            "                                CPU this machine's MemTotal, as run / serve use)\n"
+            "  --gpu-memory-utilization F    fraction of the device to use, (0, 1] (default 0.90)\n"
             "  --memory-budget SIZE          CPU: memory for everything (default: --device-memory x utilization)\n"
-            "  --reference                   also compare with the reference measurement (notes §1)\n"
-            "  --json                        print the plan as JSON (bytes)\n",
+            "  -c, --max-model-len N|auto    window, 1.. tokens; 130k = 130,000, 128K = 131,072 (default auto: largest that fits)\n"
+            "  --spec-depth N                MTP draft tokens per step, 0..%d (default 0)\n"
+            "  --cuda-graphs | --enforce-eager  graph memory on (default) or off (GPU)\n"
+            "  --kv-cache-dtype auto|bf16|fp8  (default auto: fp8 if the checkpoint asks for it, else bf16; CPU: f32)\n"
+            "  --max-num-seqs N              concurrent sequences, 1..16M (default 256; CPU 4)\n"
+            "  --max-num-batched-tokens N    prefill chunk, 1..16M (default 2048; CPU 512)\n"
+            "  --block-size N                KV block tokens, 1..16M (default 16)\n"
+            "  --weights SIZE                total weight bytes incl. MTP instead of the estimate\n"
+            "  --mtp-weights SIZE            MTP head bytes (with --weights)\n"
+            "  --runtime-reserve SIZE        fixed runtime reserve (default 576MiB, calibrated; 0 = none)\n"
+            "  --reference                   also replay the reference measurement (RTX 5090, Qwen3.6-27B; src/plan/README.md):\n"
+            "                                needs the 27B's config, e.g. --config tests/data/configs/qwen3.6-27b.config.json\n"
+            "  --json                        print the plan as JSON (bytes)\n"
+            "  -v, --verbose                 errors with their source location\n"
+            "  -h, --help                    this help\n",
             TD_MAX_SPEC_DEPTH);
+    return f == stdout ? 0 : 2;
+}
+
+static int bad(const char *opt, const char *val, const char *want) {
+    fprintf(stderr, "tandem plan: %s must be %s, got \"%s\"\n", opt, want, val ? val : "");
     return 2;
 }
 
-static int bad(const char *opt, const char *val) {
-    fprintf(stderr, "tandem plan: invalid value \"%s\" for %s\n", val ? val : "", opt);
-    return 2;
-}
+#define SIZE_WANT "a size such as 32GiB, 32607MiB or 34GB"
 
 static double gib(uint64_t b) { return (double)b / TD_PLAN_GIB; }
 static double mib(uint64_t b) { return (double)b / (1024.0 * 1024.0); }
@@ -76,9 +87,9 @@ static void print_table(const td_config *c, const td_plan_opts *o, const td_plan
 }
 
 static void print_cpu(const td_config *c, const td_plan_opts *o, const td_plan *p, const char *src) {
-    printf("model: %s (%s), CPU backend: budget %.2f GiB; KV %s; spec depth %d; max_num_seqs %d, max_num_batched_tokens %d; "
+    printf("model: %s (%s), CPU backend: budget %.2f GiB (%.2f GiB x %.2f); KV %s; spec depth %d; max_num_seqs %d, max_num_batched_tokens %d; "
            "%d prefix checkpoints\n\n",
-           src, c->model_type, gib(p->budget_bytes), o->kv_dtype == TD_KV_AUTO ? "f32" : td_kv_dtype_name(o->kv_dtype), p->spec_depth,
+           src, c->model_type, gib(p->budget_bytes), gib(o->device_bytes), o->gpu_util, o->kv_dtype == TD_KV_AUTO ? "f32" : td_kv_dtype_name(o->kv_dtype), p->spec_depth,
            o->max_num_seqs, o->max_num_batched_tokens, o->prefix_checkpoints);
     printf("| part                                     |           GiB |           bytes |\n|---|---|---|\n");
     row("weights (mapped safetensors)", p->weights_bytes);
@@ -138,28 +149,36 @@ static void print_json(const td_config *c, const td_plan_opts *o, const td_plan 
 
 int cmd_plan(int argc, char **argv) {
     const char *dir = NULL, *cfg_file = NULL;
-    bool json = false, reference = false, quant_set = false, kv_set = false, cpu = false, seqs_set = false, batch_set = false;
+    bool device_set = false, json = false, reference = false, quant_set = false, kv_set = false, cpu = false, seqs_set = false, batch_set = false;
     uint64_t cpu_budget = 0;
     uint64_t weights_total = 0, mtp_weights = 0;
     td_plan_opts o;
     td_plan_opts_default(&o);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return 0; }
+        if (cli_is_help(a)) return usage(stdout);
+        if (cli_is_verbose(a)) { cli_verbose = true; continue; }
         if (!strcmp(a, "--json")) { json = true; continue; }
         if (!strcmp(a, "--reference")) { reference = true; continue; }
         if (!strcmp(a, "--cuda-graphs")) { o.cuda_graphs = true; continue; }
         if (!strcmp(a, "--enforce-eager")) { o.cuda_graphs = false; continue; }
-        if (!v) { fprintf(stderr, "tandem plan: unknown option or missing value: %s\n", a); return usage(stderr); }
+        static const char *const valued[] = {"-m", "--model", "--device", "--memory-budget", "--config", "--quant", "--kv-cache-dtype",
+                                             "--device-memory", "--gpu-memory-utilization", "--max-model-len", "-c", "--spec-depth",
+                                             "--max-num-seqs", "--max-num-batched-tokens", "--block-size", "--weights", "--mtp-weights",
+                                             "--runtime-reserve"};
+        bool known = false;
+        for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++) known |= !strcmp(a, valued[k]);
+        if (!known) return cli_unknown("plan", a);
+        if (!v) return cli_missing("plan", a, "see tandem plan --help");
         i++;
         char *end;
         if (!strcmp(a, "-m") || !strcmp(a, "--model")) dir = v;
         else if (!strcmp(a, "--device")) {
             if (!strcmp(v, "cpu")) cpu = true;
             else if (!strcmp(v, "gpu") || !strcmp(v, "cuda")) cpu = false;
-            else return bad(a, v);
+            else return bad(a, v, "gpu or cpu");
         } else if (!strcmp(a, "--memory-budget")) {
-            if (!(cpu_budget = td_plan_parse_bytes(v))) return bad(a, v);
+            if (!(cpu_budget = td_plan_parse_bytes(v))) return bad(a, v, SIZE_WANT);
         }
         else if (!strcmp(a, "--config")) cfg_file = v;
         else if (!strcmp(a, "--quant")) {
@@ -167,50 +186,56 @@ int cmd_plan(int argc, char **argv) {
             if (!strcmp(v, "nvfp4")) o.quant = TD_QUANT_NVFP4;
             else if (!strcmp(v, "fp8")) o.quant = TD_QUANT_FP8;
             else if (!strcmp(v, "bf16")) o.quant = TD_QUANT_BF16;
-            else return bad(a, v);
+            else return bad(a, v, "one of nvfp4, fp8, bf16");
         } else if (!strcmp(a, "--kv-cache-dtype")) {
             kv_set = strcmp(v, "auto") != 0;
             if (!strcmp(v, "auto")) o.kv_dtype = TD_KV_AUTO;
             else if (!strcmp(v, "bf16")) o.kv_dtype = TD_KV_BF16;
             else if (!strcmp(v, "fp8") || !strcmp(v, "fp8_e4m3")) o.kv_dtype = TD_KV_FP8;
-            else return bad(a, v);
+            else return bad(a, v, "one of auto, bf16, fp8");
         } else if (!strcmp(a, "--device-memory")) {
-            if (!(o.device_bytes = td_plan_parse_bytes(v))) return bad(a, v);
+            if (!(o.device_bytes = td_plan_parse_bytes(v))) return bad(a, v, SIZE_WANT);
+            device_set = true;
         } else if (!strcmp(a, "--gpu-memory-utilization")) {
             o.gpu_util = strtod(v, &end);
-            if (end == v || *end || !(o.gpu_util > 0 && o.gpu_util <= 1)) return bad(a, v);
+            if (end == v || *end || !(o.gpu_util > 0 && o.gpu_util <= 1)) return bad(a, v, "a number in (0, 1]");
         } else if (!strcmp(a, "--max-model-len") || !strcmp(a, "-c")) {
             if (!strcmp(v, "auto") || !strcmp(v, "-1")) o.max_model_len = 0;
-            else if ((o.max_model_len = td_plan_parse_tokens(v)) < 1) return bad(a, v);
+            else if ((o.max_model_len = td_plan_parse_tokens(v)) < 1) return bad(a, v, "a token count (130k = 130000, 128K = 131072) or auto");
         } else if (!strcmp(a, "--spec-depth") || !strcmp(a, "--max-num-seqs") || !strcmp(a, "--max-num-batched-tokens") ||
                    !strcmp(a, "--block-size")) {
             long n = strtol(v, &end, 10);
             bool depth = !strcmp(a, "--spec-depth");
-            if (end == v || *end || n < (depth ? 0 : 1) || n > (depth ? TD_MAX_SPEC_DEPTH : 1 << 24)) return bad(a, v);
+            if (end == v || *end || n < (depth ? 0 : 1) || n > (depth ? TD_MAX_SPEC_DEPTH : 1 << 24))
+                return bad(a, v, depth ? "an integer in [0, " TD_PLAN_STR(TD_MAX_SPEC_DEPTH) "]" : "an integer in [1, 16777216]");
             if (depth) o.spec_depth = (int)n;
             else if (!strcmp(a, "--max-num-seqs")) o.max_num_seqs = (int)n, seqs_set = true;
             else if (!strcmp(a, "--block-size")) o.block_size = (int)n;
             else o.max_num_batched_tokens = (int)n, batch_set = true;
         } else if (!strcmp(a, "--weights")) {
-            if (!(weights_total = td_plan_parse_bytes(v))) return bad(a, v);
+            if (!(weights_total = td_plan_parse_bytes(v))) return bad(a, v, SIZE_WANT);
         } else if (!strcmp(a, "--mtp-weights")) {
-            if (!(mtp_weights = td_plan_parse_bytes(v))) return bad(a, v);
+            if (!(mtp_weights = td_plan_parse_bytes(v))) return bad(a, v, SIZE_WANT);
         } else if (!strcmp(a, "--runtime-reserve")) {
             if (!strcmp(v, "0")) o.runtime_bytes = 0;
-            else if (!(o.runtime_bytes = td_plan_parse_bytes(v))) return bad(a, v);
-        } else {
-            fprintf(stderr, "tandem plan: unknown option %s\n", a);
-            return usage(stderr);
+            else if (!(o.runtime_bytes = td_plan_parse_bytes(v))) return bad(a, v, SIZE_WANT " or 0");
         }
     }
-    if (!!dir == !!cfg_file) { fprintf(stderr, "tandem plan: give exactly one of -m DIR or --config FILE\n"); return usage(stderr); }
+    if (!!dir == !!cfg_file) { fprintf(stderr, "tandem plan: give exactly one of -m DIR or --config FILE (usage: tandem plan --help)\n"); return 2; }
+    if (dir && cli_check_model_dir("tandem plan", dir)) return 2;
     if (mtp_weights && !weights_total) { fprintf(stderr, "tandem plan: --mtp-weights needs --weights\n"); return 2; }
 
     td_err err = {0};
     td_config *c = calloc(1, sizeof *c); /* ~1 KB of layer flags: keep it off the stack */
     if (!c) { fprintf(stderr, "tandem plan: out of memory\n"); return 1; }
     const char *src = dir ? dir : cfg_file;
-    if (td_config_load(src, c, &err)) { fprintf(stderr, "tandem plan: %s\n", err.msg); free(c); return 2; }
+    if (td_config_load(src, c, &err)) { cli_error("tandem plan", &err); free(c); return 2; }
+    if (reference && !td_plan_reference_applies(c)) {
+        fprintf(stderr, "tandem plan: --reference replays a Qwen3.6-27B measurement; %s is another model (try --config "
+                        "tests/data/configs/qwen3.6-27b.config.json)\n", src);
+        free(c);
+        return 2;
+    }
 
     /* A checkpoint without a quantization description is BF16; a bare config is estimated as NVFP4. */
     td_quant dq = dir ? TD_QUANT_BF16 : o.quant;
@@ -226,7 +251,10 @@ int cmd_plan(int argc, char **argv) {
         o.runtime_bytes = 0;
         if (!seqs_set) o.max_num_seqs = 4;
         if (!batch_set) o.max_num_batched_tokens = 512;
+        /* the budget run / serve use: --memory-budget, else MemTotal x utilization */
         if (cpu_budget) o.device_bytes = cpu_budget, o.gpu_util = 1.0;
+        else if (!device_set) o.device_bytes = cli_mem_total();
+        if (!o.device_bytes) { fprintf(stderr, "tandem plan: cannot read MemTotal from /proc/meminfo; give --device-memory or --memory-budget\n"); free(c); return 2; }
         o.prefix_checkpoints = 8 * o.max_num_seqs;
         o.kv_pool_windows = cpu_budget ? 0 : 2;
     }
@@ -258,7 +286,7 @@ int cmd_plan(int argc, char **argv) {
     }
 
     td_plan p;
-    if (td_plan_compute(c, &o, &p, &err)) { fprintf(stderr, "tandem plan: %s\n", err.msg); free(c); return 2; }
+    if (td_plan_compute(c, &o, &p, &err)) { cli_error("tandem plan", &err); free(c); return 2; }
     if (json) print_json(c, &o, &p, src);
     else if (cpu) print_cpu(c, &o, &p, src);
     else print_table(c, &o, &p, src, wsrc);

@@ -445,6 +445,11 @@ void td_plan_reference_opts(const td_config *c, const td_plan_ref_scenario *s, t
     o->weights.main = (uint64_t)(22.15 * TD_PLAN_GIB) - o->weights.mtp - est.embed - est.lm_head;
 }
 
+bool td_plan_reference_applies(const td_config *c) {
+    return c->n_layers == 64 && c->n_full_attn == 16 && c->hidden_size == 5120 && c->vocab_size == 248320 && c->n_kv_heads == 4 &&
+           c->head_dim == 256 && c->lin_nv == 48 && c->mtp_layers == 1;
+}
+
 int td_plan_reference_report(const td_config *c, FILE *f) {
     const td_plan_ref_scenario *sc;
     int n = td_plan_reference_scenarios(&sc), differ = 0;

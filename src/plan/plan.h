@@ -148,6 +148,9 @@ typedef struct td_plan_ref_scenario {
 int td_plan_reference_scenarios(const td_plan_ref_scenario **out);
 /* Options of the reference setting for scenario s (cfg supplies embeddings/head sizes). */
 void td_plan_reference_opts(const td_config *cfg, const td_plan_ref_scenario *s, td_plan_opts *o);
+/* Whether cfg has the measured model's shape (Qwen3.6-27B: 64 layers, 16 full
+ * attention, hidden 5120, vocab 248320): the replay means nothing for another. */
+bool td_plan_reference_applies(const td_config *cfg);
 /* Prints the comparison table; returns how many verdicts differ from the measurement. */
 int td_plan_reference_report(const td_config *cfg, FILE *f);
 
