@@ -23,27 +23,30 @@ typedef struct bench_cli {
 static void usage(FILE *f) {
     fprintf(f, "usage: tandem bench [-m DIR] [--depths 0,1,2,3,4,5,6] [--tasks edit,code,prose] [--runs 3] [--max-tokens N]\n"
                "                    [--temperature T] [--out DIR] [--server URL] [--agent-trace FILE] [--memory]\n"
-               "  --depths LIST          MTP draft depths to compare (0 = no drafting, the baseline)\n"
+               "  --depths LIST          MTP draft depths to compare, distinct, 0..%d (default 0,1,2,3,4,5,6; 0 = no drafting,\n"
+               "                         the baseline; --spec-depth N = just N)\n"
                "  --tasks LIST           prompt sets under --prompts (default edit,code,prose)\n"
-               "  --runs N               runs of the whole suite; median, min and max over runs (default 3)\n"
-               "  --max-tokens N         tokens generated per request at most (default 128)\n"
-               "  --ignore-eos           always generate max-tokens tokens\n"
-               "  --out DIR              write samples.csv, summary.csv, chart.svg and report.md there\n"
+               "  --runs N               runs of the whole suite, 1..64; median, min and max over runs (default 3)\n"
+               "  -n, --max-tokens N     tokens generated per request at most, 1..1000000 (default 128)\n"
+               "  --ignore-eos           always generate max-tokens tokens (default: stop at EOS)\n"
+               "  --out DIR              write samples.csv, summary.csv, chart.svg and report.md there (default: stdout only)\n"
                "  --prompts DIR          prompt directory (default bench/prompts)\n"
                "  --server URL           run against an OpenAI-compatible server (tandem serve, vLLM, llama.cpp) at its\n"
-               "                         configured depth (from /metrics, or say it with a single --depths value)\n"
-               "  --api-key KEY          bearer token for --server;  --served-model NAME  model id (default: /v1/models)\n"
+               "                         configured depth (from /metrics, or say it with a single --depths value; default: in-process)\n"
+               "  --api-key KEY          bearer token for --server (default none);  --served-model NAME  model id (default: /v1/models)\n"
                "  --agent-trace FILE     replay a recorded multi-turn agent session instead of the suite (at --spec-depth,\n"
                "                         else the largest --depths value; each turn's max_tokens unless --max-tokens)\n"
-               "  --memory               the planner's numbers and the measured memory for each depth\n"
-               "  --merge FILE           add the samples.csv of an earlier run (e.g. a baseline against another server)\n"
+               "  --memory               the planner's numbers and the measured memory for each depth (default off)\n"
+               "  --merge FILE           add the samples.csv of an earlier run (e.g. a baseline against another server; up to 8)\n"
                "  --enable-prefix-caching  keep the prefix cache on in the suite (default off: cold prefill every request)\n"
                "  --kernels [OPTS]       kernel and engine speed instead of the suite: the same as `tandem kernels OPTS`\n"
                "                         (bandwidth probe, decode, verify cost t(k+1)/t(1), prefill 512 and 4096)\n"
                "  --no-prefix-caching    turn it off for --agent-trace (default on there)\n"
-               "  --cost-reps N          repeats of each cost timing (default 9); --no-costs skips the cost model\n"
+               "  --cost-reps N          repeats of each cost timing, 1..1000000 (default 9); --no-costs skips the cost model\n"
+               "  -v, --verbose          errors with their source location\n"
+               "  -h, --help             this help\n"
                "common options:\n%s",
-            common_opts_help());
+            TD_MAX_SPEC_DEPTH, common_opts_help());
 }
 
 static int parse_list(const char *s, char items[][BENCH_NAME], int max, int *n) {
@@ -90,8 +93,9 @@ static int parse_args(bench_cli *c, int argc, char **argv) {
         if (r < 0) return 2;
         if (r) continue;
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-#define VAL() (v ? (i++, v) : NULL)
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) { usage(stdout); return 1; }
+#define VAL() (v ? (i++, v) : (cli_missing("bench", a, "see tandem bench --help"), NULL))
+        if (cli_is_help(a)) { usage(stdout); return 1; }
+        else if (cli_is_verbose(a)) cli_verbose = true;
         else if (!strcmp(a, "--memory")) c->memory = true;
         else if (!strcmp(a, "--ignore-eos")) c->ignore_eos = true;
         else if (!strcmp(a, "--no-costs")) c->no_costs = true;
@@ -99,16 +103,23 @@ static int parse_args(bench_cli *c, int argc, char **argv) {
         else if (!strcmp(a, "--no-prefix-caching")) c->no_prefix_caching = true;
         else if (!strcmp(a, "--depths")) {
             const char *s = VAL();
-            if (!s || parse_depths(s, &c->su)) { fprintf(stderr, "tandem bench: --depths wants distinct depths 0..%d, e.g. 0,1,2\n", TD_MAX_SPEC_DEPTH); return 2; }
+            if (!s) return 2;
+            if (parse_depths(s, &c->su)) { fprintf(stderr, "tandem bench: --depths wants distinct depths 0..%d, e.g. 0,1,2\n", TD_MAX_SPEC_DEPTH); return 2; }
             c->depths_given = true;
         } else if (!strcmp(a, "--tasks")) {
             const char *s = VAL();
-            if (!s || parse_list(s, c->su.tasks, BENCH_MAX_TASKS, &c->su.n_tasks)) { fprintf(stderr, "tandem bench: bad --tasks\n"); return 2; }
+            if (!s) return 2;
+            if (parse_list(s, c->su.tasks, BENCH_MAX_TASKS, &c->su.n_tasks)) {
+                fprintf(stderr, "tandem bench: --tasks must be a comma-separated list of up to %d prompt sets, got \"%s\"\n", BENCH_MAX_TASKS, s);
+                return 2;
+            }
         } else if (!strcmp(a, "--runs") || !strcmp(a, "--max-tokens") || !strcmp(a, "-n") || !strcmp(a, "--cost-reps")) {
             const char *s = VAL();
             char *end;
-            long n = s ? strtol(s, &end, 10) : 0;
-            if (!s || *end || n < 1 || n > 1000000) { fprintf(stderr, "tandem bench: %s wants a positive number\n", a); return 2; }
+            if (!s) return 2;
+            long n = strtol(s, &end, 10);
+            long hi = !strcmp(a, "--runs") ? 64 : 1000000;
+            if (end == s || *end || n < 1 || n > hi) { fprintf(stderr, "tandem bench: %s must be an integer in [1, %ld], got \"%s\"\n", a, hi, s); return 2; }
             if (!strcmp(a, "--runs")) c->su.n_runs = (int)n;
             else if (!strcmp(a, "--cost-reps")) c->cost_reps = (int)n;
             else c->max_tokens = (int)n, c->max_tokens_given = true;
@@ -119,12 +130,14 @@ static int parse_args(bench_cli *c, int argc, char **argv) {
         else if (!strcmp(a, "--served-model")) { if (!(c->served_model = VAL())) return 2; }
         else if (!strcmp(a, "--agent-trace")) { if (!(c->trace = VAL())) return 2; }
         else if (!strcmp(a, "--merge")) {
-            if (c->n_merge == 8 || !(c->merge[c->n_merge++] = VAL())) { fprintf(stderr, "tandem bench: --merge FILE (at most 8)\n"); return 2; }
+            const char *f = VAL();
+            if (!f) return 2;
+            if (c->n_merge == 8) { fprintf(stderr, "tandem bench: at most 8 --merge files\n"); return 2; }
+            c->merge[c->n_merge++] = f;
         }
-        else { fprintf(stderr, "tandem bench: unknown option %s (see --help)\n", a); return 2; }
+        else return cli_unknown("bench", a);
 #undef VAL
     }
-    if (c->su.n_runs > 64) { fprintf(stderr, "tandem bench: at most 64 runs\n"); return 2; }
     return 0;
 }
 
@@ -222,7 +235,7 @@ static int run_trace(bench_cli *c, bench_params *p) {
         td_err e2 = {0};
         if (!rc && tok_load(c->co.model, &tok, &e2) == 0 && bench_chat_init(&chat, tok, &e2) == 0) have_chat = true;
     }
-    if (rc) { fprintf(stderr, "tandem bench: %s\n", err.msg); tok_free(tok); return 1; }
+    if (rc) { fprintf(stderr, "tandem bench: %s\n", cli_errmsg(&err)); tok_free(tok); return 1; }
     bench_trace_opts to = {.file = c->trace, .params = *p, .depth = local ? depth : R.depth, .respect_turn_max_tokens = !c->max_tokens_given};
     FILE *csv = NULL;
     if (c->out) {
@@ -231,7 +244,7 @@ static int run_trace(bench_cli *c, bench_params *p) {
         if (mkdir_p(c->out) || !(csv = fopen(path, "w"))) fprintf(stderr, "tandem bench: cannot write %s\n", path);
     }
     rc = bench_trace_run(&to, local ? &L : NULL, local ? NULL : &R, local ? &L.chat : have_chat ? &chat : NULL, stdout, csv, &err);
-    if (rc) fprintf(stderr, "tandem bench: %s\n", err.msg);
+    if (rc) fprintf(stderr, "tandem bench: %s\n", cli_errmsg(&err));
     if (csv) fclose(csv);
     if (local) bench_local_close(&L);
     bench_chat_free(&chat);
@@ -252,6 +265,7 @@ int cmd_bench(int argc, char **argv) {
     bench_cli c;
     int pr = parse_args(&c, argc, argv);
     if (pr) return pr == 1 ? 0 : 2;
+    if (!c.server && cli_check_model_dir("tandem bench", c.co.model)) return 1;
     if (c.co.spec_depth >= 0 && !c.trace) {
         c.su.n_depths = 1;
         c.su.depths[0] = c.co.spec_depth;
@@ -262,13 +276,13 @@ int cmd_bench(int argc, char **argv) {
 
     td_err err = {0};
     bench_prompts pset;
-    if (bench_prompts_load(c.prompts, &c.su, &pset, &err)) { fprintf(stderr, "tandem bench: %s\n", err.msg); return 1; }
+    if (bench_prompts_load(c.prompts, &c.su, &pset, &err)) { fprintf(stderr, "tandem bench: %s\n", cli_errmsg(&err)); return 1; }
     bench_local L;
     bench_remote R;
     bool local = !c.server;
     int rc = local ? bench_local_open(c.co.model, c.co.threads, c.co.max_model_len, max_depth(&c.su), c.prefix_caching, c.co.quantize, &L, &err)
                    : bench_remote_open(c.server, c.api_key, c.served_model, &R, &err);
-    if (rc) { fprintf(stderr, "tandem bench: %s\n", err.msg); bench_prompts_free(&pset); return 1; }
+    if (rc) { fprintf(stderr, "tandem bench: %s\n", cli_errmsg(&err)); bench_prompts_free(&pset); return 1; }
     if (!local) {
         if (c.depths_given && c.su.n_depths != 1) rc = -1, fprintf(stderr, "tandem bench: with --server give one --depths value: the depth the server runs at\n");
         else if (R.depth >= 0 && c.depths_given && R.depth != c.su.depths[0])
@@ -316,7 +330,7 @@ int cmd_bench(int argc, char **argv) {
         snprintf(what, sizeof what, "%s/%s d%d", c.su.tasks[sl->task], pset.p[sl->task][sl->prompt].name, depth);
         progress(done, total, t0, what, s->decode_s > 0 && s->n_generated > 1 ? (s->n_generated - 1) / s->decode_s : 0);
     }
-    if (rc) fprintf(stderr, "\ntandem bench: %s\n", err.msg);
+    if (rc) fprintf(stderr, "\ntandem bench: %s\n", cli_errmsg(&err));
     bench_costs costs;
     bool have_costs = false;
     if (!rc && local && !c.no_costs) {
@@ -324,11 +338,11 @@ int cmd_bench(int argc, char **argv) {
         int n_ctx = (int)nids[0][0];
         fprintf(stderr, "timing verify and draft cost...\n");
         if (bench_local_costs(&L, ctx, n_ctx, max_depth(&c.su) + 1, c.cost_reps, &costs, &err))
-            fprintf(stderr, "tandem bench: cost timing failed: %s\n", err.msg);
+            fprintf(stderr, "tandem bench: cost timing failed: %s\n", cli_errmsg(&err));
         else have_costs = true;
     }
     for (int m = 0; m < c.n_merge && !rc; m++) {
-        if (bench_merge_csv(c.merge[m], &c.su, &samples, &done, &err)) { fprintf(stderr, "tandem bench: %s\n", err.msg); rc = -1; }
+        if (bench_merge_csv(c.merge[m], &c.su, &samples, &done, &err)) { fprintf(stderr, "tandem bench: %s\n", cli_errmsg(&err)); rc = -1; }
     }
     for (int i = 1; i < c.su.n_depths; i++) /* ascending depths after a merge */
         for (int j = i; j > 0 && c.su.depths[j] < c.su.depths[j - 1]; j--) {
@@ -354,7 +368,7 @@ int cmd_bench(int argc, char **argv) {
             td_engine_kv_info(L.eng, &ki);
             if (bench_memory_report(stdout, c.co.model, &c.su, longest + c.max_tokens, bench_local_session_bytes(&L, longest + c.max_tokens),
                                     &ki, c.n_merge ? NULL : rss_after, &err))
-                fprintf(stderr, "tandem bench: memory: %s\n", err.msg);
+                fprintf(stderr, "tandem bench: memory: %s\n", cli_errmsg(&err));
         } else if (c.memory) {
             fprintf(stdout, "\n## Memory\n\nNot measured with --server (run `tandem plan` for the server's model).\n");
         }

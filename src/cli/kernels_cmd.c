@@ -6,13 +6,38 @@
 #include "bench/kernels.h"
 #include "cli/cli.h"
 
-static int usage(FILE *f) {
-    fprintf(f, "usage: tandem kernels [-m DIR] [-t THREADS] [--reps N] [--probe-mb MB] [--mm-mb MB] [--mm-k K]\n"
-               "                      [--dtype bf16|f32|f16|fp8|nvfp4] [--prefill 512,4096] [--max-k 8] [--isa c|avx2|avx512]\n"
-               "                      [--quantize none|q8]\n"
-               "  bandwidth probe, matmul GB/s per ISA and M = 1..16 on a synthetic weight (--mm-mb 0 skips it),\n"
-               "  and with -m: decode tokens/s (depth 0), verify cost t(k+1)/t(1), prefill tokens/s\n");
-    return f == stdout ? 0 : 2;
+static int usage(void) {
+    printf("usage: tandem kernels [-m DIR] [-t THREADS] [--reps N] [--probe-mb MB] [--mm-mb MB] [--mm-k K]\n"
+           "                      [--dtype bf16|f32|f16|fp8|nvfp4] [--prefill 512,4096] [--max-k 8] [--isa c|avx2|avx512]\n"
+           "                      [--quantize none|q8]\n"
+           "  bandwidth probe, matmul GB/s per ISA and M = 1..16 on a synthetic weight (--mm-mb 0 skips it),\n"
+           "  and with -m: decode tokens/s (depth 0), verify cost t(k+1)/t(1), prefill tokens/s\n"
+           "  -m, --model DIR     model for the decode / verify / prefill rows (default: none, kernels only)\n"
+           "  -t, --threads N     threads, 0..1024 (default 0 = all cores)\n"
+           "  --reps N            repetitions per timing, 1..64 (default 5)\n"
+           "  --probe-mb MB       bandwidth probe buffer, 16..65536 MB (default 1024)\n"
+           "  --mm-mb MB          synthetic matmul weight, 0..65536 MB (default 512; 0 = skip the matmul table)\n"
+           "  --mm-k K            its input dimension, 16..1048576 (default 5120)\n"
+           "  --dtype D           its format: bf16, f32, f16, fp8, nvfp4 (default bf16)\n"
+           "  --prefill LIST      prompt lengths for prefill tokens/s, up to 4 (default 512,4096; 0 = none)\n"
+           "  --max-k K           largest verify batch k+1 - 1, 1..16 (default 8)\n"
+           "  --isa c|avx2|avx512 model rows on this ISA (default: the best the CPU has)\n"
+           "  --quantize none|q8  model weights to int8 at load (default none)\n"
+           "  -v, --verbose       errors with their source location\n"
+           "  -h, --help          this help\n");
+    return 0;
+}
+
+/* an integer option in [lo, hi]: 0, or the exit code 2 after one line */
+static int int_opt(const char *a, const char *v, long lo, long hi, int *out) {
+    char *end;
+    long n = strtol(v, &end, 10);
+    if (end == v || *end || n < lo || n > hi) {
+        fprintf(stderr, "tandem kernels: %s must be an integer in [%ld, %ld], got \"%s\"\n", a, lo, hi, v);
+        return 2;
+    }
+    *out = (int)n;
+    return 0;
 }
 
 int cmd_kernels(int argc, char **argv) {
@@ -20,37 +45,57 @@ int cmd_kernels(int argc, char **argv) {
                      .prefill = {512, 4096}, .n_prefill = 2};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "-h") || !strcmp(a, "--help")) return usage(stdout);
-        if (!v) return usage(stderr);
+        if (cli_is_help(a)) return usage();
+        if (cli_is_verbose(a)) { cli_verbose = true; continue; }
+        static const char *const valued[] = {"-m", "--model", "-t", "--threads", "--reps", "--probe-mb", "--mm-mb", "--mm-k",
+                                             "--dtype", "--isa", "--max-k", "--quantize", "--prefill"};
+        bool known = false;
+        for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++) known |= !strcmp(a, valued[k]);
+        if (!known) return cli_unknown("kernels", a);
+        if (!v) return cli_missing("kernels", a, "see tandem kernels --help");
         i++;
+        int rc = 0;
         if (!strcmp(a, "-m") || !strcmp(a, "--model")) o.model_dir = v;
-        else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) o.threads = atoi(v);
-        else if (!strcmp(a, "--reps")) o.reps = atoi(v);
-        else if (!strcmp(a, "--probe-mb")) o.probe_mb = atoi(v);
-        else if (!strcmp(a, "--mm-mb")) o.mm_mb = atoi(v);
-        else if (!strcmp(a, "--mm-k")) o.mm_k = atoi(v);
-        else if (!strcmp(a, "--dtype")) o.mm_dtype = v;
+        else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) rc = int_opt(a, v, 0, 1024, &o.threads);
+        else if (!strcmp(a, "--reps")) rc = int_opt(a, v, 1, 64, &o.reps);
+        else if (!strcmp(a, "--probe-mb")) rc = int_opt(a, v, 16, 65536, &o.probe_mb);
+        else if (!strcmp(a, "--mm-mb")) rc = int_opt(a, v, 0, 65536, &o.mm_mb);
+        else if (!strcmp(a, "--mm-k")) rc = int_opt(a, v, 16, 1 << 20, &o.mm_k);
+        else if (!strcmp(a, "--max-k")) rc = int_opt(a, v, 1, 16, &o.max_k);
+        else if (!strcmp(a, "--dtype")) {
+            if (strcmp(v, "bf16") && strcmp(v, "f32") && strcmp(v, "f16") && strcmp(v, "fp8") && strcmp(v, "nvfp4")) {
+                fprintf(stderr, "tandem kernels: --dtype must be one of bf16, f32, f16, fp8, nvfp4, got \"%s\"\n", v);
+                return 2;
+            }
+            o.mm_dtype = v;
+        }
         else if (!strcmp(a, "--isa")) { /* model-level runs only; the matmul table covers every ISA */
             td_isa want = !strcmp(v, "c") ? TD_ISA_C : !strcmp(v, "avx2") ? TD_ISA_AVX2 : !strcmp(v, "avx512") ? TD_ISA_AVX512 : TD_ISA_AUTO;
+            if (want == TD_ISA_AUTO) { fprintf(stderr, "tandem kernels: --isa must be one of c, avx2, avx512, got \"%s\"\n", v); return 2; }
             if (!td_kernels_set_isa(want)) { fprintf(stderr, "tandem kernels: this CPU has no %s\n", v); return 2; }
         }
-        else if (!strcmp(a, "--max-k")) o.max_k = atoi(v);
         else if (!strcmp(a, "--quantize")) {
             if (!strcmp(v, "q8")) o.quantize = 1;
             else if (!strcmp(v, "none")) o.quantize = 0;
-            else return usage(stderr);
+            else { fprintf(stderr, "tandem kernels: --quantize must be none or q8, got \"%s\"\n", v); return 2; }
         }
-        else if (!strcmp(a, "--prefill")) {
+        else { /* --prefill */
             o.n_prefill = 0;
             for (const char *p = v; *p && o.n_prefill < 4;) {
-                o.prefill[o.n_prefill++] = atoi(p);
-                const char *c = strchr(p, ',');
-                if (!c) break;
-                p = c + 1;
+                char *end;
+                long n = strtol(p, &end, 10);
+                if (end == p || (*end && *end != ',') || n < 0 || n > (1 << 20)) {
+                    fprintf(stderr, "tandem kernels: --prefill must be up to 4 lengths in [0, 1048576] like 512,4096, got \"%s\"\n", v);
+                    return 2;
+                }
+                o.prefill[o.n_prefill++] = (int)n;
+                if (!*end) break;
+                p = end + 1;
             }
             if (o.n_prefill == 1 && o.prefill[0] == 0) o.n_prefill = 0;
-        } else return usage(stderr);
+        }
+        if (rc) return rc;
     }
-    if (o.reps < 1 || o.reps > 64 || o.max_k < 1 || o.max_k > 16 || o.probe_mb < 16 || o.mm_k < 16) return usage(stderr);
+    if (o.model_dir && cli_check_model_dir("tandem kernels", o.model_dir)) return 1;
     return kbench_run(&o, stdout);
 }
