@@ -1,5 +1,13 @@
 # tandem — one Makefile. C11, warnings are errors.
 # Targets: all (libtandem.a + tandem), test, asan, deps, clean.
+# All cores by default; an explicit -jN on the command line wins, and a
+# recursive $(MAKE) (asan) shares the top-level jobserver instead.
+ifeq ($(MAKELEVEL),0)
+ifeq ($(filter -j% j% --jobs%,$(MAKEFLAGS)),)
+MAKEFLAGS += -j$(shell nproc 2>/dev/null || echo 1)
+endif
+endif
+
 CC      ?= gcc
 BUILD   ?= build
 OPT     ?= -O2

@@ -17,8 +17,11 @@ if [ -d tests/py ] && ls tests/py/test_*.py >/dev/null 2>&1 && [ -z "$TANDEM_SKI
   sh tests/py/run.sh "$BUILD" > "$BUILD/pytest.log" 2>&1; rc=$?
   tail -n 40 "$BUILD/pytest.log"
   line=$(grep -E '(passed|failed)' "$BUILD/pytest.log" | tail -n 1)
-  p=$(echo "$line" | grep -oE '[0-9]+ passed' | grep -oE '[0-9]+'); f=$(echo "$line" | grep -oE '[0-9]+ (failed|error)' | grep -oE '[0-9]+' | paste -sd+ | bc 2>/dev/null)
-  [ -n "$p" ] || p=0; [ -n "$f" ] || f=0
+  p=$(echo "$line" | grep -oE '[0-9]+ passed' | grep -oE '[0-9]+' | head -n 1)
+  # failed + errors, summed in sh arithmetic ("2 failed, 1 error" -> 3)
+  f=0
+  for n in $(echo "$line" | grep -oE '[0-9]+ (failed|errors?)' | grep -oE '[0-9]+'); do f=$((f + n)); done
+  [ -n "$p" ] || p=0
   if [ $rc -ne 0 ] && [ "$f" = 0 ]; then f=1; echo "pytest exited with $rc"; fi
   passed=$((passed + p)); failed=$((failed + f))
 fi
