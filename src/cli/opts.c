@@ -6,6 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include "plan/plan.h"
+#include "model/genconfig.h"
+#include "cli/cli.h"
 
 #define TD_STR_(x) #x
 #define TD_STR(x) TD_STR_(x)
@@ -16,6 +18,7 @@ void common_opts_init(common_opts *o) {
     o->mem_util = 0.9;
     o->prefix_caching = true;
     td_sampling_default(&o->sampling);
+    o->generation_config = "auto";
 }
 
 long parse_size_suffix(const char *s) {
@@ -117,6 +120,7 @@ int common_opts_parse(common_opts *o, int argc, char **argv, int *i) {
     if (!strcmp(a, "--spec-depth")) { if (num(a, val, 0, TD_MAX_SPEC_DEPTH, true, NULL, &v)) return -1; o->spec_depth = (int)v; TAKE(); return 1; }
     if (!strcmp(a, "--speculative-config")) { if (speculative_config(o, val)) return -1; TAKE(); return 1; }
     if (!strcmp(a, "--draft-sampling")) { o->draft_sampling = true; return 1; }
+    if (!strcmp(a, "--generation-config")) { if (!val) return bad(a, val, "auto, none or a folder"); o->generation_config = val; TAKE(); return 1; }
     td_sampling *s = &o->sampling;
     if (!strcmp(a, "--temperature") || !strcmp(a, "--temp")) { if (num(a, val, 0, 100, false, NULL, &v)) return -1; s->temperature = (float)v; TAKE(); return 1; }
     if (!strcmp(a, "--top-k")) { if (num(a, val, 0, 1e9, true, NULL, &v)) return -1; s->top_k = (int)v; TAKE(); return 1; }
@@ -146,7 +150,9 @@ const char *common_opts_help(void) {
            "  --spec-depth N            MTP draft tokens per step, 0.." TD_STR(TD_MAX_SPEC_DEPTH) " (default 0 = off)\n"
            "  --speculative-config JSON vLLM form: '{\"method\":\"mtp\",\"num_speculative_tokens\":N}'\n"
            "  --draft-sampling          sample drafts (keep q) instead of argmax drafts (default off)\n"
-           "  --temperature T           0..100 (default 0 = greedy; serve: 1, or generation_config.json)\n"
+           "  --generation-config auto|none|DIR  sampling defaults (run, serve): auto = the model's generation_config.json,\n"
+           "                            none (or vllm) = temperature 1, top_p 1, top_k off; flags below override (default auto)\n"
+           "  --temperature T           0..100 (default: from --generation-config; bench: 0 = greedy)\n"
            "  --top-k K                 0..1e9 (default 0 = off)\n"
            "  --top-p P                 (0, 1] (default 1 = off)\n"
            "  --min-p P                 0..1 (default 0 = off)\n"
@@ -154,4 +160,49 @@ const char *common_opts_help(void) {
            "  --presence-penalty P      -2..2 (default 0)\n"
            "  --frequency-penalty F     -2..2 (default 0)\n"
            "  --seed S                  0..2^64-1 (default 0)\n";
+}
+
+int cli_generation_defaults(common_opts *o, int argc, char **argv, int *max_new_tokens) {
+    const char *gc = o->generation_config;
+    for (int i = 1; i + 1 < argc; i++) {
+        if (!strcmp(argv[i], "-m") || !strcmp(argv[i], "--model")) o->model = argv[i + 1];
+        if (!strcmp(argv[i], "--generation-config")) gc = argv[i + 1];
+    }
+    td_sampling *s = &o->sampling;
+    td_sampling_default(s);
+    s->temperature = 1.0f; /* vLLM's and OpenAI's default when nothing else says */
+    if (!strcmp(gc, "none") || !strcmp(gc, "vllm")) {
+        snprintf(o->sampling_source, sizeof o->sampling_source, "--generation-config %s", gc);
+        return 0;
+    }
+    const char *dir = strcmp(gc, "auto") ? gc : o->model;
+    td_gen_config g;
+    td_err err = {0};
+    if (td_gen_config_load(dir, 0, &g, &err)) {
+        cli_error("tandem", &err);
+        return 1;
+    }
+    if (!g.found) {
+        if (strcmp(gc, "auto")) { fprintf(stderr, "tandem: --generation-config %s: no generation_config.json there\n", gc); return 1; }
+        snprintf(o->sampling_source, sizeof o->sampling_source, "%s has no generation_config.json", dir);
+        return 0;
+    }
+    td_gen_config_apply(&g, s, max_new_tokens);
+    snprintf(o->sampling_source, sizeof o->sampling_source, "%s/generation_config.json; --generation-config none for temperature 1", dir);
+    return 0;
+}
+
+void cli_print_sampling(const char *prefix, const common_opts *o) {
+    const td_sampling *s = &o->sampling;
+    char b[256];
+    if (s->temperature == 0) snprintf(b, sizeof b, "greedy");
+    else snprintf(b, sizeof b, "temperature %g", (double)s->temperature);
+    size_t n = strlen(b);
+    if (s->temperature != 0) {
+        if (s->top_k) n += (size_t)snprintf(b + n, sizeof b - n, ", top_k %d", s->top_k);
+        if (s->top_p < 1) n += (size_t)snprintf(b + n, sizeof b - n, ", top_p %g", (double)s->top_p);
+        if (s->min_p > 0) n += (size_t)snprintf(b + n, sizeof b - n, ", min_p %g", (double)s->min_p);
+    }
+    if (s->repetition_penalty != 1 && n < sizeof b) snprintf(b + n, sizeof b - n, ", repetition_penalty %g", (double)s->repetition_penalty);
+    fprintf(stderr, "%s: sampling defaults: %s (%s)\n", prefix, b, o->sampling_source);
 }

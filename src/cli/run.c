@@ -70,6 +70,9 @@ int cmd_run(int argc, char **argv) {
     const char *prompt = NULL;
     bool chat = false, stats = false, thinking = false, ignore_eos = false, verbose = false;
     int n_predict = 128;
+    bool want_help = false;
+    for (int i = 1; i < argc; i++) want_help |= cli_is_help(argv[i]);
+    if (!want_help && cli_generation_defaults(&o, argc, argv, &n_predict)) return 1;
     for (int i = 1; i < argc; i++) {
         int r = common_opts_parse(&o, argc, argv, &i);
         if (r < 0) return 2;
@@ -97,7 +100,7 @@ int cmd_run(int argc, char **argv) {
                    "  -p, --prompt TEXT         the prompt (required)\n"
                    "  --chat                    wrap the prompt in the model's chat template as one user message (default: raw)\n"
                    "  --think                   with --chat: enable_thinking = true (default false)\n"
-                   "  -n, --max-tokens N        tokens to generate at most, 1..1e9 (default 128)\n"
+                   "  -n, --max-tokens N        tokens to generate at most, 1..1e9 (default 128, or generation_config's max_new_tokens)\n"
                    "  --stats                   speculative decoding counters and acceptance per draft position\n"
                    "  --ignore-eos              do not stop at end-of-sequence tokens (default: stop)\n"
                    "  -v, --verbose             the KV cache plan, and errors with their source location\n"
@@ -120,6 +123,7 @@ int cmd_run(int argc, char **argv) {
     if (mrc) { tok_free(tok); return 1; }
     td_engine *eng = NULL;
     if (td_engine_load(o.model, &eo, &eng, &err)) { cli_error("tandem", &err); tok_free(tok); return 1; }
+    cli_print_sampling("tandem run", &o); /* after the load: a failed start stays one line */
     if (verbose) fprintf(stderr, "%s\n", kv_summary);
     int rc = 1;
     char *text = chat ? chat_prompt(o.model, prompt, thinking) : strdup(prompt);

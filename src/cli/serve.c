@@ -17,26 +17,6 @@
 #include "server/server.h"
 #include "tokenizer/tokenizer.h"
 
-/* Sampling defaults from DIR/generation_config.json (vLLM's
- * --generation-config auto): temperature, top_p, top_k, min_p,
- * repetition_penalty, max_new_tokens. do_sample: false means greedy. */
-static void generation_defaults(const char *dir, td_sampling *s, int *max_new_tokens) {
-    char path[4096];
-    snprintf(path, sizeof path, "%s/generation_config.json", dir);
-    json_t *g = json_load_file(path, 0, NULL);
-    if (!json_is_object(g)) { json_decref(g); return; }
-    const json_t *v;
-    if (json_is_false(json_object_get(g, "do_sample"))) s->temperature = 0;
-    else if (json_is_number(v = json_object_get(g, "temperature")) && json_number_value(v) >= 0) s->temperature = (float)json_number_value(v);
-    if (json_is_number(v = json_object_get(g, "top_p")) && json_number_value(v) > 0 && json_number_value(v) <= 1) s->top_p = (float)json_number_value(v);
-    if (json_is_integer(v = json_object_get(g, "top_k")) && json_integer_value(v) > 0 && json_integer_value(v) < (1 << 30)) s->top_k = (int)json_integer_value(v);
-    if (json_is_number(v = json_object_get(g, "min_p")) && json_number_value(v) >= 0 && json_number_value(v) <= 1) s->min_p = (float)json_number_value(v);
-    if (json_is_number(v = json_object_get(g, "repetition_penalty")) && json_number_value(v) > 0) s->repetition_penalty = (float)json_number_value(v);
-    if (json_is_integer(v = json_object_get(g, "max_new_tokens")) && json_integer_value(v) > 0 && json_integer_value(v) < (1 << 30))
-        *max_new_tokens = (int)json_integer_value(v);
-    json_decref(g);
-}
-
 static const char *help =
     "usage: tandem serve [-m DIR] [options]\n"
     "  OpenAI-compatible HTTP server: /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics\n"
@@ -56,16 +36,15 @@ static const char *help =
     "  -v, --verbose                errors with their source location\n"
     "  -h, --help                   this help\n"
     "common options (sampling flags set the defaults for requests that leave them out;\n"
-    "generation_config.json in DIR is read first):\n";
+    "--generation-config sets them first):\n";
 
 int cmd_serve(int argc, char **argv) {
     common_opts o;
     common_opts_init(&o);
-    o.sampling.temperature = 1.0f; /* OpenAI's default when nothing else says */
     int gen_max = 0;
-    for (int i = 1; i + 1 < argc; i++)
-        if (!strcmp(argv[i], "-m") || !strcmp(argv[i], "--model")) o.model = argv[i + 1];
-    generation_defaults(o.model, &o.sampling, &gen_max);
+    bool want_help = false;
+    for (int i = 1; i < argc; i++) want_help |= cli_is_help(argv[i]);
+    if (!want_help && cli_generation_defaults(&o, argc, argv, &gen_max)) return 1;
     srv_config cfg = {.host = "127.0.0.1", .port = 8000, .max_body = 32u << 20, .http_threads = 4};
     td_sched_opts so;
     td_sched_opts_default(&so);
@@ -173,6 +152,7 @@ int cmd_serve(int argc, char **argv) {
     char kv_summary[512] = "";
     if (cli_engine_opts(&o, so.max_num_seqs, so.max_batch_tokens, &eo, stderr, kv_summary, sizeof kv_summary)) goto out;
     if (td_engine_load(o.model, &eo, &eng, &err)) { cli_error("tandem serve", &err); goto out; }
+    cli_print_sampling("tandem serve", &o);
     fprintf(stderr, "%s\n", kv_summary);
     td_model_info mi;
     td_engine_info(eng, &mi);
