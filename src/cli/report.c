@@ -15,14 +15,15 @@ void cli_error(const char *prefix, const td_err *e) { fprintf(stderr, "%s: %s\n"
 
 int cli_check_model_dir(const char *prefix, const char *dir) {
     struct stat st;
-    if (!dir || !*dir) { fprintf(stderr, "%s: no model directory given (-m DIR)\n", prefix); return 1; }
-    if (stat(dir, &st) != 0) {
-        if (errno == ENOENT || errno == ENOTDIR) fprintf(stderr, "%s: %s: no such model directory\n", prefix, dir);
-        else fprintf(stderr, "%s: %s: cannot open the model directory: %s\n", prefix, dir, strerror(errno));
-        return 1;
-    }
-    if (!S_ISDIR(st.st_mode)) { fprintf(stderr, "%s: %s: not a directory (-m wants a model directory)\n", prefix, dir); return 1; }
-    return 0;
+    td_err e = {0};
+    if (!dir || !*dir) TD_FAIL(&e, TD_ERR_ARG, "no model directory given (-m DIR)");
+    else if (stat(dir, &st) != 0) {
+        if (errno == ENOENT || errno == ENOTDIR) TD_FAIL(&e, TD_ERR_IO, "%s: no such model directory", dir);
+        else TD_FAIL(&e, TD_ERR_IO, "%s: cannot open the model directory: %s", dir, strerror(errno));
+    } else if (!S_ISDIR(st.st_mode)) TD_FAIL(&e, TD_ERR_ARG, "%s: not a directory (-m wants a model directory)", dir);
+    else return 0;
+    cli_error(prefix, &e);
+    return 1;
 }
 
 int cli_unknown(const char *cmd, const char *opt) {
