@@ -8,6 +8,7 @@
 
 typedef struct ckpt {
     bool used;
+    bool pinned;         /* being matched: td_kv_alloc must not evict it */
     uint64_t lru;
     int n;               /* tokens */
     int32_t *tokens;     /* [n] exact prefix (no hash collision can alias a hit) */
@@ -320,7 +321,7 @@ int td_kv_alloc(td_kv *kv) {
     while (kv->free_head < 0) {
         ckpt *old = NULL;
         for (int i = 0; i < kv->n_ckpt; i++)
-            if (kv->ck[i].used && kv->ck[i].tail >= 0 && (!old || kv->ck[i].lru < old->lru)) old = &kv->ck[i];
+            if (kv->ck[i].used && !kv->ck[i].pinned && kv->ck[i].tail >= 0 && (!old || kv->ck[i].lru < old->lru)) old = &kv->ck[i];
         if (!old) return -1;
         ckpt_clear(kv, old);
     }
@@ -421,17 +422,26 @@ int td_kv_match(td_kv *kv, const int32_t *tokens, int max_len, bool need_mtp, in
         if (cached) best = c;
     }
     if (!best) return 0;
-    int tail = -1;
-    if (best->tail >= 0) {
-        tail = td_kv_alloc(kv);
-        if (tail < 0) return 0;
-        copy_block(kv, tail, best->tail, best->n % TD_KV_BLOCK);
-    }
+    /* Take the shared blocks first: referenced, they leave the free list, so
+     * the tail allocation below can neither evict them from the prefix cache
+     * nor hand one of them out as the tail; the checkpoint is pinned so the
+     * allocation cannot give back its tail and free it while we copy. */
     for (int j = 0; j < best->n_full; j++) {
         blocks[j] = best->blocks[j];
         td_kv_ref(kv, blocks[j]);
     }
-    if (tail >= 0) blocks[best->n_full] = tail;
+    int tail = -1;
+    if (best->tail >= 0) {
+        best->pinned = true;
+        tail = td_kv_alloc(kv);
+        best->pinned = false;
+        if (tail < 0) { /* no room for the tail: no hit, and nothing kept */
+            for (int j = 0; j < best->n_full; j++) td_kv_release(kv, blocks[j]);
+            return 0;
+        }
+        copy_block(kv, tail, best->tail, best->n % TD_KV_BLOCK);
+        blocks[best->n_full] = tail;
+    }
     best->lru = ++kv->tick;
     hit->len = best->n;
     hit->state = best->state;

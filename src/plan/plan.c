@@ -331,7 +331,8 @@ int td_plan_weights_from_dir(const char *dir, td_plan_weights *w, td_err *err) {
         if (has_prefix(n, "mtp.") || has_prefix(n, "model.mtp.")) w->mtp += e->nbytes;
         else if (strstr(n, "embed_tokens.")) w->embed += e->nbytes;
         else if (has_prefix(n, "lm_head.")) w->lm_head += e->nbytes;
-        else w->main += e->nbytes;
+        else if (has_prefix(n, "model.")) w->main += e->nbytes;
+        /* anything else (another tower, a stray tensor) is never mapped into compute */
     }
     td_weights_free(ws);
     return TD_OK;
