@@ -61,7 +61,8 @@ void td_sampler_accept(td_sampler *s, int32_t tok) {
     if (tok >= 0 && tok < s->vocab) s->counts[tok]++;
 }
 
-int td_sampler_is_greedy(const td_sampler *s) { return s->p.temperature <= 0.0f; }
+/* below vLLM's _SAMPLING_EPS (1e-5) is greedy: 1/T would overflow the logits */
+int td_sampler_is_greedy(const td_sampler *s) { return s->p.temperature < 1e-5f; }
 
 static int has_penalties(const td_sampler *s) {
     return s->p.repetition_penalty != 1.0f || s->p.presence_penalty != 0.0f || s->p.frequency_penalty != 0.0f;

@@ -56,11 +56,12 @@ static int sampling_fields(const json_t *b, oai_req *r, http_err *e) {
     int rc;
     td_sampling *s = &r->sampling;
     if ((rc = num_field(b, "temperature", 0, 100, &d, e)) < 0) return -1;
-    if (rc) s->temperature = (float)d;
+    /* below vLLM's _SAMPLING_EPS (1e-5) is greedy: 1/T would overflow the logits */
+    if (rc) s->temperature = d < 1e-5 ? 0.0f : (float)d;
     if ((rc = num_field(b, "top_p", 0, 1, &d, e)) < 0) return -1;
     if (rc) {
         if (d <= 0) return BAD(e, "'top_p' must be in (0, 1]");
-        s->top_p = (float)d;
+        s->top_p = d < 1e-30 ? 1e-30f : (float)d; /* a positive top_p keeps the top token, even below float's range */
     }
     if ((rc = int_field(b, "top_k", -1, 1 << 30, &x, e)) < 0) return -1;
     if (rc) s->top_k = x < 0 ? 0 : (int)x;
