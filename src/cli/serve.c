@@ -70,7 +70,11 @@ int cmd_serve(int argc, char **argv) {
             n = parse_size_suffix(v);
             if (n < 0 || n > 65535 || strpbrk(v, "kKmM.")) { fprintf(stderr, "tandem serve: --port must be an integer in [0, 65535], got \"%s\"\n", v); return 2; }
             cfg.port = (int)n;
-        } else if (!strcmp(a, "--api-key")) { NEED(); cfg.api_key = v; }
+        } else if (!strcmp(a, "--api-key")) {
+            NEED();
+            if (!*v) { fprintf(stderr, "tandem serve: --api-key is empty (an unset variable?): give a key, or leave the option out to serve without one\n"); return 2; }
+            cfg.api_key = v;
+        }
         else if (!strcmp(a, "--served-model-name")) { NEED(); cfg.served_model_name = v; }
         else if (!strcmp(a, "--max-num-seqs") || !strcmp(a, "--max-queue") || !strcmp(a, "--max-num-batched-tokens") ||
                  !strcmp(a, "--http-threads")) {

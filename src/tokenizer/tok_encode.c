@@ -495,7 +495,7 @@ int tok_encoder_encode(tok_encoder *e, const char *text, size_t len, bool add_sp
     if (rc) return TD_FAIL(err, TD_ERR_NOMEM, "out of memory while encoding");
     *ids = TD_MALLOC(err, (e->n ? e->n : 1) * sizeof **ids);
     if (!*ids) return TD_ERR_NOMEM;
-    memcpy(*ids, e->ids, e->n * sizeof **ids);
+    if (e->n) memcpy(*ids, e->ids, e->n * sizeof **ids); /* e->ids is NULL for an empty text */
     *n_ids = e->n;
     return 0;
 }

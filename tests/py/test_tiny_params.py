@@ -35,3 +35,13 @@ def test_tiny_top_p(server):
     events = [l[6:] for l in s.iter_lines(decode_unicode=True) if l.startswith("data: ")]
     assert events[-1] == "[DONE]"
     assert not any("error" in json.loads(e) for e in events[:-1]), events
+
+
+def test_empty_api_key_refused():
+    # `--api-key "$KEY"` with KEY unset must not start an open server that says "API key required"
+    import subprocess
+    from conftest import BIN, MODEL, ROOT
+    p = subprocess.run([BIN, "serve", "-m", MODEL, "--port", "0", "--api-key", ""], capture_output=True, text=True,
+                       timeout=30, cwd=ROOT)
+    assert p.returncode == 2, p.stderr
+    assert "--api-key is empty" in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
