@@ -27,10 +27,10 @@ int cmd_inspect(int argc, char **argv) {
             dir = argv[++i];
         } else return cli_unknown("inspect", a);
     }
-    if (cli_check_model_dir("tandem inspect", dir)) return 1;
+    if (cli_check_model_dir("tandem", dir)) return 1;
     td_err err = {0};
     td_model *m;
-    if (td_model_load(dir, &m, &err)) { cli_error("tandem inspect", &err); return 1; }
+    if (td_model_load(dir, &m, &err)) { cli_error("tandem", &err); return 1; }
     const td_config *c = &m->cfg;
     printf("model: %s (%s), %d layers (%d full attention, %d Gated DeltaNet), hidden %d, vocab %d, MTP layers %d%s\n", dir,
            c->model_type, c->n_layers, c->n_full_attn, c->n_layers - c->n_full_attn, c->hidden_size, c->vocab_size,
