@@ -53,7 +53,19 @@ int cmd_inspect(int argc, char **argv) {
     printf("\n| dtype | tensors | bytes |\n|---|---|---|\n");
     for (int t = 0; t <= TD_DTYPE_COUNT; t++)
         if (counts[t]) printf("| %s | %d | %.2f MiB |\n", t == TD_DTYPE_COUNT ? "other" : td_dtype_name((td_dtype)t), counts[t], (double)bytes[t] / (1024.0 * 1024.0));
-    printf("\nfiles: %d safetensors, %d tensors\n", m->weights->n_files, m->weights->n_entries);
+    /* what the engine never maps into compute: the vision tower and anything else
+     * outside the text model and mtp.* */
+    int n_unused = 0;
+    size_t unused = 0;
+    for (int i = 0; i < m->weights->n_entries; i++) {
+        const char *n = m->weights->entries[i].name;
+        if (strncmp(n, m->prefix, strlen(m->prefix)) && strncmp(n, "mtp.", 4) && strcmp(n, "lm_head.weight")) {
+            n_unused++;
+            unused += m->weights->entries[i].nbytes;
+        }
+    }
+    printf("\nfiles: %d safetensors, %d tensors; not used (model.visual.* and others): %d tensors, %.2f MiB\n", m->weights->n_files,
+           m->weights->n_entries, n_unused, (double)unused / (1024.0 * 1024.0));
     td_model_free(m);
     return 0;
 }

@@ -70,3 +70,10 @@ def test_serve_multimodal_checkpoint():
         assert r.json()["usage"]["completion_tokens"] >= 1
     finally:
         s.stop()
+
+
+def test_inspect_multimodal_checkpoint():
+    p = run("inspect", "-m", MM)
+    assert p.returncode == 0, p.stderr
+    assert "files: 7 safetensors, 89 tensors; not used (model.visual.* and others): 21 tensors" in p.stdout, p.stdout
+    assert "MTP layers 1" in p.stdout
