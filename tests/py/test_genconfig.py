@@ -51,10 +51,19 @@ def test_bad_generation_config_is_one_line(tmp_path):
     assert len(err) == 1 and "generation_config.json" in err[0] and ".c:" not in err[0], p.stderr
 
 
+def wait_log(s, text, timeout=10):
+    """The server's stderr is read by a thread: /health can answer before it has read a line."""
+    import time
+    deadline = time.time() + timeout
+    while time.time() < deadline and text not in "".join(s.log):
+        time.sleep(0.02)
+    return "".join(s.log)
+
+
 def test_serve_prints_and_uses_defaults():
     s = Server("--generation-config", "none")
     try:
-        assert "sampling defaults: temperature 1 (--generation-config none)" in "".join(s.log)
+        assert "sampling defaults: temperature 1 (--generation-config none)" in wait_log(s, "sampling defaults")
     finally:
         s.stop()
 
@@ -62,7 +71,7 @@ def test_serve_prints_and_uses_defaults():
 def test_serve_multimodal_checkpoint():
     s = Server("-m", MM)  # the later -m wins
     try:
-        log = "".join(s.log)
+        log = wait_log(s, "sampling defaults")
         assert "sampling defaults: temperature 0.7, top_k 20, top_p 0.9" in log, log
         r = requests.post(s.url("/v1/completions"), json={"model": "bf16", "prompt": "a b", "max_tokens": 8,
                                                             "temperature": 0}, timeout=60)
