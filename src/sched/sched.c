@@ -183,7 +183,7 @@ static void *loop(void *arg) {
                 break;
             }
             if (!q->g) {
-                if (!q->cancel) snprintf(q->error, sizeof q->error, "%s", err.msg[0] ? err.msg : "no session available");
+                if (!q->cancel) snprintf(q->error, sizeof q->error, "%s", err.msg[0] ? td_err_text(&err) : "no session available");
                 q->next = failed;
                 failed = q;
                 continue;
@@ -218,7 +218,7 @@ static void *loop(void *arg) {
             for (int j = 0; j < n && !in_batch; j++) in_batch = batch[j] == q;
             if (td_gen_done(q->g) || (rc && in_batch)) {
                 if (rc && in_batch) {
-                    snprintf(q->error, sizeof q->error, "%s", err.msg);
+                    snprintf(q->error, sizeof q->error, "%s", td_err_text(&err));
                     td_session_reset(s->sessions[q->sess]); /* state undefined after a failed step */
                 }
                 s->running[i] = s->running[--s->n_running];

@@ -5,6 +5,7 @@
 #include <string.h>
 #include <time.h>
 #include "server/srv_internal.h"
+#include "util/err.h"
 
 static json_t *parse_body(const char *body, size_t len, http_err *e) {
     json_error_t je;
@@ -57,7 +58,7 @@ enum MHD_Result ep_metrics(srv *s, struct MHD_Connection *c) {
 static int encode(srv *s, const char *text, size_t len, bool add_special, int32_t **ids, size_t *n, http_err *e) {
     td_err err = {0};
     if (tok_encode(s->tok, text, len, add_special, ids, n, &err)) {
-        http_err_set(e, 400, "invalid_request_error", "cannot tokenize the prompt: %.400s", err.msg);
+        http_err_set(e, 400, "invalid_request_error", "cannot tokenize the prompt: %.400s", td_err_text(&err));
         return -1;
     }
     return 0;
@@ -131,7 +132,7 @@ enum MHD_Result ep_detokenize(srv *s, struct MHD_Connection *c, const char *body
     size_t tl = 0;
     td_err err = {0};
     if (!e.status && tok_decode(s->tok, ids, n, false, &text, &tl, &err))
-        http_err_set(&e, 400, "invalid_request_error", "cannot detokenize: %.400s", err.msg);
+        http_err_set(&e, 400, "invalid_request_error", "cannot detokenize: %.400s", td_err_text(&err));
     if (e.status) rc = srv_reply_error(s, c, &e);
     else rc = srv_reply_json(s, c, 200, json_pack("{s:s%}", "prompt", text ? text : "", tl));
     free(text);
@@ -194,7 +195,7 @@ enum MHD_Result ep_generate(srv *s, struct MHD_Connection *c, int kind, const ch
     if (!j) {
         free(ids);
         oai_req_free(&r);
-        http_err_set(&e, 500, "server_error", "cannot start the request: %.400s", err.msg);
+        http_err_set(&e, 500, "server_error", "cannot start the request: %.400s", td_err_text(&err));
         return srv_reply_error(s, c, &e);
     }
     j->conn = c;

@@ -308,7 +308,7 @@ static int on_token(void *user, const td_token_event *ev) {
     int rc = tok_stream_push(&j->ts, ev->token, &text, &len, &err);
     if (rc == 0) rc = process_text(j, text, len, &err);
     if (rc >= 0 && j->req.stream && flush_delta(j)) rc = TD_ERR_NOMEM;
-    if (rc < 0) snprintf(j->error, sizeof j->error, "output processing failed: %.400s", err.msg);
+    if (rc < 0) snprintf(j->error, sizeof j->error, "output processing failed: %.400s", td_err_text(&err));
     srv_wake(j);
     pthread_mutex_unlock(&j->mu);
     return rc < 0 ? 2 : rc == 1 ? 1 : 0;
