@@ -8,11 +8,64 @@
 #include <string.h>
 #include "template/template.h"
 
+/* ---- limits ----
+ * A chat template ships inside a downloaded model, so it is untrusted code:
+ * every way it can use stack, memory or time is bounded, and going over a
+ * bound is an error with a message (never a crash or a hang). The real
+ * templates (tests/data/chat-templates) stay far below each one; the
+ * numbers and why they are generous are in src/template/README.md. */
+/* Parser recursion: nested (), [], {}, unary -/+, not, and nested block
+ * tags ({% if %} inside {% for %} ...) together. Real templates: < 10. */
+#define TPL_MAX_NESTING 256
+/* Render recursion: nested evaluation of expressions and statements
+ * (including macro calls and the deep left-leaning trees of long chains such
+ * as a + b + c + ...). Real templates: < 40. */
+#define TPL_MAX_EVAL_DEPTH 1000
+/* Macro calls active at once (a macro that calls itself). */
+#define TPL_MAX_MACRO_DEPTH 200
+/* Nesting of lists and dicts a template builds (printing, comparing and
+ * serialising them recurse). Python's own recursion limit is 1000. */
+#define TPL_MAX_VALUE_DEPTH 1000
+/* Expression/statement evaluations plus loop iterations per render. */
+#define TPL_MAX_STEPS 10000000
+/* Bytes of the output, and of any one string a render builds. */
+#define TPL_MAX_OUTPUT ((size_t)16 << 20)
+/* Items of any one list or dict a render builds (range() included). */
+#define TPL_MAX_ITEMS ((size_t)16 << 20)
+/* Bytes a render allocates (the converted messages/tools are not counted). */
+#define TPL_MAX_MEMORY ((size_t)256 << 20)
+/* Wall-clock time per render, in milliseconds. */
+#define TPL_MAX_RENDER_MS 2000
+/* Work units (about one per cheap operation) between clock reads. */
+#define TPL_CLOCK_EVERY 4096
+
+struct jnode;
+/* The budget of one render; the render's arena points at it, so that the
+ * arena, buffers and containers can enforce it too. */
+typedef struct jlimits {
+    uint64_t steps;
+    int64_t countdown;       /* work units until the next clock read */
+    size_t mem;              /* bytes allocated in the arena since the render began */
+    int64_t deadline_ns;     /* CLOCK_MONOTONIC */
+    const struct jnode *at;  /* node being evaluated, for error positions */
+    td_err *err;
+    jmp_buf *jb;             /* the render's error exit */
+} jlimits;
+
 /* ---- arena: every allocation of a parse or a render lives here ---- */
 typedef struct jarena {
     struct jchunk *head;
     jmp_buf *oom;      /* longjmp target on allocation failure */
+    jlimits *lim;      /* set while rendering: limits enforced */
 } jarena;
+/* Fails the render that owns a (a->lim set) with a message at lim->at. */
+_Noreturn void jlimit_fail(jarena *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void jlimit_clock(jarena *a); /* reads the clock; fails past the deadline */
+/* Accounts w units of work: the clock is read every TPL_CLOCK_EVERY. */
+static inline void jwork(jarena *a, size_t w) {
+    jlimits *l = a->lim;
+    if (l && (l->countdown -= (int64_t)(w > (size_t)1 << 40 ? (size_t)1 << 40 : w)) < 0) jlimit_clock(a);
+}
 void *ja_alloc(jarena *a, size_t n);
 char *ja_strndup(jarena *a, const char *s, size_t n);
 void ja_free(jarena *a);
@@ -37,8 +90,10 @@ typedef struct jv {
         const char *undef;      /* V_UNDEF: name, for messages (may be NULL) */
     };
 } jv;
-struct jlist { size_t n, cap; jv *v; };
-struct jdict { size_t n, cap; jv *k, *v; };
+/* depth: 1 + the deepest item's depth (scalars are 0); kept by jl_push,
+ * jd_set and jv_from_json */
+struct jlist { size_t n, cap; jv *v; uint32_t depth; };
+struct jdict { size_t n, cap; jv *k, *v; uint32_t depth; };
 
 static inline jv jv_undef(const char *name) { jv v = {.k = V_UNDEF}; v.undef = name; return v; }
 static inline jv jv_none(void) { return (jv){.k = V_NONE}; }
@@ -121,6 +176,7 @@ typedef struct jparse {
     size_t nt, pos;
     jmp_buf jb;
     td_err *err;
+    int depth;           /* nesting, bounded by TPL_MAX_NESTING */
 } jparse;
 
 int jinja_lex(jarena *a, const char *src, size_t len, jtok **toks, size_t *nt, td_err *err);
@@ -143,6 +199,8 @@ typedef struct jctx {
     td_err *err;
     jframe *root;
     int depth;            /* macro recursion guard */
+    int edepth;           /* jeval/jexec recursion, bounded by TPL_MAX_EVAL_DEPTH */
+    jlimits lim;          /* c->a->lim points here while rendering */
 } jctx;
 
 _Noreturn void jfail(jctx *c, const jnode *n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
@@ -161,5 +219,7 @@ jv jmethod(jctx *c, const jnode *n, jv obj, const char *name, jv *args, int narg
            int nkw, bool *found);
 enum { FN_RANGE = 1, FN_NAMESPACE, FN_DICT, FN_RAISE, FN_STRFTIME, FN_JOINER, FN_CYCLER };
 jv jcall_global(jctx *c, const jnode *n, int fn, jv *args, int nargs, const char **kw, jv *kwv, int nkw);
+/* "integer overflow" error at n */
+_Noreturn void jint_overflow(jctx *c, const jnode *n);
 jv jstr_value(jctx *c, jv v); /* str(v) as a V_STR */
 #endif

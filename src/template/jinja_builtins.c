@@ -1,6 +1,7 @@
 /* Filters, tests, string/dict/list methods and globals, with the Python /
  * Jinja2 behaviour chat templates rely on. Anything not listed here is an
  * error naming it. */
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -161,6 +162,7 @@ static jv str_split(jctx *c, jv s, jv sep, int64_t maxsplit, bool from_right) {
         return jv_list(l);
     }
     /* rsplit with a separator: scan from the right, then reverse */
+    jwork(c->a, (s.s.n >> 6) * (1 + (sep.s.n >> 4)));
     jlist *rev = jl_new(c->a, 8);
     size_t end = s.s.n;
     int64_t k = 0;
@@ -279,6 +281,14 @@ static jv attr_path(jctx *c, jv v, jv path) {
 }
 
 
+/* int(x) of a float: truncation; NaN is the filter's default (Python's
+ * ValueError), out of the 64-bit range an overflow */
+static jv float_to_int(jctx *c, const jnode *n, double x, jv dflt) {
+    if (isnan(x)) return dflt;
+    if (!(x >= -9223372036854775808.0 && x < 9223372036854775808.0)) jint_overflow(c, n);
+    return jv_int((int64_t)x);
+}
+
 /* ---- filters ---- */
 jv jfilter(jctx *c, jframe *f, const jnode *n, jv v, jv *args, int nargs, const char **kw, jv *kwv, int nkw) {
     const char *nm = n->name;
@@ -340,6 +350,7 @@ jv jfilter(jctx *c, jframe *f, const jnode *n, jv v, jv *args, int nargs, const 
         jlist *l = jiter(c, n, v), *o = jl_new(c->a, l->n + 1);
         for (size_t i = 0; i < l->n; i++) {
             bool seen = false;
+            jwork(c->a, o->n);
             for (size_t j = 0; j < o->n && !seen; j++) seen = jv_eq(o->v[j], l->v[i]);
             if (!seen) jl_push(c->a, o, l->v[i]);
         }
@@ -361,6 +372,7 @@ jv jfilter(jctx *c, jframe *f, const jnode *n, jv v, jv *args, int nargs, const 
             while (j > 0) {
                 jv ky = at.k == V_NONE ? o->v[j - 1] : attr_path(c, o->v[j - 1], at);
                 int r = jv_cmp(c, n, ky, kx);
+                jwork(c->a, 4);
                 if (rev ? r >= 0 : r <= 0) break;
                 o->v[j] = o->v[j - 1];
                 j--;
@@ -386,27 +398,36 @@ jv jfilter(jctx *c, jframe *f, const jnode *n, jv v, jv *args, int nargs, const 
         for (size_t i = 0; i < l->n; i++) {
             jv x = at.k == V_NONE ? l->v[i] : attr_path(c, l->v[i], at);
             if (acc.k == V_FLOAT || x.k == V_FLOAT) acc = jv_float((acc.k == V_FLOAT ? acc.f : (double)as_int(c, n, acc, "sum")) + (x.k == V_FLOAT ? x.f : (double)as_int(c, n, x, "sum")));
-            else acc = jv_int(as_int(c, n, acc, "sum") + as_int(c, n, x, "sum"));
+            else {
+                int64_t r;
+                if (__builtin_add_overflow(as_int(c, n, acc, "sum"), as_int(c, n, x, "sum"), &r)) jint_overflow(c, n);
+                acc = jv_int(r);
+            }
         }
         return acc;
     }
     if (!strcmp(nm, "abs")) {
         if (v.k == V_FLOAT) return jv_float(fabs(v.f));
         int64_t i = as_int(c, n, v, "abs");
+        if (i == INT64_MIN) jint_overflow(c, n);
         return jv_int(i < 0 ? -i : i);
     }
     if (!strcmp(nm, "int")) {
         jv d = ARG(0, "default", jv_int(0));
         if (v.k == V_INT) return v;
         if (v.k == V_BOOL) return jv_int(v.b);
-        if (v.k == V_FLOAT) return jv_int((int64_t)v.f);
+        if (v.k == V_FLOAT) return float_to_int(c, n, v.f, d);
         if (v.k == V_STR) {
             char *e;
             char *s = ja_strndup(c->a, v.s.p, v.s.n);
+            errno = 0;
             long long x = strtoll(s, &e, 10);
-            if (e != s && *e == 0) return jv_int(x);
+            if (e != s && *e == 0) {
+                if (errno == ERANGE) jint_overflow(c, n);
+                return jv_int(x);
+            }
             double fx = strtod(s, &e);
-            if (e != s && *e == 0) return jv_int((int64_t)fx);
+            if (e != s && *e == 0) return float_to_int(c, n, fx, d);
         }
         return d;
     }
@@ -598,6 +619,7 @@ static jv is_class(jctx *c, jv s, int cls) { /* 0 digit 1 alpha 2 alnum 3 space 
 
 static jv str_find(jctx *c, const jnode *n, jv s, jv sub, bool rev) {
     need_str(c, n, sub, "find");
+    jwork(c->a, (s.s.n >> 6) * (rev ? 1 + (sub.s.n >> 4) : 1));
     const char *hit = NULL;
     if (!rev) hit = sub.s.n ? memmem(s.s.p, s.s.n, sub.s.p, sub.s.n) : s.s.p;
     else
@@ -722,10 +744,16 @@ jv jcall_global(jctx *c, const jnode *n, int fn, jv *args, int nargs, const char
         else if (nargs >= 2) { a = as_int(c, n, args[0], "range"); b = as_int(c, n, args[1], "range"); if (nargs > 2) s = as_int(c, n, args[2], "range"); }
         else jfail(c, n, "range expected at least 1 argument");
         if (!s) jfail(c, n, "range() arg 3 must not be zero");
-        jlist *l = jl_new(c->a, 8);
-        for (int64_t i = a; s > 0 ? i < b : i > b; i += s) {
-            if (l->n > 10000000) jfail(c, n, "range too large");
+        /* length first, in unsigned arithmetic (no overflow), then the items */
+        uint64_t len = 0;
+        if (s > 0 && a < b) len = ((uint64_t)b - (uint64_t)a - 1) / (uint64_t)s + 1;
+        else if (s < 0 && a > b) len = ((uint64_t)a - (uint64_t)b - 1) / (0 - (uint64_t)s) + 1;
+        if (len > TPL_MAX_ITEMS) jfail(c, n, "range too large (%llu items, limit %zu)", (unsigned long long)len, TPL_MAX_ITEMS);
+        jlist *l = jl_new(c->a, (size_t)len + 1);
+        int64_t i = a;
+        for (uint64_t k = 0; k < len; k++) {
             jl_push(c->a, l, jv_int(i));
+            if (k + 1 < len) i += s; /* stays inside [a, b) */
         }
         return jv_list(l);
     }

@@ -5,6 +5,7 @@
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <time.h>
 #include "template/jinja.h"
 #include "util/err.h"
 
@@ -17,6 +18,16 @@ _Noreturn void jfail(jctx *c, const jnode *n, const char *fmt, ...) {
     if (n) TD_FAIL(c->err, TD_ERR_ARG, "template line %d column %d: %s", n->line, n->col, msg);
     else TD_FAIL(c->err, TD_ERR_ARG, "template: %s", msg);
     longjmp(c->jb, 1);
+}
+
+_Noreturn void jint_overflow(jctx *c, const jnode *n) { jfail(c, n, "integer overflow (64-bit integers)"); }
+
+/* One step of the render budget: a node evaluated or a loop iteration. */
+static void step(jctx *c, const jnode *n) {
+    jlimits *l = &c->lim;
+    l->at = n;
+    if (++l->steps > TPL_MAX_STEPS) jfail(c, n, "template exceeded its limit of %d evaluation steps", TPL_MAX_STEPS);
+    jwork(c->a, 16);
 }
 
 static bool lookup(jframe *f, const char *name, size_t n, jv *out) {
@@ -80,6 +91,7 @@ static jv get_item(jctx *c, const jnode *n, jv obj, jv key) {
         break;
     case V_STR:
         if (key.k == V_INT || key.k == V_BOOL) {
+            jwork(c->a, obj.s.n >> 5);
             size_t len = ju_len(obj.s.p, obj.s.n);
             int64_t i = norm_index(key.k == V_INT ? key.i : key.b, len);
             if (i >= 0 && (size_t)i < len) {
@@ -111,6 +123,7 @@ static jv do_slice(jctx *c, const jnode *n, jv obj, jv a, jv b, jv s) {
     if (step == 0) jfail(c, n, "slice step cannot be zero");
     bool is_str = obj.k == V_STR;
     if (!is_str && obj.k != V_LIST) jfail(c, n, "cannot slice a %s", jv_type_name(obj));
+    if (is_str) jwork(c->a, obj.s.n >> 5);
     int64_t len = is_str ? (int64_t)ju_len(obj.s.p, obj.s.n) : (int64_t)obj.l->n;
     int64_t start = slice_bound(c, n, a, step < 0 ? len - 1 : 0, len, step);
     int64_t stop = slice_bound(c, n, b, step < 0 ? -1 : len, len, step);
@@ -123,12 +136,17 @@ static jv do_slice(jctx *c, const jnode *n, jv obj, jv a, jv b, jv s) {
         for (size_t i = 0; i < obj.s.n; i++)
             if (((unsigned char)obj.s.p[i] & 0xC0) != 0x80) offs[k++] = i;
         offs[k] = obj.s.n;
-        for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step)
+        for (int64_t i = start; step > 0 ? i < stop : i > stop;) {
             jb_put(&out, obj.s.p + offs[i], offs[i + 1] - offs[i]);
+            if (__builtin_add_overflow(i, step, &i)) break;
+        }
         return jv_str(out.p, out.n);
     }
     jlist *l = jl_new(c->a, 8);
-    for (int64_t i = start; step > 0 ? i < stop : i > stop; i += step) jl_push(c->a, l, obj.l->v[i]);
+    for (int64_t i = start; step > 0 ? i < stop : i > stop;) {
+        jl_push(c->a, l, obj.l->v[i]);
+        if (__builtin_add_overflow(i, step, &i)) break;
+    }
     return jv_list(l);
 }
 
@@ -136,37 +154,78 @@ static bool is_num(jv v) { return v.k == V_INT || v.k == V_FLOAT || v.k == V_BOO
 static double numf(jv v) { return v.k == V_FLOAT ? v.f : v.k == V_INT ? (double)v.i : (double)v.b; }
 static int64_t numi(jv v) { return v.k == V_INT ? v.i : (int64_t)v.b; }
 
+/* b != 0 and not (a == INT64_MIN && b == -1): checked by the caller */
 static int64_t floordiv(int64_t a, int64_t b) { int64_t q = a / b; if ((a % b != 0) && ((a < 0) != (b < 0))) q--; return q; }
+
+/* x ** e for e >= 0 by squaring (at most 63 rounds); false on overflow */
+static bool ipow(int64_t x, int64_t e, int64_t *out) {
+    int64_t r = 1;
+    while (e > 0) {
+        if ((e & 1) && __builtin_mul_overflow(r, x, &r)) return false;
+        e >>= 1;
+        /* squaring overflows only when a further factor would overflow r too */
+        if (e && __builtin_mul_overflow(x, x, &x)) return false;
+    }
+    *out = r;
+    return true;
+}
+
+/* Python's int arithmetic, but 64-bit: overflow is an error. */
+static jv int_binop(jctx *c, const jnode *n, const char *op, int64_t x, int64_t y) {
+    int64_t r;
+    switch (op[0]) {
+    case '+': if (__builtin_add_overflow(x, y, &r)) jint_overflow(c, n); return jv_int(r);
+    case '-': if (__builtin_sub_overflow(x, y, &r)) jint_overflow(c, n); return jv_int(r);
+    case '*':
+        if (op[1] == '*') {
+            if (y < 0) {
+                if (x == 0) jfail(c, n, "division by zero (0 cannot be raised to a negative power)");
+                return jv_float(pow((double)x, (double)y));
+            }
+            if (!ipow(x, y, &r)) jint_overflow(c, n);
+            return jv_int(r);
+        }
+        if (__builtin_mul_overflow(x, y, &r)) jint_overflow(c, n);
+        return jv_int(r);
+    case '/':
+        if (y == 0) jfail(c, n, "division by zero");
+        if (op[1] == '/') {
+            if (x == INT64_MIN && y == -1) jint_overflow(c, n);
+            return jv_int(floordiv(x, y));
+        }
+        return jv_float((double)x / (double)y);
+    default: /* % */
+        if (y == 0) jfail(c, n, "modulo by zero");
+        if (y == -1) return jv_int(0);
+        r = x % y;
+        if (r && ((r < 0) != (y < 0))) r += y;
+        return jv_int(r);
+    }
+}
 
 static jv binop(jctx *c, const jnode *n, const char *op, jv a, jv b) {
     if (a.k == V_UNDEF || b.k == V_UNDEF)
         jfail(c, n, "'%s' is undefined (operand of '%s')", undef_msg(a.k == V_UNDEF ? a : b), op);
     bool both_int = (a.k == V_INT || a.k == V_BOOL) && (b.k == V_INT || b.k == V_BOOL);
     if (is_num(a) && is_num(b)) {
+        if (both_int) return int_binop(c, n, op, numi(a), numi(b));
         switch (op[0]) {
-        case '+': return both_int ? jv_int(numi(a) + numi(b)) : jv_float(numf(a) + numf(b));
-        case '-': return both_int ? jv_int(numi(a) - numi(b)) : jv_float(numf(a) - numf(b));
+        case '+': return jv_float(numf(a) + numf(b));
+        case '-': return jv_float(numf(a) - numf(b));
         case '*':
-            if (op[1] == '*') {
-                if (both_int && numi(b) >= 0) {
-                    int64_t r = 1, x = numi(a);
-                    for (int64_t e = numi(b); e > 0; e--) r *= x;
-                    return jv_int(r);
-                }
-                return jv_float(pow(numf(a), numf(b)));
-            }
-            return both_int ? jv_int(numi(a) * numi(b)) : jv_float(numf(a) * numf(b));
+            if (op[1] == '*') return jv_float(pow(numf(a), numf(b)));
+            return jv_float(numf(a) * numf(b));
         case '/':
             if (numf(b) == 0) jfail(c, n, "division by zero");
-            if (op[1] == '/') return both_int ? jv_int(floordiv(numi(a), numi(b))) : jv_float(floor(numf(a) / numf(b)));
+            if (op[1] == '/') return jv_float(floor(numf(a) / numf(b)));
             return jv_float(numf(a) / numf(b));
         case '%':
             if (numf(b) == 0) jfail(c, n, "modulo by zero");
-            if (both_int) { int64_t r = numi(a) % numi(b); if (r && ((r < 0) != (numi(b) < 0))) r += numi(b); return jv_int(r); }
             { double r = fmod(numf(a), numf(b)); if (r != 0 && ((r < 0) != (numf(b) < 0))) r += numf(b); return jv_float(r); }
         }
     }
     if (op[0] == '+' && a.k == V_STR && b.k == V_STR) {
+        if (a.s.n + b.s.n > TPL_MAX_OUTPUT) jfail(c, n, "string too large (over %zu MiB)", TPL_MAX_OUTPUT >> 20);
         char *p = ja_alloc(c->a, a.s.n + b.s.n + 1);
         memcpy(p, a.s.p, a.s.n);
         memcpy(p + a.s.n, b.s.p, b.s.n);
@@ -174,6 +233,7 @@ static jv binop(jctx *c, const jnode *n, const char *op, jv a, jv b) {
         return jv_str(p, a.s.n + b.s.n);
     }
     if (op[0] == '+' && a.k == V_LIST && b.k == V_LIST) {
+        if (a.l->n + b.l->n > TPL_MAX_ITEMS) jfail(c, n, "list too large (over %zu items)", TPL_MAX_ITEMS);
         jlist *l = jl_new(c->a, a.l->n + b.l->n + 1);
         for (size_t i = 0; i < a.l->n; i++) jl_push(c->a, l, a.l->v[i]);
         for (size_t i = 0; i < b.l->n; i++) jl_push(c->a, l, b.l->v[i]);
@@ -182,13 +242,17 @@ static jv binop(jctx *c, const jnode *n, const char *op, jv a, jv b) {
     if (op[0] == '*' && op[1] == 0 && ((a.k == V_STR && b.k == V_INT) || (a.k == V_INT && b.k == V_STR))) {
         jv s = a.k == V_STR ? a : b;
         int64_t k = a.k == V_INT ? a.i : b.i;
+        if (k <= 0 || !s.s.n) return jv_str("", 0);
+        if ((uint64_t)k > TPL_MAX_OUTPUT / s.s.n) jfail(c, n, "string too large (over %zu MiB)", TPL_MAX_OUTPUT >> 20);
         jbuf o = {.a = c->a};
         jb_put(&o, "", 0);
         for (int64_t i = 0; i < k; i++) jb_put(&o, s.s.p, s.s.n);
         return jv_str(o.p, o.n);
     }
     if (op[0] == '*' && op[1] == 0 && a.k == V_LIST && b.k == V_INT) {
-        jlist *l = jl_new(c->a, 8);
+        if (b.i <= 0 || !a.l->n) return jv_list(jl_new(c->a, 1));
+        if ((uint64_t)b.i > TPL_MAX_ITEMS / a.l->n) jfail(c, n, "list too large (over %zu items)", TPL_MAX_ITEMS);
+        jlist *l = jl_new(c->a, a.l->n * (size_t)b.i);
         for (int64_t i = 0; i < b.i; i++)
             for (size_t j = 0; j < a.l->n; j++) jl_push(c->a, l, a.l->v[j]);
         return jv_list(l);
@@ -219,9 +283,11 @@ bool jv_contains(jctx *c, const jnode *n, jv hay, jv needle) {
     switch (hay.k) {
     case V_STR:
         if (needle.k != V_STR) jfail(c, n, "'in <string>' requires string as left operand, not %s", jv_type_name(needle));
+        jwork(c->a, hay.s.n >> 6);
         if (!needle.s.n) return true;
         return memmem(hay.s.p, hay.s.n, needle.s.p, needle.s.n) != NULL;
     case V_LIST:
+        jwork(c->a, hay.l->n);
         for (size_t i = 0; i < hay.l->n; i++)
             if (jv_eq(hay.l->v[i], needle)) return true;
         return false;
@@ -255,7 +321,7 @@ static int eval_args(jctx *c, jframe *f, const jnode *n, int first, jv **args, j
 }
 
 jv jcall_macro(jctx *c, const jnode *m, jv *args, int nargs, const char **kw, jv *kwv, int nkw, const jnode *at) {
-    if (c->depth > 200) jfail(c, at, "macro recursion too deep");
+    if (c->depth >= TPL_MAX_MACRO_DEPTH) jfail(c, at, "macro recursion too deep (more than %d calls)", TPL_MAX_MACRO_DEPTH);
     jframe *f = new_frame(c, c->root);
     int np = m->nkw;
     jlist *varargs = jl_new(c->a, 4);
@@ -317,7 +383,32 @@ static const struct { const char *name; int fn; } GLOBALS[] = {
     {"range", FN_RANGE}, {"namespace", FN_NAMESPACE}, {"dict", FN_DICT}, {"raise_exception", FN_RAISE},
     {"strftime_now", FN_STRFTIME}, {"joiner", FN_JOINER}, {"cycler", FN_CYCLER}, {NULL, 0}};
 
+static jv eval_node(jctx *c, jframe *f, const jnode *n);
+static int exec_node(jctx *c, jframe *f, const jnode *n, jbuf *out);
+
+/* Recursion through jeval/jexec is bounded: long chains (a + b + c ...)
+ * parse into trees as deep as they are long. */
+static void enter(jctx *c, const jnode *n) {
+    if (++c->edepth > TPL_MAX_EVAL_DEPTH)
+        jfail(c, n, "template nested too deeply (more than %d levels while rendering)", TPL_MAX_EVAL_DEPTH);
+    step(c, n);
+}
+
 jv jeval(jctx *c, jframe *f, const jnode *n) {
+    enter(c, n);
+    jv v = eval_node(c, f, n);
+    c->edepth--;
+    return v;
+}
+
+int jexec(jctx *c, jframe *f, const jnode *n, jbuf *out) {
+    enter(c, n);
+    int fl = exec_node(c, f, n, out);
+    c->edepth--;
+    return fl;
+}
+
+static jv eval_node(jctx *c, jframe *f, const jnode *n) {
     switch (n->k) {
     case N_LIT: return n->lit;
     case N_NAME: {
@@ -370,7 +461,10 @@ jv jeval(jctx *c, jframe *f, const jnode *n) {
     case N_CMP: return compare(c, n, n->name, jeval(c, f, n->a[0]), jeval(c, f, n->a[1]));
     case N_NEG: case N_POS: {
         jv v = jeval(c, f, n->a[0]);
-        if (v.k == V_INT || v.k == V_BOOL) return jv_int(n->k == N_NEG ? -numi(v) : numi(v));
+        if (v.k == V_INT || v.k == V_BOOL) {
+            if (n->k == N_NEG && numi(v) == INT64_MIN) jint_overflow(c, n);
+            return jv_int(n->k == N_NEG ? -numi(v) : numi(v));
+        }
         if (v.k == V_FLOAT) return jv_float(n->k == N_NEG ? -v.f : v.f);
         jfail(c, n, "bad operand type for unary %s: '%s'", n->k == N_NEG ? "-" : "+", jv_type_name(v));
     }
@@ -396,6 +490,7 @@ jlist *jiter(jctx *c, const jnode *n, jv v) {
         return l;
     }
     case V_STR: {
+        if (v.s.n >= TPL_MAX_ITEMS) jfail(c, n, "string too long to iterate (over %zu items)", TPL_MAX_ITEMS);
         jlist *l = jl_new(c->a, v.s.n + 1);
         for (size_t i = 0; i < v.s.n;) {
             size_t j = i + 1;
@@ -443,6 +538,7 @@ static int exec_for(jctx *c, jframe *f, const jnode *n, jbuf *out) {
     size_t len = items->n;
     if (!len) return n->a[4] ? jexec(c, f, n->a[4], out) : FLOW_NORMAL;
     for (size_t i = 0; i < len; i++) {
+        step(c, n);
         jframe *lf = new_frame(c, f);
         jdict *loop = jd_new(c->a, 12);
 #define LSET(k, v) jd_set(c->a, loop, jv_str(k, strlen(k)), v)
@@ -468,7 +564,7 @@ static int exec_for(jctx *c, jframe *f, const jnode *n, jbuf *out) {
     return FLOW_NORMAL;
 }
 
-int jexec(jctx *c, jframe *f, const jnode *n, jbuf *out) {
+static int exec_node(jctx *c, jframe *f, const jnode *n, jbuf *out) {
     switch (n->k) {
     case N_BODY:
         for (int i = 0; i < n->na; i++) {
@@ -543,9 +639,16 @@ void tpl_free(tpl *t) {
 }
 
 static int render(const tpl *t, jctx *c, jframe *root, char **out, size_t *len) {
+    /* the budget starts now: the converted messages are not counted */
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    c->lim = (jlimits){.countdown = TPL_CLOCK_EVERY, .err = c->err, .jb = &c->jb,
+                       .deadline_ns = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec + (int64_t)TPL_MAX_RENDER_MS * 1000000};
+    c->a->lim = &c->lim;
     jbuf b = {.a = c->a};
     jb_put(&b, "", 0);
     jexec(c, root, t->root, &b);
+    c->a->lim = NULL;
     char *r = TD_MALLOC(c->err, b.n + 1);
     if (!r) return TD_ERR_NOMEM;
     memcpy(r, b.p, b.n + 1);

@@ -1,6 +1,7 @@
 /* Lexer: template text -> DATA tokens (with trim_blocks, lstrip_blocks,
  * whitespace control and newline normalisation already applied, as Jinja's
  * lexer does) and expression tokens inside {{ }} and {% %}. */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include "template/jinja.h"
@@ -14,14 +15,25 @@ typedef struct {
     size_t n, cap;
     td_err *err;
     jmp_buf *jb;
+    size_t lc_off;      /* line/column known at this offset (tokens come in order) */
+    int lc_line, lc_col;
 } lexer;
 
-static void pos_of(const lexer *L, size_t off, int *line, int *col) {
-    int l = 1, c = 1;
-    for (size_t i = 0; i < off && i < L->len; i++) {
+/* Line and column (in code points) of offset off. Tokens are pushed in
+ * source order, so this walks forward from the previous answer: linear in
+ * the template, not quadratic. An earlier offset (only an error's) starts
+ * over from the top. */
+static void pos_of(lexer *L, size_t off, int *line, int *col) {
+    if (off > L->len) off = L->len;
+    if (off < L->lc_off) { L->lc_off = 0; L->lc_line = 1; L->lc_col = 1; }
+    int l = L->lc_line, c = L->lc_col;
+    for (size_t i = L->lc_off; i < off; i++) {
         if (L->src[i] == '\n') { l++; c = 1; }
         else if (((unsigned char)L->src[i] & 0xC0) != 0x80) c++;
     }
+    L->lc_off = off;
+    L->lc_line = l;
+    L->lc_col = c;
     *line = l;
     *col = c;
 }
@@ -46,7 +58,6 @@ static jtok *push(lexer *L, jtk type, const char *s, size_t n, size_t off) {
     t->t = type;
     t->s = s;
     t->n = n;
-    /* line/col computed incrementally would be faster; templates are small */
     pos_of(L, off, &t->line, &t->col);
     return t;
 }
@@ -96,7 +107,12 @@ static void put_utf8(char *d, size_t *o, uint32_t cp) {
 static size_t lex_string(lexer *L, size_t i) {
     char q = L->src[i];
     size_t start = i++;
-    char *d = ja_alloc(L->a, L->len - i + 1);
+    /* the decoded text is never longer than the literal: size it by the
+     * literal, not by the rest of the template (quadratic memory) */
+    size_t end = i;
+    while (end < L->len && L->src[end] != q) end += L->src[end] == '\\' ? 2 : 1;
+    if (end > L->len) end = L->len;
+    char *d = ja_alloc(L->a, end - i + 1);
     size_t o = 0;
     while (i < L->len && L->src[i] != q) {
         char c = L->src[i];
@@ -180,36 +196,38 @@ static size_t lex_expr(lexer *L, size_t i, char close, bool *strip) {
             continue;
         }
         if (c >= '0' && c <= '9') {
+            /* extent first, then the digits (without '_') into a buffer
+             * of that size: any length is safe */
             size_t j = i;
             bool is_float = false;
-            char buf[64];
-            size_t bn = 0;
-            while (j < L->len && ((L->src[j] >= '0' && L->src[j] <= '9') || L->src[j] == '_')) {
-                if (L->src[j] != '_' && bn < 63) buf[bn++] = L->src[j];
-                j++;
-            }
+            while (j < L->len && ((L->src[j] >= '0' && L->src[j] <= '9') || L->src[j] == '_')) j++;
             if (j + 1 < L->len && L->src[j] == '.' && L->src[j + 1] >= '0' && L->src[j + 1] <= '9') {
                 is_float = true;
-                buf[bn++] = '.';
                 j++;
-                while (j < L->len && ((L->src[j] >= '0' && L->src[j] <= '9') || L->src[j] == '_')) {
-                    if (L->src[j] != '_' && bn < 63) buf[bn++] = L->src[j];
-                    j++;
-                }
+                while (j < L->len && ((L->src[j] >= '0' && L->src[j] <= '9') || L->src[j] == '_')) j++;
             }
             if (j < L->len && (L->src[j] == 'e' || L->src[j] == 'E')) {
                 size_t k = j + 1;
                 if (k < L->len && (L->src[k] == '+' || L->src[k] == '-')) k++;
                 if (k < L->len && L->src[k] >= '0' && L->src[k] <= '9') {
                     is_float = true;
-                    while (j < k && bn < 63) buf[bn++] = L->src[j++];
-                    while (j < L->len && L->src[j] >= '0' && L->src[j] <= '9' && bn < 63) buf[bn++] = L->src[j++];
+                    j = k;
+                    while (j < L->len && L->src[j] >= '0' && L->src[j] <= '9') j++;
                 }
             }
+            char *buf = ja_alloc(L->a, j - i + 1);
+            size_t bn = 0;
+            for (size_t k = i; k < j; k++)
+                if (L->src[k] != '_') buf[bn++] = L->src[k];
             buf[bn] = 0;
             jtok *t = push(L, is_float ? TK_FLOAT : TK_INT, s, j - i, i);
-            if (is_float) t->f = strtod(buf, NULL);
-            else t->i = strtoll(buf, NULL, 10);
+            if (is_float) {
+                t->f = strtod(buf, NULL); /* too large is inf, as in Python */
+            } else {
+                errno = 0;
+                t->i = strtoll(buf, NULL, 10);
+                if (errno == ERANGE) lfail(L, i, "integer literal out of range (64-bit integers)");
+            }
             i = j;
             continue;
         }
@@ -259,7 +277,7 @@ int jinja_lex(jarena *a, const char *src0, size_t len0, jtok **toks, size_t *nt,
     if (len && norm[len - 1] == '\n') len--;
     norm[len] = 0;
     const char *src = norm;
-    lexer L = {.a = a, .src = src, .len = len, .err = err, .jb = &jb};
+    lexer L = {.a = a, .src = src, .len = len, .err = err, .jb = &jb, .lc_line = 1, .lc_col = 1};
     if (setjmp(jb)) return err ? err->code : TD_ERR_FORMAT;
     size_t pos = 0;
     bool lstrip_next = false, line_starting = true;

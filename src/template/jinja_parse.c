@@ -12,6 +12,17 @@ static _Noreturn void pfail(jparse *p, const jtok *t, const char *fmt, const cha
     longjmp(p->jb, 1);
 }
 
+/* Every recursive path of the parser goes through enter(): nested
+ * expressions, unary operators, `not` and block bodies. */
+static void enter(jparse *p, const jtok *at) {
+    if (++p->depth > TPL_MAX_NESTING) {
+        char msg[80];
+        snprintf(msg, sizeof msg, "template nested too deeply (more than %d levels)", TPL_MAX_NESTING);
+        pfail(p, at, "%s", msg);
+    }
+}
+static void leave(jparse *p) { p->depth--; }
+
 static jtok *peek(jparse *p) { return &p->toks[p->pos]; }
 static jtok *peek2(jparse *p) { return &p->toks[p->pos + 1 < p->nt ? p->pos + 1 : p->pos]; }
 static jtok *next(jparse *p) { jtok *t = &p->toks[p->pos]; if (p->pos + 1 < p->nt) p->pos++; return t; }
@@ -273,7 +284,9 @@ static jnode *parse_unary(jparse *p, bool with_filter) {
         next(p);
         n = mk(p, is_op(t, "-") ? N_NEG : N_POS, t);
         n->a = ja_alloc(p->a, sizeof *n->a);
+        enter(p, t);
         n->a[0] = parse_unary(p, false);
+        leave(p);
         n->na = 1;
     } else {
         n = parse_postfix(p, parse_primary(p));
@@ -352,7 +365,9 @@ static jnode *parse_not(jparse *p) {
         next(p);
         jnode *n = mk(p, N_NOT, t);
         n->a = ja_alloc(p->a, sizeof *n->a);
+        enter(p, t);
         n->a[0] = parse_not(p);
+        leave(p);
         n->na = 1;
         return n;
     }
@@ -371,7 +386,15 @@ static jnode *parse_or(jparse *p) {
     return l;
 }
 
+static jnode *parse_expr1(jparse *p);
 static jnode *parse_expr(jparse *p) {
+    enter(p, peek(p));
+    jnode *e = parse_expr1(p);
+    leave(p);
+    return e;
+}
+
+static jnode *parse_expr1(jparse *p) {
     jnode *e = parse_or(p);
     while (is_name(peek(p), "if")) {
         jtok *t = next(p);
@@ -587,7 +610,15 @@ static jnode *parse_stmt(jparse *p, jtok *kw) {
 
 /* Parses statements until one of `ends` (a block tag name) or EOF when
  * ends is NULL; *which gets the end tag found (its name is consumed). */
+static jnode *parse_body1(jparse *p, const char **ends, const char **which);
 static jnode *parse_body(jparse *p, const char **ends, const char **which) {
+    enter(p, &p->toks[p->pos ? p->pos - 1 : 0]); /* at the tag that opened it */
+    jnode *b = parse_body1(p, ends, which);
+    leave(p);
+    return b;
+}
+
+static jnode *parse_body1(jparse *p, const char **ends, const char **which) {
     nvec v = {0};
     jtok *start = peek(p);
     for (;;) {

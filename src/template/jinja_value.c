@@ -4,11 +4,41 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 #include "template/jinja.h"
+#include "util/err.h"
+
+_Noreturn void jlimit_fail(jarena *a, const char *fmt, ...) {
+    jlimits *l = a->lim;
+    char msg[300];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    a->lim = NULL; /* no limit checks while unwinding */
+    if (l->at) TD_FAIL(l->err, TD_ERR_ARG, "template line %d column %d: %s", l->at->line, l->at->col, msg);
+    else TD_FAIL(l->err, TD_ERR_ARG, "template: %s", msg);
+    longjmp(*l->jb, 1);
+}
+
+void jlimit_clock(jarena *a) {
+    jlimits *l = a->lim;
+    l->countdown = TPL_CLOCK_EVERY;
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    if ((int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec > l->deadline_ns)
+        jlimit_fail(a, "template rendering ran past its time limit (%d ms)", TPL_MAX_RENDER_MS);
+}
 
 struct jchunk { struct jchunk *next; size_t used, cap; _Alignas(16) char mem[]; };
 
 void *ja_alloc(jarena *a, size_t n) {
+    if (a->lim) {
+        if (n > TPL_MAX_MEMORY || a->lim->mem + n > TPL_MAX_MEMORY)
+            jlimit_fail(a, "template used more than its memory limit (%zu MiB)", TPL_MAX_MEMORY >> 20);
+        a->lim->mem += n;
+        jwork(a, n >> 6);
+    }
     n = (n + 15) & ~(size_t)15;
     struct jchunk *c = a->head;
     if (!c || c->cap - c->used < n) {
@@ -52,6 +82,11 @@ void ja_free(jarena *a) {
 }
 
 void jb_put(jbuf *b, const char *s, size_t n) {
+    if (b->a->lim) {
+        if (n > TPL_MAX_OUTPUT || b->n + n > TPL_MAX_OUTPUT)
+            jlimit_fail(b->a, "template output or string too large (over %zu MiB)", TPL_MAX_OUTPUT >> 20);
+        jwork(b->a, 1 + (n >> 6));
+    }
     if (b->n + n + 1 > b->cap) {
         size_t nc = b->cap ? b->cap * 2 : 256;
         while (nc < b->n + n + 1) nc *= 2;
@@ -85,10 +120,25 @@ jlist *jl_new(jarena *a, size_t cap) {
     l->n = 0;
     l->cap = cap ? cap : 4;
     l->v = ja_alloc(a, l->cap * sizeof *l->v);
+    l->depth = 1;
     return l;
 }
 
+static uint32_t vdepth(jv v) { return v.k == V_LIST ? v.l->depth : v.k == V_DICT ? v.d->depth : 0; }
+
+/* keeps c->depth; over the limits only while rendering */
+static void grow_check(jarena *a, uint32_t *depth, size_t n, jv v) {
+    uint32_t d = vdepth(v) + 1;
+    if (d > *depth) *depth = d;
+    if (a->lim) {
+        if (*depth > TPL_MAX_VALUE_DEPTH)
+            jlimit_fail(a, "value nested too deeply (more than %d lists/dicts)", TPL_MAX_VALUE_DEPTH);
+        if (n >= TPL_MAX_ITEMS) jlimit_fail(a, "list or dict too large (over %zu items)", TPL_MAX_ITEMS);
+    }
+}
+
 void jl_push(jarena *a, jlist *l, jv v) {
+    grow_check(a, &l->depth, l->n, v);
     if (l->n == l->cap) {
         jv *nv = ja_alloc(a, l->cap * 2 * sizeof *nv);
         memcpy(nv, l->v, l->n * sizeof *nv);
@@ -104,6 +154,7 @@ jdict *jd_new(jarena *a, size_t cap) {
     d->cap = cap ? cap : 4;
     d->k = ja_alloc(a, d->cap * sizeof *d->k);
     d->v = ja_alloc(a, d->cap * sizeof *d->v);
+    d->depth = 1;
     return d;
 }
 
@@ -125,6 +176,8 @@ bool jd_get(const jdict *d, const char *key, size_t n, jv *out) {
 }
 
 void jd_set(jarena *a, jdict *d, jv key, jv val) {
+    jwork(a, d->n >> 2);
+    grow_check(a, &d->depth, d->n, vdepth(key) > vdepth(val) ? key : val);
     for (size_t i = 0; i < d->n; i++)
         if (jv_eq(d->k[i], key)) { d->v[i] = val; return; }
     if (d->n == d->cap) {
@@ -392,12 +445,15 @@ jv jv_from_json(jarena *a, const json_t *j) {
             jv key = jv_str(ja_strndup(a, k, kl), kl);
             /* jansson keeps insertion order; keys are unique */
             d->k[d->n] = key;
-            d->v[d->n++] = jv_from_json(a, v);
+            d->v[d->n] = jv_from_json(a, v);
+            if (vdepth(d->v[d->n]) + 1 > d->depth) d->depth = vdepth(d->v[d->n]) + 1;
+            d->n++;
             if (d->n == d->cap) { /* never: cap sized above, but stay safe */
                 jdict *nd = jd_new(a, d->cap * 2);
                 memcpy(nd->k, d->k, d->n * sizeof *d->k);
                 memcpy(nd->v, d->v, d->n * sizeof *d->v);
                 nd->n = d->n;
+                nd->depth = d->depth;
                 d = nd;
             }
         }
