@@ -17,6 +17,12 @@
 #include "server/server.h"
 #include "tokenizer/tokenizer.h"
 
+/* The scheduler's notable events (preemptions, failed steps), one line each. */
+static void sched_log_line(void *user, const char *line) {
+    (void)user;
+    fprintf(stderr, "tandem serve: %s\n", line);
+}
+
 static const char *help =
     "usage: tandem serve [-m DIR] [options]\n"
     "  OpenAI-compatible HTTP server: /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics\n"
@@ -152,6 +158,7 @@ int cmd_serve(int argc, char **argv) {
     td_sched *sched = NULL;
     if (tok_load(o.model, &tok, &err)) { cli_error("tandem serve", &err); goto out; }
     so.prefix_caching = o.prefix_caching;
+    so.on_log = sched_log_line;
     td_engine_opts eo;
     char kv_summary[512] = "";
     if (cli_engine_opts(&o, so.max_num_seqs, so.max_batch_tokens, &eo, stderr, kv_summary, sizeof kv_summary)) goto out;

@@ -67,6 +67,11 @@ int td_seq_reserve(td_seq *s, int slots, td_err *err) {
         s->blocks = b;
         s->cap_blocks = cap;
     }
+    /* All or nothing: allocating block by block and then failing would evict
+     * cached prefix blocks (each allocation unhashes one) for nothing. */
+    if (need - s->n_blocks > td_kv_free_blocks(s->kv) + td_kv_checkpoint_blocks(s->kv))
+        return TD_FAIL(err, TD_ERR_LIMIT, "KV cache full: %d more blocks of %d tokens needed, %d free", need - s->n_blocks, TD_KV_BLOCK,
+                       td_kv_free_blocks(s->kv) + td_kv_checkpoint_blocks(s->kv));
     while (s->n_blocks < need) {
         int b = td_kv_alloc(s->kv);
         if (b < 0)

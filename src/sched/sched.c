@@ -6,6 +6,8 @@
 #include "sched/sched.h"
 #include <math.h>
 #include <pthread.h>
+#include <stdarg.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "engine/engine.h"
@@ -17,7 +19,9 @@ typedef struct req {
     td_request r;          /* prompt and stop_ids owned copies */
     int32_t *prompt, *stop_ids;
     bool cancel;           /* guarded by the scheduler mutex */
-    td_gen *g;
+    bool poison;           /* test hook: the prompt holds opts.debug_fail_token */
+    bool suspect;          /* in a batch whose step failed: runs alone until it passes */
+    td_gen *g;             /* NULL until admitted; kept while preempted */
     int sess;
     char error[sizeof(((td_err *)0)->msg)];
     struct req *next;
@@ -40,6 +44,7 @@ struct td_sched {
     uint64_t *sess_used;
     int n_sessions, max_sessions;
     uint64_t next_id, tick;
+    int blocked_avail;     /* blocks available when the queue head was refused (-1: not blocked) */
     td_sched_stats st;     /* guarded by mu */
 };
 
@@ -48,6 +53,9 @@ void td_sched_opts_default(td_sched_opts *o) {
     o->max_queue = 64;
     o->max_batch_tokens = 512;
     o->prefix_caching = true;
+    o->on_log = NULL;
+    o->log_user = NULL;
+    o->debug_fail_token = -1;
 }
 
 static void free_req(req *q) {
@@ -147,54 +155,148 @@ static void finish_req(td_sched *s, req *q, const char *error) {
     free_req(q);
 }
 
+static void sched_log(td_sched *s, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void sched_log(td_sched *s, const char *fmt, ...) {
+    if (!s->o.on_log) return;
+    char buf[256];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(buf, sizeof buf, fmt, ap);
+    va_end(ap);
+    s->o.on_log(s->o.log_user, buf);
+}
+
+/* Blocks a new allocation could take: free, cached, and checkpoint tails. */
+static int kv_available(td_sched *s) {
+    td_kv_info ki;
+    td_engine_kv_info(s->eng, &ki);
+    return ki.free_blocks + ki.checkpoint_blocks;
+}
+
+/* Queues q (mu held) in arrival order: preempted requests are older than
+ * every request that never ran, so FCFS puts them back at the front. */
+static void queue_in_order(td_sched *s, req *q) {
+    req **pp = &s->wait_head;
+    while (*pp && (*pp)->id < q->id) pp = &(*pp)->next;
+    q->next = *pp;
+    *pp = q;
+    if (!q->next) s->wait_tail = q;
+    s->n_waiting++;
+}
+
+/* Removes running[i] keeping arrival order (mu held). */
+static void remove_running(td_sched *s, int i) {
+    memmove(&s->running[i], &s->running[i + 1], (size_t)(s->n_running - i - 1) * sizeof *s->running);
+    s->n_running--;
+}
+
+/* Preempts running[i] (mu held): recompute, back to the queue. */
+static void preempt_running(td_sched *s, int i, const char *why) {
+    req *q = s->running[i];
+    td_err err = {0};
+    remove_running(s, i);
+    if (td_gen_preempt(q->g, &err) != 0) { /* out of memory for its token list: it cannot be resumed */
+        td_gen_cancel(q->g);
+        snprintf(q->error, sizeof q->error, "preemption failed: %s", td_err_text(&err));
+    }
+    queue_in_order(s, q);
+    s->st.preemptions++;
+    sched_log(s, "preempted request %llu (%s); %llu preemptions so far", (unsigned long long)q->id, why,
+              (unsigned long long)s->st.preemptions);
+}
+
 static void *loop(void *arg) {
     td_sched *s = arg;
     td_gen **gens = calloc((size_t)s->o.max_num_seqs, sizeof *gens);
     req **batch = calloc((size_t)s->o.max_num_seqs, sizeof *batch);
     if (!gens || !batch) abort(); /* allocated before the thread could report anything */
+    s->blocked_avail = -1;
     for (;;) {
         pthread_mutex_lock(&s->mu);
         while (!s->stop && s->n_running == 0 && s->n_waiting == 0) pthread_cond_wait(&s->cv, &s->mu);
         if (s->stop) { pthread_mutex_unlock(&s->mu); break; }
-        /* admit */
+        /* admit, in arrival order; a refused head waits until blocks come back
+         * (not retried every step: each try would match the prefix cache and
+         * adopt a DeltaNet state for nothing) */
         req *failed = NULL;
-        while (s->n_running < s->o.max_num_seqs && s->wait_head) {
+        if (s->blocked_avail >= 0 && (s->n_running == 0 || kv_available(s) > s->blocked_avail)) s->blocked_avail = -1;
+        while (s->n_running < s->o.max_num_seqs && s->wait_head && s->blocked_avail < 0) {
             req *q = s->wait_head;
             s->wait_head = q->next;
             if (!s->wait_head) s->wait_tail = NULL;
             s->n_waiting--;
             q->next = NULL;
             td_err err = {0};
-            int si = q->cancel ? -1 : pick_session(s, &err);
             int brc = 0;
-            if (si >= 0) {
-                s->sess_busy[si] = true;
-                q->sess = si;
-                if ((brc = td_gen_begin(s->sessions[si], q->prompt, q->r.n_prompt, &q->r.sampling, &q->r.gen, on_emit, q, &q->g, &err))) q->g = NULL;
+            if (q->cancel || q->error[0]) {
+                if (q->g) td_gen_cancel(q->g);
+            } else if (q->g) { /* preempted earlier: prefill its prompt and output again */
+                brc = td_gen_resume(q->g, &err);
+            } else {
+                int si = pick_session(s, &err);
+                if (si >= 0) {
+                    s->sess_busy[si] = true;
+                    q->sess = si;
+                    if ((brc = td_gen_begin(s->sessions[si], q->prompt, q->r.n_prompt, &q->r.sampling, &q->r.gen, on_emit, q, &q->g, &err)))
+                        q->g = NULL;
+                } else {
+                    brc = si;
+                }
             }
             if (brc == TD_ERR_LIMIT && s->n_running > 0) {
-                /* KV cache full: wait at the head of the queue for blocks */
-                s->sess_busy[si] = false;
-                q->sess = -1;
-                q->next = s->wait_head;
-                s->wait_head = q;
-                if (!s->wait_tail) s->wait_tail = q;
-                s->n_waiting++;
+                /* KV pool full: wait at the head of the queue for blocks */
+                if (!q->g && q->sess >= 0) { s->sess_busy[q->sess] = false; q->sess = -1; }
+                queue_in_order(s, q);
+                s->blocked_avail = kv_available(s);
                 break;
             }
-            if (!q->g) {
-                if (!q->cancel) snprintf(q->error, sizeof q->error, "%s", err.msg[0] ? td_err_text(&err) : "no session available");
+            if (brc || !q->g || q->cancel || q->error[0]) {
+                if (!q->cancel && !q->error[0])
+                    snprintf(q->error, sizeof q->error, "%s", err.msg[0] ? td_err_text(&err) : "no session available");
+                if (q->g && !td_gen_done(q->g)) td_gen_cancel(q->g);
                 q->next = failed;
                 failed = q;
                 continue;
             }
-            s->running[s->n_running++] = q;
+            s->running[s->n_running++] = q; /* admitted last: the newest */
         }
         for (int i = 0; i < s->n_running; i++)
             if (s->running[i]->cancel) td_gen_cancel(s->running[i]->g);
-        int n = 0;
+        /* KV for this step, oldest request first; when the pool runs out the
+         * newest running request is preempted (vLLM's recompute policy). */
+        for (bool again = true; again;) {
+            /* the budget as td_gen_step hands it out: decode rows first, then
+             * prefill chunks in this (arrival) order */
+            again = false;
+            int budget = s->o.max_batch_tokens;
+            for (int i = 0; i < s->n_running; i++) {
+                td_gen *g = s->running[i]->g;
+                if (!td_gen_done(g) && td_gen_prefill_left(g) == 0) budget -= td_gen_depth(g) + 1;
+            }
+            for (int i = 0; i < s->n_running && !again; i++) {
+                req *q = s->running[i];
+                if (td_gen_done(q->g)) continue;
+                td_err err = {0};
+                int left = td_gen_prefill_left(q->g);
+                if (left && budget <= 0) continue; /* no prefill this step */
+                int rc = td_gen_reserve_step(q->g, left ? budget : 0, &err);
+                if (rc == 0) {
+                    if (left) budget -= left < budget ? left : budget;
+                } else if (rc != TD_ERR_LIMIT || s->n_running == 1) { /* alone and still no room: it cannot fit the pool */
+                    snprintf(q->error, sizeof q->error, "%s", td_err_text(&err));
+                    td_gen_cancel(q->g);
+                } else {
+                    preempt_running(s, s->n_running - 1, "KV cache full");
+                    again = true; /* the budget changed: plan again */
+                }
+            }
+        }
+        /* a batch whose step failed runs again one request at a time */
+        int n = 0, solo = -1;
+        for (int i = 0; i < s->n_running && solo < 0; i++)
+            if (s->running[i]->suspect && !td_gen_done(s->running[i]->g)) solo = i;
         for (int i = 0; i < s->n_running; i++)
-            if (!td_gen_done(s->running[i]->g)) { batch[n] = s->running[i]; gens[n++] = s->running[i]->g; }
+            if (!td_gen_done(s->running[i]->g) && (solo < 0 || i == solo)) { batch[n] = s->running[i]; gens[n++] = s->running[i]->g; }
         s->st.running = s->n_running;
         s->st.waiting = s->n_waiting;
         pthread_mutex_unlock(&s->mu);
@@ -204,26 +306,40 @@ static void *loop(void *arg) {
             finish_req(s, q, q->error[0] ? q->error : NULL);
         }
         td_err err = {0};
-        int rc = n ? td_gen_step(gens, n, s->o.max_batch_tokens, &err) : 0;
-        /* blocks held by running sequences (cached and checkpoint blocks are reclaimable) */
-        td_kv_info ki;
-        td_engine_kv_info(s->eng, &ki);
-        /* retire finished (or failed) requests */
+        int rc = 0;
+        for (int i = 0; i < n && !rc; i++)
+            if (batch[i]->poison) rc = TD_FAIL(&err, TD_ERR_INTERNAL, "injected step failure (debug_fail_token)");
+        if (!rc && n) rc = td_gen_step(gens, n, s->o.max_batch_tokens, &err);
         pthread_mutex_lock(&s->mu);
-        s->st.kv_cache_usage = ki.n_blocks ? (double)(ki.n_blocks - ki.free_blocks - ki.checkpoint_blocks) / ki.n_blocks : 0.0;
-        req *done = NULL;
+        if (rc && n == 1) { /* alone: the error is its own */
+            snprintf(batch[0]->error, sizeof batch[0]->error, "%s", td_err_text(&err));
+            td_gen_cancel(batch[0]->g);
+        } else if (rc) {
+            /* the state of every request in the step is undefined: each restarts
+             * from its tokens (recompute) and runs alone until one step passes,
+             * so only the request that fails on its own gets the error */
+            for (int j = 0; j < n; j++) {
+                td_err e2 = {0};
+                batch[j]->suspect = true;
+                if (td_gen_preempt(batch[j]->g, &e2) || td_gen_resume(batch[j]->g, &e2)) {
+                    for (int i = 0; i < s->n_running; i++)
+                        if (s->running[i] == batch[j]) { remove_running(s, i); break; }
+                    queue_in_order(s, batch[j]);
+                }
+            }
+            sched_log(s, "a step of %d requests failed (%s): they run again one at a time", n, td_err_text(&err));
+        } else if (solo >= 0 && n == 1) {
+            batch[0]->suspect = false;
+        }
+        /* retire finished requests */
+        req *done = NULL, **tail = &done;
         for (int i = 0; i < s->n_running;) {
             req *q = s->running[i];
-            bool in_batch = false;
-            for (int j = 0; j < n && !in_batch; j++) in_batch = batch[j] == q;
-            if (td_gen_done(q->g) || (rc && in_batch)) {
-                if (rc && in_batch) {
-                    snprintf(q->error, sizeof q->error, "%s", td_err_text(&err));
-                    td_session_reset(s->sessions[q->sess]); /* state undefined after a failed step */
-                }
-                s->running[i] = s->running[--s->n_running];
-                q->next = done;
-                done = q;
+            if (td_gen_done(q->g)) {
+                remove_running(s, i);
+                q->next = NULL;
+                *tail = q;
+                tail = &q->next;
             } else {
                 i++;
             }
@@ -234,6 +350,13 @@ static void *loop(void *arg) {
             done = q->next;
             finish_req(s, q, q->error[0] ? q->error : NULL);
         }
+        /* measured after retiring, so an idle server reads 0 (blocks held by
+         * running sequences; cached and checkpoint blocks are reclaimable) */
+        td_kv_info ki;
+        td_engine_kv_info(s->eng, &ki);
+        pthread_mutex_lock(&s->mu);
+        s->st.kv_cache_usage = ki.n_blocks ? (double)(ki.n_blocks - ki.free_blocks - ki.checkpoint_blocks) / ki.n_blocks : 0.0;
+        pthread_mutex_unlock(&s->mu);
     }
     /* shutdown: everything left is cancelled */
     pthread_mutex_lock(&s->mu);
@@ -250,6 +373,7 @@ static void *loop(void *arg) {
     while (left) {
         req *q = left;
         left = q->next;
+        if (q->g) td_gen_cancel(q->g);
         finish_req(s, q, NULL);
     }
     free(gens);
@@ -319,6 +443,7 @@ int td_sched_submit(td_sched *s, const td_request *r, uint64_t *id, td_err *err)
     memcpy(q->prompt, r->prompt, (size_t)r->n_prompt * sizeof(int32_t));
     if (r->gen.n_stop) memcpy(q->stop_ids, r->gen.stop_ids, (size_t)r->gen.n_stop * sizeof(int32_t));
     q->r.prompt = q->prompt;
+    for (int i = 0; i < r->n_prompt && s->o.debug_fail_token >= 0; i++) q->poison |= r->prompt[i] == s->o.debug_fail_token;
     q->r.gen.stop_ids = q->stop_ids;
     pthread_mutex_lock(&s->mu);
     if (s->n_waiting + s->n_running >= s->o.max_queue + s->o.max_num_seqs) { /* running slots + queue are full */

@@ -19,6 +19,13 @@ typedef struct td_sched_opts {
     int max_queue;         /* waiting requests before submit refuses (default 64) */
     int max_batch_tokens;  /* tokens per engine step, for chunked prefill (default 512) */
     bool prefix_caching;   /* reuse state of earlier requests sharing a prefix (default on) */
+    /* One line per notable event (a preemption, a failed step), from the
+     * scheduler thread; NULL = silent. */
+    void (*on_log)(void *user, const char *line);
+    void *log_user;
+    /* Test hook (fault injection; -1 = off): a step that holds a request whose
+     * prompt contains this token id fails, as an engine error would. */
+    int32_t debug_fail_token;
 } td_sched_opts;
 void td_sched_opts_default(td_sched_opts *o);
 

@@ -51,6 +51,10 @@ struct td_gen {
     td_gen_result res;
     int32_t *prompt;
     int n_prompt, fed;     /* prompt tokens whose state is held */
+    int n_prompt0;         /* the request's own prompt (prompt grows by the output after a preemption) */
+    int32_t *out;          /* every emitted token, [n_generated] (cap_out) */
+    int cap_out;
+    int n_preempted;
     int depth;
     bool track;            /* keep MTP entries in step with the target */
     gen_phase phase;
@@ -148,6 +152,14 @@ static void finish(td_gen *g, td_finish f) {
 /* Emits one token (already recorded in the sampler); false when generation ends. */
 static bool emit(td_gen *g, int32_t t, const float *row) {
     if (g->res.n_generated == 0) g->t_first = now_s();
+    if (g->res.n_generated >= g->cap_out) { /* kept for a restart after a preemption */
+        int cap = g->cap_out ? g->cap_out * 2 : 64;
+        int32_t *o = realloc(g->out, (size_t)cap * sizeof *o);
+        if (!o) { finish(g, TD_FINISH_CANCEL); return false; }
+        g->out = o;
+        g->cap_out = cap;
+    }
+    g->out[g->res.n_generated] = t;
     g->res.n_generated++;
     int r = g->emit ? g->emit(g->user, t, row) : 0;
     if (r) finish(g, r == 1 ? TD_FINISH_STOP : TD_FINISH_CANCEL);
@@ -259,6 +271,66 @@ static void save_checkpoint(td_gen *g) {
 
 /* ---- lifecycle ---------------------------------------------------------- */
 
+/* Starts (or restarts, after a preemption) the prefill of g->prompt on the
+ * session: reuses the session's own prefix or the prefix cache, then
+ * reserves the first step's KV (TD_ERR_LIMIT when the pool cannot hold it;
+ * then nothing is held). */
+static int start_prefill(td_gen *g, td_err *err) {
+    td_session *s = g->s;
+    td_engine *e = g->e;
+    const td_config *c = &e->model->cfg;
+    td_seq *q = &s->seq;
+    const int32_t *prompt = g->prompt;
+    int n_prompt = g->n_prompt;
+    /* Reuse the session's state when it holds a strict prefix of the prompt. */
+    int reuse = q->n_past;
+    if (reuse >= n_prompt || (reuse > 0 && memcmp(q->tokens, prompt, (size_t)reuse * sizeof(int32_t)) != 0) || (g->track && !s->mtp_ok && reuse > 0)) {
+        td_session_reset(s);
+        reuse = 0;
+    }
+    if (reuse == 0) { q->mtp_n = 0; s->mtp_ok = true; }
+    if (!g->track) s->mtp_ok = false;
+    /* Prefix cache: a longer exact prefix from an earlier request (the last
+     * prompt token is always recomputed: it yields the first logits). */
+    if (!e->opts.no_prefix_caching && reuse < n_prompt - 1) {
+        int cap = n_prompt / TD_KV_BLOCK + 2;
+        int *blocks = malloc((size_t)cap * sizeof(int));
+        td_kv_hit hit;
+        int len = blocks ? td_kv_match(e->kv, prompt, n_prompt - 1, g->track, blocks, cap, &hit) : 0;
+        int nb = (len + TD_KV_BLOCK - 1) / TD_KV_BLOCK;
+        if (len > reuse) {
+            if (td_seq_adopt(q, blocks, nb, prompt, len, hit.state, err) == 0) {
+                reuse = len;
+                if (g->track) {
+                    memcpy(s->pend, hit.hidden, (size_t)c->hidden_size * sizeof(float));
+                    q->mtp_n = len - 1;
+                    s->mtp_ok = true;
+                }
+            } else {
+                td_session_reset(s);
+                reuse = 0;
+                q->mtp_n = 0;
+                s->mtp_ok = g->track;
+            }
+        } else {
+            for (int i = 0; i < nb; i++) td_kv_release(e->kv, blocks[i]);
+        }
+        free(blocks);
+    }
+    /* KV is allocated as tokens are written (td_gen_reserve_step before each
+     * step); here only the first chunk's, so a request that cannot start
+     * holds nothing while it waits. */
+    g->fed = reuse;
+    g->phase = G_PREFILL;
+    int rc = td_gen_reserve_step(g, 0, err);
+    if (rc) {
+        td_session_reset(s); /* give adopted blocks back while this request waits */
+        g->fed = 0;
+        return rc;
+    }
+    return TD_OK;
+}
+
 int td_gen_begin(td_session *s, const int32_t *prompt, int n_prompt, const td_sampling *sp, const td_gen_opts *o,
                  td_gen_emit_fn emitfn, void *user, td_gen **out, td_err *err) {
     *out = NULL;
@@ -297,58 +369,19 @@ int td_gen_begin(td_session *s, const int32_t *prompt, int n_prompt, const td_sa
     if (o->n_stop) memcpy(g->stop_ids, o->stop_ids, (size_t)o->n_stop * sizeof(int32_t));
     g->o.stop_ids = g->stop_ids;
     g->n_prompt = n_prompt;
-    /* Reuse the session's state when it holds a strict prefix of the prompt. */
-    int reuse = q->n_past;
-    if (reuse >= n_prompt || (reuse > 0 && memcmp(q->tokens, prompt, (size_t)reuse * sizeof(int32_t)) != 0) || (g->track && !s->mtp_ok && reuse > 0)) {
-        td_session_reset(s);
-        reuse = 0;
-    }
-    if (reuse == 0) { q->mtp_n = 0; s->mtp_ok = true; }
-    if (!g->track) s->mtp_ok = false;
-    /* Prefix cache: a longer exact prefix from an earlier request (the last
-     * prompt token is always recomputed: it yields the first logits). */
-    if (!e->opts.no_prefix_caching && reuse < n_prompt - 1) {
-        int cap = n_prompt / TD_KV_BLOCK + 2;
-        int *blocks = malloc((size_t)cap * sizeof(int));
-        td_kv_hit hit;
-        int len = blocks ? td_kv_match(e->kv, prompt, n_prompt - 1, g->track, blocks, cap, &hit) : 0;
-        int nb = (len + TD_KV_BLOCK - 1) / TD_KV_BLOCK;
-        if (len > reuse) {
-            if (td_seq_adopt(q, blocks, nb, prompt, len, hit.state, err) == 0) {
-                reuse = len;
-                if (g->track) {
-                    memcpy(s->pend, hit.hidden, (size_t)c->hidden_size * sizeof(float));
-                    q->mtp_n = len - 1;
-                    s->mtp_ok = true;
-                }
-            } else {
-                td_session_reset(s);
-                reuse = 0;
-                q->mtp_n = 0;
-                s->mtp_ok = g->track;
-            }
-        } else {
-            for (int i = 0; i < nb; i++) td_kv_release(e->kv, blocks[i]);
-        }
-        free(blocks);
-    }
-    /* Reserve the whole request's KV now, so a step never runs out midway. */
-    long slots = (long)n_prompt + o->max_tokens + g->depth + 2;
-    if (slots > e->max_context + 1) slots = e->max_context + 1;
-    rc = td_seq_reserve(q, (int)slots, err);
+    g->res.n_prompt = n_prompt;
+    g->n_prompt0 = n_prompt;
+    g->t_begin = now_s();
+    rc = start_prefill(g, err);
     if (rc) {
-        td_session_reset(s); /* give adopted blocks back while this request waits */
+        free(g->out);
         td_sampler_free(&g->sm);
         free(g->prompt);
         free(g->stop_ids);
         free(g);
         return rc;
     }
-    g->fed = reuse;
-    g->res.n_prompt = n_prompt;
-    g->res.n_reused = reuse;
-    g->phase = G_PREFILL;
-    g->t_begin = now_s();
+    g->res.n_reused = g->fed;
     *out = g;
     return TD_OK;
 }
@@ -373,8 +406,55 @@ void td_gen_end(td_gen *g) {
     td_sampler_free(&g->sm);
     free(g->prompt);
     free(g->stop_ids);
+    free(g->out);
     free(g);
 }
+
+int td_gen_reserve_step(td_gen *g, int prefill_budget, td_err *err) {
+    td_seq *q = &g->s->seq;
+    long slots;
+    if (g->phase == G_PREFILL) {
+        int c = g->n_prompt - g->fed;
+        if (c > PREFILL_CHUNK) c = PREFILL_CHUNK;
+        if (prefill_budget > 0 && c > prefill_budget) c = prefill_budget;
+        slots = (long)g->fed + c + 1;   /* + the MTP slot of the last position */
+    } else if (g->phase == G_DECODE) {
+        slots = (long)q->n_past + g->depth + 2; /* x and k drafts, + the MTP slot */
+    } else {
+        return TD_OK;
+    }
+    if (slots > g->e->max_context + 1) slots = g->e->max_context + 1;
+    return td_seq_reserve(q, (int)slots, err);
+}
+
+int td_gen_preempt(td_gen *g, td_err *err) {
+    if (g->phase == G_DONE) return TD_OK;
+    if (g->res.n_generated > 0) {
+        /* the restart prefills the prompt and every token emitted so far (the
+         * last one, x, was emitted but never fed): its final logits are those
+         * of the decode step that would have fed x */
+        int n = g->n_prompt0 + g->res.n_generated;
+        int32_t *p = TD_MALLOC(err, (size_t)n * sizeof(int32_t));
+        if (!p) return TD_ERR_NOMEM;
+        memcpy(p, g->prompt, (size_t)g->n_prompt0 * sizeof(int32_t));
+        memcpy(p + g->n_prompt0, g->out, (size_t)g->res.n_generated * sizeof(int32_t));
+        free(g->prompt);
+        g->prompt = p;
+        g->n_prompt = n;
+    }
+    save_checkpoint(g); /* what was computed stays in the prefix cache for the restart */
+    td_session_reset(g->s);
+    g->broken = false;
+    g->fed = 0;
+    g->phase = G_PREFILL;
+    g->n_preempted++;
+    return TD_OK;
+}
+
+int td_gen_resume(td_gen *g, td_err *err) { return start_prefill(g, err); }
+
+int td_gen_preemptions(const td_gen *g) { return g->n_preempted; }
+int td_gen_depth(const td_gen *g) { return g->depth; }
 
 /* ---- the batched step ---------------------------------------------------- */
 
@@ -406,6 +486,11 @@ static int step(td_gen **gens, int n, int prefill_budget, td_err *err) {
     td_gen *active[MAX_BATCH];
     int n_active = 0, max_k = 0, rc;
     if (prefill_budget <= 0) prefill_budget = PREFILL_CHUNK;
+    /* Decode rows count against the step's token budget first (depth + 1
+     * each: what td_gen_reserve_step reserves for), prefill chunks get the
+     * rest in the order given (the scheduler passes arrival order). */
+    for (int i = 0; i < n; i++)
+        if (gens[i]->phase == G_DECODE) prefill_budget -= gens[i]->depth + 1;
     /* 1. plan: prefill chunks within the budget, decode depth per request */
     for (int i = 0; i < n; i++) {
         td_gen *g = gens[i];
@@ -416,6 +501,9 @@ static int step(td_gen **gens, int n, int prefill_budget, td_err *err) {
             int c = g->n_prompt - g->fed;
             if (c > PREFILL_CHUNK) c = PREFILL_CHUNK;
             if (c > prefill_budget) c = prefill_budget;
+            /* never past what td_gen_reserve_step reserved (when it did) */
+            int room = g->s->seq.n_blocks * TD_KV_BLOCK - 1 - g->fed;
+            if (room >= 1 && c > room) c = room;
             /* stop at checkpoint positions: every CKPT_INTERVAL, and one token
              * before the end (an identical prompt recomputes only its last) */
             int next_ck = (g->fed / CKPT_INTERVAL + 1) * CKPT_INTERVAL;
@@ -530,7 +618,10 @@ int td_session_generate(td_session *s, const int32_t *prompt, int n_prompt, cons
     td_gen *g;
     int rc = td_gen_begin(s, prompt, n_prompt, sp, o, simple_emit, &cb, &g, err);
     if (rc) return rc;
-    while (!td_gen_done(g) && rc == 0) rc = td_gen_step(&g, 1, PREFILL_CHUNK, err);
+    while (!td_gen_done(g) && rc == 0) {
+        rc = td_gen_reserve_step(g, PREFILL_CHUNK, err);
+        if (!rc) rc = td_gen_step(&g, 1, PREFILL_CHUNK, err);
+    }
     if (rc) s->mtp_ok = false;
     *res = *td_gen_result_of(g);
     td_gen_end(g);

@@ -24,6 +24,25 @@ const td_gen_result *td_gen_result_of(const td_gen *g);
 /* Prompt tokens still to prefill (0 once decoding). */
 int td_gen_prefill_left(const td_gen *g);
 void td_gen_cancel(td_gen *g);
+/* KV is allocated on demand: before each td_gen_step, the KV slots the next
+ * step may write (its prefill chunk under prefill_budget, or x plus the
+ * drafts and the MTP slot) are reserved. TD_ERR_LIMIT when the pool cannot
+ * hold them: then nothing was allocated or evicted (the caller preempts a
+ * request and tries again). */
+int td_gen_reserve_step(td_gen *g, int prefill_budget, td_err *err);
+/* Preemption by recompute: the request's state goes to the prefix cache
+ * (checkpoint) and its blocks back to the pool; its prompt becomes the prompt
+ * plus every token emitted so far, to be prefilled again by td_gen_resume
+ * (which reuses what the prefix cache still holds). Sampler, counters and
+ * emitted tokens are kept, so the continuation is the one it would have been
+ * (greedy: identical). */
+int td_gen_preempt(td_gen *g, td_err *err);
+/* Restarts a preempted request's prefill; TD_ERR_LIMIT (holding nothing)
+ * when the pool cannot take its first chunk yet. */
+int td_gen_resume(td_gen *g, td_err *err);
+int td_gen_preemptions(const td_gen *g);
+/* The request's draft depth (0 without an MTP head). */
+int td_gen_depth(const td_gen *g);
 /* Adds the request's counters to the engine totals and frees it. */
 void td_gen_end(td_gen *g);
 /* One batched step over the unfinished gens (all on the same engine).
