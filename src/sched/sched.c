@@ -356,6 +356,9 @@ static void *loop(void *arg) {
         td_engine_kv_info(s->eng, &ki);
         pthread_mutex_lock(&s->mu);
         s->st.kv_cache_usage = ki.n_blocks ? (double)(ki.n_blocks - ki.free_blocks - ki.checkpoint_blocks) / ki.n_blocks : 0.0;
+        s->st.kv_blocks = ki.n_blocks;
+        s->st.kv_free_blocks = ki.free_blocks;
+        s->st.kv_checkpoint_blocks = ki.checkpoint_blocks;
         pthread_mutex_unlock(&s->mu);
     }
     /* shutdown: everything left is cancelled */

@@ -61,6 +61,7 @@ typedef struct td_sched_stats {
     uint64_t prefix_cache_queries, prefix_cache_hits; /* tokens */
     uint64_t requests_finished;
     double kv_cache_usage;       /* 0..1 */
+    int kv_blocks, kv_free_blocks, kv_checkpoint_blocks; /* pool; free + cached; checkpoint tails */
     td_spec_counters spec;
 } td_sched_stats;
 

@@ -121,6 +121,10 @@ int metrics_render(srv_metrics *m, const metrics_ctx *c, sbuf *out) {
     r |= gauge(b, "vllm:num_requests_waiting", "Number of requests waiting to be scheduled.", mn, st->waiting);
     r |= gauge(b, "vllm:kv_cache_usage_perc", "KV-cache usage, 1 = 100%.", mn, st->kv_cache_usage);
     r |= counter(b, "vllm:num_preemptions_total", "Cumulative number of preemptions.", mn, st->preemptions);
+    r |= gauge(b, "tandem_kv_blocks", "KV-cache blocks in the pool.", mn, st->kv_blocks);
+    r |= gauge(b, "tandem_kv_blocks_free", "KV-cache blocks free or cached (evictable).", mn, st->kv_free_blocks);
+    r |= gauge(b, "tandem_kv_blocks_checkpoint", "KV-cache blocks held by prefix-cache checkpoints (given back when needed).", mn,
+               st->kv_checkpoint_blocks);
     r |= counter(b, "vllm:prompt_tokens_total", "Prefill tokens processed.", mn, st->prompt_tokens);
     r |= counter(b, "vllm:generation_tokens_total", "Generation tokens produced.", mn, st->generation_tokens);
     r |= counter(b, "vllm:prefix_cache_queries_total", "Prefix-cache queries, in tokens.", mn, st->prefix_cache_queries);
