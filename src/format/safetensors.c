@@ -31,13 +31,18 @@ static int cmp_span(const void *a, const void *b) {
 }
 
 static int map_file(const char *path, td_st_file *f, td_err *err) {
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    /* O_NONBLOCK: opening a FIFO must not wait for a writer (it is refused below) */
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) return TD_FAIL(err, TD_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0) {
         int e = errno;
         close(fd);
         return TD_FAIL(err, TD_ERR_IO, "%s: fstat: %s", path, strerror(e));
+    }
+    if (!S_ISREG(st.st_mode)) {
+        close(fd);
+        return TD_FAIL(err, TD_ERR_FORMAT, "%s: not a regular file", path);
     }
     f->size = (size_t)st.st_size;
     f->map = NULL;
@@ -217,6 +222,8 @@ int td_weights_open_dir(const char *dir, td_weights **out, td_err *err) {
         return td_weights_open_files(&p, 1, out, err);
     }
     json_error_t je;
+    struct stat st;
+    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) return TD_FAIL(err, TD_ERR_FORMAT, "%s: not a regular file", path);
     json_t *idx = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
     if (!idx) return TD_FAIL(err, TD_ERR_FORMAT, "%s:%d:%d: %s", path, je.line, je.column, je.text);
     json_t *map = json_object_get(idx, "weight_map");

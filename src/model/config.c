@@ -72,6 +72,8 @@ static int parse_text_config(json_t *t, json_t *outer, td_config *c, const char 
     if ((rc = get_int(t, "mtp_num_hidden_layers", 0, 0, 16, &c->mtp_layers, path, err))) return rc;
     I("max_position_embeddings", 32768, 1, 1 << 24, &c->max_position_embeddings);
     if ((rc = get_int(t, "bos_token_id", -1, -1, 1 << 22, &c->bos_token_id, path, err))) return rc;
+    if (c->bos_token_id >= c->vocab_size)
+        return TD_FAIL(err, TD_ERR_FORMAT, "%s: bos_token_id %d outside the vocabulary (%d tokens)", path, c->bos_token_id, c->vocab_size);
     int interval;
     if (json_object_get(t, "layer_types")) { if ((rc = get_int(t, "full_attention_interval", 4, 1, TD_MAX_LAYERS, &interval, path, err))) return rc; }
     else I("full_attention_interval", 4, 1, TD_MAX_LAYERS, &interval);
@@ -154,6 +156,7 @@ int td_config_load(const char *path_in, td_config *c, td_err *err) {
     if (stat(path_in, &st) == 0 && S_ISDIR(st.st_mode)) snprintf(path, sizeof path, "%s/config.json", path_in);
     else snprintf(path, sizeof path, "%s", path_in);
     memset(c, 0, sizeof *c);
+    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) return TD_FAIL(err, TD_ERR_FORMAT, "%s: not a regular file", path);
     json_error_t je;
     json_t *root = json_load_file(path, JSON_REJECT_DUPLICATES, &je);
     if (!root) {

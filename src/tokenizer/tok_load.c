@@ -5,6 +5,7 @@
 #include <jansson.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <utf8proc.h>
 #include "tokenizer/tok_internal.h"
 #include "util/err.h"
@@ -157,6 +158,10 @@ static int parse_post(tokenizer *t, json_t *p, td_err *err) {
     return 0;
 }
 
+/* Largest token id a tokenizer.json may use: the id tables are dense, so an
+ * id of 99,999,999 would allocate a 100M-entry vocabulary (Qwen3.5: 248k). */
+#define TOK_MAX_ID (1 << 22)
+
 static int parse_model(tokenizer *t, json_t *m, td_err *err) {
     const char *type = json_string_value(json_object_get(m, "type"));
     if (type && strcmp(type, "BPE")) return TD_FAIL(err, TD_ERR_UNSUPPORTED, "unsupported model \"%s\"", type);
@@ -182,12 +187,21 @@ static int parse_model(tokenizer *t, json_t *m, td_err *err) {
     json_t *v;
     json_object_foreach(vocab, k, v) {
         json_int_t id = json_integer_value(v);
-        if (!json_is_integer(v) || id < 0 || id > INT32_MAX - 1)
-            return TD_FAIL(err, TD_ERR_FORMAT, "vocab entry \"%s\" has a bad id", k);
+        if (!json_is_integer(v) || id < 0 || id >= TOK_MAX_ID)
+            return TD_FAIL(err, TD_ERR_FORMAT, "vocab entry \"%.64s\" has a bad id (ids are 0..%d)", k, TOK_MAX_ID - 1);
         if (tm_str_put(&t->tok2id, k, strlen(k), (int32_t)id)) return TD_FAIL(err, TD_ERR_NOMEM, "out of memory");
         if (id >= t->n_ids) t->n_ids = (int32_t)id + 1;
     }
     t->n_model = t->tok2id.n;
+    /* one token per id: a second token with the same id would decode wrongly */
+    unsigned char *seen = TD_CALLOC(err, (size_t)t->n_ids + 1, 1);
+    if (!seen) return TD_ERR_NOMEM;
+    json_object_foreach(vocab, k, v) {
+        json_int_t id = json_integer_value(v);
+        if (seen[id]) { free(seen); return TD_FAIL(err, TD_ERR_FORMAT, "vocab id %lld is given to two tokens (one is \"%.64s\")", (long long)id, k); }
+        seen[id] = 1;
+    }
+    free(seen);
     return 0;
 }
 
@@ -236,8 +250,8 @@ static int parse_added(tokenizer *t, json_t *arr, td_err *err) {
     json_array_foreach(arr, i, v) {
         const char *c = json_string_value(json_object_get(v, "content"));
         json_t *idv = json_object_get(v, "id");
-        if (!c || !json_is_integer(idv) || json_integer_value(idv) < 0 || json_integer_value(idv) > INT32_MAX - 1)
-            return TD_FAIL(err, TD_ERR_FORMAT, "added_tokens[%zu] malformed", i);
+        if (!c || !json_is_integer(idv) || json_integer_value(idv) < 0 || json_integer_value(idv) >= TOK_MAX_ID)
+            return TD_FAIL(err, TD_ERR_FORMAT, "added_tokens[%zu] malformed (needs content and an id in 0..%d)", i, TOK_MAX_ID - 1);
         if (!*c) continue;
         tok_added *a = &t->added[t->n_added++];
         a->len = strlen(c);
@@ -306,7 +320,8 @@ static int build_id_tables(tokenizer *t, td_err *err) {
     for (int i = 0; i < t->n_added; i++) { /* added content wins for decoding */
         tok_added *a = &t->added[i];
         t->is_special[a->id] = a->special;
-        if (strcmp(t->id_str[a->id], a->content)) {
+        /* NULL when the same content is listed under two ids (tok2id keeps one) */
+        if (!t->id_str[a->id] || strcmp(t->id_str[a->id], a->content)) {
             free(t->id_str[a->id]);
             t->id_str[a->id] = xstrdup(a->content, a->len);
             if (!t->id_str[a->id]) return TD_FAIL(err, TD_ERR_NOMEM, "out of memory");
@@ -371,6 +386,9 @@ static char *read_file(const char *path, size_t *len) {
 
 static int parse_config(tok_chat_config *cfg, const char *path, const char *jinja_path, td_err *err) {
     json_error_t je;
+    struct stat st;
+    if (stat(path, &st) == 0 && !S_ISREG(st.st_mode)) return TD_FAIL(err, TD_ERR_FORMAT, "%s: not a regular file", path);
+    if (jinja_path && stat(jinja_path, &st) == 0 && !S_ISREG(st.st_mode)) return TD_FAIL(err, TD_ERR_FORMAT, "%s: not a regular file", jinja_path);
     json_t *c = json_load_file(path, 0, &je);
     if (!c) {
         FILE *f = fopen(path, "rb");
@@ -434,7 +452,13 @@ int tok_load_files(const char *tokenizer_json, const char *config_json, tokenize
     pthread_mutex_init(&t->mu, NULL);
     int rc = 0;
     json_error_t je;
-    json_t *root = json_load_file(tokenizer_json, 0, &je);
+    struct stat stt;
+    json_t *root = NULL;
+    if (stat(tokenizer_json, &stt) == 0 && !S_ISREG(stt.st_mode)) { /* a FIFO would block the loader forever */
+        rc = TD_FAIL(err, TD_ERR_FORMAT, "%s: not a regular file", tokenizer_json);
+        goto fail;
+    }
+    root = json_load_file(tokenizer_json, 0, &je);
     if (!root) {
         FILE *f = fopen(tokenizer_json, "rb");
         if (!f) rc = TD_FAIL(err, TD_ERR_IO, "cannot open %s", tokenizer_json);
