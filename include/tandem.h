@@ -157,6 +157,9 @@ typedef struct td_gen_result {
     int n_reused;            /* prompt tokens whose state the session already held */
     int n_generated;
     td_finish finish;
+    int n_preemptions;       /* times the scheduler preempted it (KV pool full) */
+    int n_resumed_reused;    /* tokens restored from the prefix cache when it resumed */
+    int n_resumed_computed;  /* tokens prefilled again when it resumed (recompute cost) */
     double prefill_seconds, decode_seconds;
     td_spec_counters spec;
 } td_gen_result;

@@ -322,6 +322,10 @@ static int start_prefill(td_gen *g, td_err *err) {
      * holds nothing while it waits. */
     g->fed = reuse;
     g->phase = G_PREFILL;
+    if (g->n_preempted) {
+        g->res.n_resumed_reused += reuse;
+        g->res.n_resumed_computed += n_prompt - reuse;
+    }
     int rc = td_gen_reserve_step(g, 0, err);
     if (rc) {
         td_session_reset(s); /* give adopted blocks back while this request waits */
@@ -448,6 +452,7 @@ int td_gen_preempt(td_gen *g, td_err *err) {
     g->fed = 0;
     g->phase = G_PREFILL;
     g->n_preempted++;
+    g->res.n_preemptions = g->n_preempted;
     return TD_OK;
 }
 

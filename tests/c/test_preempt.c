@@ -138,7 +138,12 @@ int main(void) {
         CHECK(td_sched_submit(sch, &r, NULL, &err) == 0, "%s", err.msg);
     }
     wait_all(sinks, NR);
-    int same = 0;
+    int same = 0, reused = 0, computed = 0, npre = 0;
+    for (int i = 0; i < NR; i++) {
+        reused += sinks[i].res.n_resumed_reused;
+        computed += sinks[i].res.n_resumed_computed;
+        npre += sinks[i].res.n_preemptions;
+    }
     for (int i = 0; i < NR; i++) {
         bool ok = !sinks[i].error[0] && sinks[i].n == MAXT && memcmp(sinks[i].out, ref[i], sizeof(int32_t) * (MAXT - 1)) == 0;
         CHECK(ok, "request %d (depth %d) differs from its solo run (n %d, error '%s')", i, depths[i], sinks[i].n, sinks[i].error);
@@ -152,8 +157,10 @@ int main(void) {
     td_sched_get_stats(sch, &st);
     CHECK(st.kv_cache_usage == 0.0, "idle: kv_cache_usage %.3f", st.kv_cache_usage);
     check_accounting(e, "after the preemption run");
-    printf("preemption: %d/%d requests identical to their solo runs (depths 0-4, 40-block pool, 4 at a time), %llu preemptions\n",
-           same, NR, (unsigned long long)st.preemptions);
+    CHECK(npre == (int)st.preemptions, "per-request preemptions %d, scheduler %llu", npre, (unsigned long long)st.preemptions);
+    printf("preemption: %d/%d requests identical to their solo runs (depths 0-4, 40-block pool, 4 at a time), %llu preemptions; "
+           "on resume %d tokens restored from the prefix cache, %d recomputed\n",
+           same, NR, (unsigned long long)st.preemptions, reused, computed);
 
     /* 2. prefill budget in arrival order: a short request finishes first, then
      * the three long prompts behind it get their first tokens in order */
