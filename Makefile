@@ -70,3 +70,32 @@ clean:
 
 .PHONY: all test tests asan deps clean
 -include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(BUILD)/tests/mutant/gen.d $(TEST_BIN:=.d)
+
+# ---- fuzzing: libFuzzer harnesses in tests/fuzz (see tests/fuzz/README.md) ----
+# `make fuzz [FUZZ_SECONDS=N] [FUZZ=name ...]` builds the library and the
+# harnesses with clang (-fsanitize=fuzzer,address,undefined) into build-fuzz/
+# and runs each harness for N seconds; non-zero exit on any crash or leak.
+# Warnings are errors there too (clang sees some gcc does not); FUZZ_CFLAGS adds
+# flags, e.g. FUZZ_CFLAGS=-Wno-error=sometimes-uninitialized.
+FUZZ_CC      ?= clang
+FUZZ_BUILD   ?= build-fuzz
+FUZZ_SECONDS ?= 30
+FUZZ_CFLAGS  ?=
+FUZZ_SAN     := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+FUZZ_NAMES   := $(patsubst tests/fuzz/fuzz_%.c,%,$(sort $(wildcard tests/fuzz/fuzz_*.c)))
+FUZZ         ?= $(FUZZ_NAMES)
+
+# Only reached through fuzz-build's recursive make (BUILD=$(FUZZ_BUILD), CC=clang).
+$(BUILD)/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz_util.h $(BUILD)/libtandem.a
+	$(CC) $(ALL_CFLAGS) -fsanitize=fuzzer -DFUZZ_ROOT='"$(CURDIR)"' -o $@ $< $(BUILD)/libtandem.a $(LDLIBS)
+
+fuzz-bins: $(FUZZ_NAMES:%=$(BUILD)/fuzz_%)
+
+fuzz-build:
+	$(MAKE) BUILD=$(FUZZ_BUILD) CC=$(FUZZ_CC) OPT=-O1 CFLAGS="-g $(FUZZ_CFLAGS)" SAN="-fsanitize=fuzzer-no-link $(FUZZ_SAN)" fuzz-bins
+
+fuzz: fuzz-build
+	FUZZ_BUILD=$(FUZZ_BUILD) FUZZ_SECONDS=$(FUZZ_SECONDS) sh tests/fuzz/run.sh $(FUZZ)
+
+.PHONY: fuzz fuzz-build fuzz-bins
+-include $(wildcard $(BUILD)/fuzz_*.d)

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include "tokenizer/tokenizer.h"
 #include "util/err.h"
 
 #define NOMEM(err) TD_FAIL(err, TD_ERR_NOMEM, "out of memory")
@@ -133,9 +134,21 @@ static json_t *convert_as(const char *type, const char *s, size_t len) {
     return NULL;
 }
 
+/* A JSON string of the value; bytes that are not UTF-8 (cp_push takes any
+ * bytes) become U+FFFD instead of failing as "out of memory". */
+static json_t *string_value(const char *value, size_t len) {
+    json_t *v = json_stringn(value, len);
+    if (v) return v;
+    size_t n = 0;
+    char *clean = tok_utf8_sanitize(value, len, &n);
+    v = clean ? json_stringn(clean, n) : NULL;
+    free(clean);
+    return v;
+}
+
 json_t *cp_convert_param(const json_t *tools, const char *fname, const char *param, const char *value, size_t len) {
     const json_t *schema = fname && param ? find_param_schema(tools, fname, param) : NULL;
-    if (!schema) return json_stringn(value, len);
+    if (!schema) return string_value(value, len);
     const char *types[8];
     int n = 0;
     collect_types(schema, types, &n, 8);
@@ -154,7 +167,7 @@ json_t *cp_convert_param(const json_t *tools, const char *fname, const char *par
         json_t *v = json_loadb(s, l, JSON_DECODE_ANY, NULL);
         if (v) return v;
     }
-    return json_stringn(value, len);
+    return string_value(value, len);
 }
 
 int cp_reasoning_mode(const char *prompt, size_t len, bool thinking_enabled) {
@@ -442,14 +455,15 @@ static int call_end(chat_parser *p, int step_rc, bool closed, td_err *err) {
 
 static int run(chat_parser *p, bool final, td_err *err) {
     int rc;
+    static char empty[1]; /* pend.p is NULL until text arrives: no arithmetic on NULL */
     for (;;) {
-        char *s = p->pend.p;
+        char *s = p->pend.p ? p->pend.p : empty;
         size_t n = p->pend.len;
         if (p->strip_nl && p->state != ST_TOOL && p->state != ST_AFTER_TOOL) {
             size_t i = 0;
             while (i < n && (s[i] == '\n' || s[i] == '\r')) i++;
             sb_consume(&p->pend, i);
-            s = p->pend.p, n = p->pend.len;
+            s = p->pend.p ? p->pend.p : empty, n = p->pend.len;
             if (!n) return 0;
             p->strip_nl = false;
         }
@@ -517,7 +531,7 @@ static int run(chat_parser *p, bool final, td_err *err) {
             while (i < n && isspace((unsigned char)s[i])) i++;
             if (sb_add(&p->ws, s, i)) return NOMEM(err);
             sb_consume(&p->pend, i);
-            s = p->pend.p, n = p->pend.len;
+            s = p->pend.p ? p->pend.p : empty, n = p->pend.len;
             if (!n) return 0;
             if (starts(s, n, T_CALL, TL(T_CALL))) {
                 sb_consume(&p->pend, TL(T_CALL));

@@ -1,5 +1,9 @@
 #include "backend/cpu/kernels.h"
 #include <math.h>
+#include <stdbool.h>
+#if defined(__x86_64__) && defined(__GNUC__)
+#include <cpuid.h>
+#endif
 #include <stdatomic.h>
 #include <string.h>
 #include "model/tensor.h"
@@ -167,13 +171,22 @@ const char *td_isa_name(td_isa i) {
     }
 }
 
+#if defined(__x86_64__) && defined(__GNUC__)
+/* F16C from CPUID leaf 1 (ECX bit 29): clang before 15 has no "f16c" for
+ * __builtin_cpu_supports, and the fuzz build (tests/fuzz) uses clang. */
+static bool cpu_has_f16c(void) {
+    unsigned a, b, c, d;
+    return __get_cpuid(1, &a, &b, &c, &d) && (c & bit_F16C);
+}
+#endif
+
 td_isa td_kernels_best_isa(void) {
 #if defined(__x86_64__) && defined(__GNUC__)
     __builtin_cpu_init();
     if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
-        __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c"))
+        __builtin_cpu_supports("fma") && cpu_has_f16c())
         return TD_ISA_AVX512;
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) return TD_ISA_AVX2;
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && cpu_has_f16c()) return TD_ISA_AVX2;
 #endif
     return TD_ISA_C;
 }

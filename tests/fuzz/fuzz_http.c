@@ -1,0 +1,121 @@
+/* The HTTP layer, end to end: a real tandem server (srv_start on
+ * 127.0.0.1, port 0, one libmicrohttpd thread) with the tiny-a model
+ * (tests/golden/tiny-a/f32: tokenizer, chat template, engine, scheduler;
+ * a 256-token context so a generation ends quickly). Each input is sent as
+ * raw bytes on a fresh loopback connection, the write side is shut, and the
+ * reply is read until the server closes, 30 ms pass without a byte, or 2 s
+ * in all (then the client closes: a generation still running sees a
+ * disconnect); then the harness waits for the server to free every job of
+ * that connection.
+ *
+ * What it covers: libmicrohttpd's wire parsing is the system library's
+ * (not instrumented, so libFuzzer's guidance comes from tandem code only);
+ * tandem's side is all of src/server/http.c (request / upload / completion
+ * callbacks, body limit, routing, auth header, method checks), the
+ * endpoints (models, metrics, version, health, tokenize, detokenize, chat
+ * and completions with real generation on the scheduler thread, streamed
+ * and not, client disconnects mid-generation) and everything under them.
+ * Pipelined requests in one input work (HTTP/1.1 keep-alive).
+ * Only 127.0.0.1 is used. */
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <time.h>
+#include "fuzz_util.h"
+#include "server/srv_internal.h"
+
+static srv *g_srv;
+static tokenizer *g_tok;
+static td_engine *g_eng;
+static td_sched *g_sched;
+static int g_port;
+#define IDLE_MS 30
+
+static void stop_all(void) {
+    if (!g_srv) return;
+    srv_drain(g_srv, 2.0);
+    td_sched *sc = srv_detach_sched(g_srv);
+    td_sched_free(sc);
+    srv_free(g_srv, 2.0);
+    td_engine_free(g_eng);
+    tok_free(g_tok);
+    g_srv = NULL;
+}
+
+int LLVMFuzzerInitialize(int *argc, char ***argv) {
+    (void)argc, (void)argv;
+    char d[4096];
+    fuzz_path(d, sizeof d, "tests/golden/tiny-a/f32");
+    td_err err = {0};
+    srv_config cfg = {.host = "127.0.0.1", .port = 0, .served_model_name = "tiny", .model_dir = d, .max_body = 1 << 20,
+                      .http_threads = 1, .max_num_seqs = 2, .max_queue = 8, .quiet = true};
+    td_sampling_default(&cfg.sampling);
+    if (srv_start(&cfg, &g_srv, &err)) { fprintf(stderr, "fuzz_http: %s\n", err.msg); abort(); }
+    g_port = srv_port(g_srv);
+    if (tok_load(d, &g_tok, &err)) { fprintf(stderr, "fuzz_http: %s\n", err.msg); abort(); }
+    td_engine_opts eo = {.n_threads = 1, .max_context = 256, .max_seqs = 2};
+    if (td_engine_load(d, &eo, &g_eng, &err)) { fprintf(stderr, "fuzz_http: %s\n", err.msg); abort(); }
+    td_sched_opts so;
+    td_sched_opts_default(&so);
+    so.max_num_seqs = 2;
+    so.max_queue = 8;
+    if (td_sched_new(g_eng, &so, &g_sched, &err)) { fprintf(stderr, "fuzz_http: %s\n", err.msg); abort(); }
+    srv_model m = {.tok = g_tok, .eng = g_eng, .sched = g_sched, .n_ctx = 256};
+    if (srv_set_model(g_srv, &m, &err)) { fprintf(stderr, "fuzz_http: %s\n", err.msg); abort(); }
+    atexit(stop_all);
+    return 0;
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    FUZZ_ASSERT(fd >= 0, "socket");
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)g_port)};
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    FUZZ_ASSERT(connect(fd, (struct sockaddr *)&a, sizeof a) == 0, "connect to the server");
+    double end = now_s() + 2.0;
+    size_t off = 0;
+    bool wr_open = true;
+    char buf[65536];
+    for (;;) {
+        struct pollfd p = {.fd = fd, .events = POLLIN | (off < size && wr_open ? POLLOUT : 0)};
+        int left = (int)((end - now_s()) * 1000);
+        if (left <= 0) break;
+        /* once everything is sent: stop after IDLE_MS without a byte (the
+         * server keeps some connections open after a half-close) */
+        if (!wr_open && left > IDLE_MS) left = IDLE_MS;
+        if (poll(&p, 1, left) <= 0) break;
+        if (p.revents & POLLOUT) {
+            ssize_t w = send(fd, data + off, size - off, MSG_NOSIGNAL | MSG_DONTWAIT);
+            if (w > 0) off += (size_t)w;
+            else if (w < 0) wr_open = false;
+        }
+        if (wr_open && off == size) {
+            shutdown(fd, SHUT_WR);
+            wr_open = false;
+        }
+        if (p.revents & (POLLIN | POLLHUP | POLLERR)) {
+            ssize_t r = recv(fd, buf, sizeof buf, MSG_DONTWAIT);
+            if (r == 0 || (r < 0 && !(p.revents & POLLIN))) break;
+        }
+    }
+    close(fd);
+    /* the connection's jobs are freed on the server's threads */
+    double until = now_s() + 5.0;
+    for (;;) {
+        pthread_mutex_lock(&g_srv->jobs_mu);
+        int open = g_srv->n_open;
+        pthread_mutex_unlock(&g_srv->jobs_mu);
+        if (open == 0) break;
+        FUZZ_ASSERT(now_s() < until, "%d jobs still open 5 s after the client left", open);
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+    return 0;
+}
