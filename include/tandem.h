@@ -59,6 +59,8 @@ typedef struct td_engine_opts {
     int kv_cache_dtype;  /* 0 = auto (f32 on CPU), 1 = bf16, 2 = fp8 e4m3 with per-token, per-head scales */
     int quantize;        /* 0 = weights as stored; 1 = q8: F32/BF16/F16 linear weights to int8 with an F32
                             scale per 32 inputs, made at load (the engine owns the copies) */
+    int max_prefill_chunk; /* prompt tokens one request prefills per step at most (0 = 256); set it to the
+                              scheduler's max_num_batched_tokens so one chunk can use the whole budget */
     int deltanet_chunk;  /* 0 = prompt DeltaNet token by token (bit-exact across chunkings and prefix hits);
                             N > 1 = in chunks of N tokens (the chunked form: equal up to rounding) */
 } td_engine_opts;

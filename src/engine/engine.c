@@ -20,10 +20,10 @@ static td_kv_shape kv_shape(const td_engine *e) {
     return td_engine_kv_shape_for(&e->model->cfg, e->model->has_mtp, e->opts.kv_cache_dtype);
 }
 
-size_t td_session_bytes_for(const td_config *c, int depth) {
+size_t td_session_bytes_for(const td_config *c, int depth, int max_chunk) {
     size_t V = (size_t)c->vocab_size, H = (size_t)c->hidden_size;
     return sizeof(td_session) + (V + H + (size_t)TD_SESSION_PEND_CAP * H) * sizeof(float) +
-           td_gen_work_bytes_for(c, depth, TD_SESSION_PEND_CAP);
+           td_gen_work_bytes_for(c, depth, TD_SESSION_PEND_CAP, max_chunk);
 }
 
 int td_engine_load(const char *model_dir, const td_engine_opts *opts, td_engine **out, td_err *err) {

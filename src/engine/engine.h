@@ -42,5 +42,5 @@ struct td_session {
  * allocates besides its DeltaNet state: logits, hidden and pending rows and
  * the generation buffers at `depth`. Used by the engine and the planner. */
 td_kv_shape td_engine_kv_shape_for(const td_config *c, bool has_mtp, int kv_dtype);
-size_t td_session_bytes_for(const td_config *c, int depth);
+size_t td_session_bytes_for(const td_config *c, int depth, int max_chunk);
 #endif

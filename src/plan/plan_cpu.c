@@ -36,7 +36,7 @@ static void parts_at(const td_config *c, const td_plan_opts *o, int depth, int64
     p->weights = w->main + w->mtp + w->embed + (c->tie_word_embeddings ? 0 : w->lm_head);
     p->owned = td_model_owned_bytes_for(c, o->has_mtp);
     p->scratch = td_fwd_scratch_bytes_for(c, o->max_num_batched_tokens + (int)rows, (int)rows);
-    p->sessions = S * td_session_bytes_for(c, depth);
+    p->sessions = S * td_session_bytes_for(c, depth, o->max_num_batched_tokens);
     p->state = S * td_seq_state_bytes_for(c, depth + 1);
     td_kv_shape ks = shape_of(c, o);
     p->ckpt = (uint64_t)o->prefix_checkpoints * td_kv_ckpt_bytes_for(&ks, (int)(len > 0 ? len : 0));

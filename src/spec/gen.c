@@ -23,6 +23,7 @@
 #include "sample/sampler.h"
 #include "util/err.h"
 
+/* prompt tokens per request and step when td_engine_opts.max_prefill_chunk is 0 */
 #define PREFILL_CHUNK 256
 /* Long prompts also leave prefix-cache checkpoints every this many tokens,
  * so prompts sharing only a long head (a system prompt and tools) hit. */
@@ -74,9 +75,12 @@ static double now_s(void) {
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-size_t td_gen_work_bytes_for(const td_config *c, int k, int pend_cap) {
+static int chunk_cap(const td_engine *e) { return e->opts.max_prefill_chunk > 0 ? e->opts.max_prefill_chunk : PREFILL_CHUNK; }
+
+size_t td_gen_work_bytes_for(const td_config *c, int k, int pend_cap, int max_chunk) {
     size_t V = (size_t)c->vocab_size, H = (size_t)c->hidden_size;
-    size_t rows_h = (size_t)(k + 1 > PREFILL_CHUNK ? k + 1 : PREFILL_CHUNK);
+    if (max_chunk <= 0) max_chunk = PREFILL_CHUNK;
+    size_t rows_h = (size_t)(k + 1 > max_chunk ? k + 1 : max_chunk);
     return ((size_t)(k + 1) * V + rows_h * H + (size_t)(pend_cap + 1) * H + (size_t)(k ? k : 1) * V + 2 * V) * sizeof(float);
 }
 
@@ -85,8 +89,9 @@ static int alloc_buffers(td_gen *g, td_err *err) {
     const td_config *c = &g->e->model->cfg;
     int k = g->depth;
     size_t V = (size_t)c->vocab_size, H = (size_t)c->hidden_size;
-    size_t rows_h = (size_t)(k + 1 > PREFILL_CHUNK ? k + 1 : PREFILL_CHUNK);
-    size_t need = td_gen_work_bytes_for(c, k, s->pend_cap) / sizeof(float);
+    int max_chunk = chunk_cap(g->e);
+    size_t rows_h = (size_t)(k + 1 > max_chunk ? k + 1 : max_chunk);
+    size_t need = td_gen_work_bytes_for(c, k, s->pend_cap, max_chunk) / sizeof(float);
     if (need > s->work_cap) {
         free(s->work);
         s->work = malloc(need * sizeof(float));
@@ -419,7 +424,7 @@ int td_gen_reserve_step(td_gen *g, int prefill_budget, td_err *err) {
     long slots;
     if (g->phase == G_PREFILL) {
         int c = g->n_prompt - g->fed;
-        if (c > PREFILL_CHUNK) c = PREFILL_CHUNK;
+        if (c > chunk_cap(g->e)) c = chunk_cap(g->e);
         if (prefill_budget > 0 && c > prefill_budget) c = prefill_budget;
         slots = (long)g->fed + c + 1;   /* + the MTP slot of the last position */
     } else if (g->phase == G_DECODE) {
@@ -490,7 +495,7 @@ static int step(td_gen **gens, int n, int prefill_budget, td_err *err) {
     td_mtp_item mitems[MAX_BATCH];
     td_gen *active[MAX_BATCH];
     int n_active = 0, max_k = 0, rc;
-    if (prefill_budget <= 0) prefill_budget = PREFILL_CHUNK;
+    if (prefill_budget <= 0) prefill_budget = chunk_cap(e);
     /* Decode rows count against the step's token budget first (depth + 1
      * each: what td_gen_reserve_step reserves for), prefill chunks get the
      * rest in the order given (the scheduler passes arrival order). */
@@ -504,7 +509,7 @@ static int step(td_gen **gens, int n, int prefill_budget, td_err *err) {
         g->k = 0;
         if (g->phase == G_PREFILL) {
             int c = g->n_prompt - g->fed;
-            if (c > PREFILL_CHUNK) c = PREFILL_CHUNK;
+            if (c > chunk_cap(e)) c = chunk_cap(e); /* the rows the generation buffers hold */
             if (c > prefill_budget) c = prefill_budget;
             /* never past what td_gen_reserve_step reserved (when it did) */
             int room = g->s->seq.n_blocks * TD_KV_BLOCK - 1 - g->fed;
@@ -624,8 +629,8 @@ int td_session_generate(td_session *s, const int32_t *prompt, int n_prompt, cons
     int rc = td_gen_begin(s, prompt, n_prompt, sp, o, simple_emit, &cb, &g, err);
     if (rc) return rc;
     while (!td_gen_done(g) && rc == 0) {
-        rc = td_gen_reserve_step(g, PREFILL_CHUNK, err);
-        if (!rc) rc = td_gen_step(&g, 1, PREFILL_CHUNK, err);
+        rc = td_gen_reserve_step(g, chunk_cap(s->eng), err);
+        if (!rc) rc = td_gen_step(&g, 1, chunk_cap(s->eng), err);
     }
     if (rc) s->mtp_ok = false;
     *res = *td_gen_result_of(g);

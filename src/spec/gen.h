@@ -53,5 +53,5 @@ int td_gen_step(td_gen **gens, int n, int prefill_budget, td_err *err);
 /* Bytes of a session's generation buffers at depth k (pend_cap pending
  * hidden rows): what td_gen_begin allocates, and what the planner counts. */
 struct td_config;
-size_t td_gen_work_bytes_for(const struct td_config *c, int k, int pend_cap);
+size_t td_gen_work_bytes_for(const struct td_config *c, int k, int pend_cap, int max_chunk);
 #endif

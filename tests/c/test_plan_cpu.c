@@ -53,7 +53,7 @@ static void check_model(const char *dir, int S, int depth, int T, int64_t window
     if (rc || !p.fits) return;
     td_engine_opts eo = {.n_threads = 0, .max_context = (int)window, .spec_depth = depth, .max_seqs = S,
                          .kv_cache_bytes = (size_t)p.kv_blocks * p.kv_bytes_per_block, .kv_cache_dtype = kv_dtype,
-                         .no_prefix_caching = true};
+                         .no_prefix_caching = true, .max_prefill_chunk = T};
     td_engine *e = NULL;
     if (td_engine_load(dir, &eo, &e, &err)) { CHECK(0, "%s: load: %s", dir, err.msg); return; }
     td_session *ss[16] = {0};

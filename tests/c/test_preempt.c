@@ -232,5 +232,32 @@ int main(void) {
     }
     check_accounting(e, "at the end");
     td_engine_free(e);
+
+    /* 5. one prefill chunk may use the whole step budget (it was capped at 256):
+     * a 700-token prompt in 512-token chunks, MTP on, equals the 256-chunk solo run */
+    {
+        td_engine_opts eo2 = {.n_threads = 2, .spec_depth = 4, .max_context = 1024};
+        rc = td_engine_load("tests/models/spec-partial", &eo2, &e, &err);
+        CHECK(rc == 0, "%s", err.msg);
+        int32_t longp[700], want[32];
+        for (int t = 0; t < 700; t++) longp[t] = (t * 11 + 5) % 58;
+        solo(e, longp, 700, 32, want);
+        td_engine_free(e);
+        eo2.max_prefill_chunk = 512;
+        rc = td_engine_load("tests/models/spec-partial", &eo2, &e, &err);
+        CHECK(rc == 0, "%s", err.msg);
+        td_sched_opts so2;
+        td_sched_opts_default(&so2);
+        so2.max_batch_tokens = 512;
+        rc = td_sched_new(e, &so2, &sch, &err);
+        sink fs;
+        td_request r = make_req(longp, 700, 3, 32, &fs);
+        td_sched_submit(sch, &r, NULL, &err);
+        wait_all(&fs, 1);
+        CHECK(!fs.error[0] && fs.n == 32 && memcmp(fs.out, want, sizeof(int32_t) * 31) == 0, "512-token chunks differ: n %d error '%s'", fs.n,
+              fs.error);
+        td_sched_free(sch);
+        td_engine_free(e);
+    }
     TEST_MAIN_END("preempt");
 }
