@@ -35,7 +35,13 @@ static const char *help =
     "  --max-num-batched-tokens N   tokens per engine step, for chunked prefill, 1..16M (default 512)\n"
     "  --enable-prefix-caching / --no-prefix-caching   (default on)\n"
     "  --max-body BYTES             largest request body, at least 1k, k/M suffixes (default 32M)\n"
-    "  --http-threads N             HTTP polling threads, 1..64 (default 4)\n"
+    "  --http-threads N             HTTP polling threads (and as many prompt workers), 1..64 (default 4)\n"
+    "  --max-connections-per-ip N   connections from one address at once, 0..1000, 0 = no limit (default 128;\n"
+    "                               behind a reverse proxy every client shares its address: raise it)\n"
+    "  --idle-timeout S             close a connection after S seconds without traffic, 0..86400, 0 = never\n"
+    "                               (default 30; requests waiting for the model are exempt)\n"
+    "  --max-stream-buffer BYTES    unsent stream output before a client that does not read is cancelled,\n"
+    "                               at least 4k, k/M suffixes (default 4M)\n"
     "  --shutdown-timeout S         on SIGTERM, seconds for requests in flight, 0..86400 (default 10)\n"
     "  --enforce-eager              accepted (GPU only; the CPU backend captures no graphs)\n"
     "  --quiet                      no per-request log lines (default: one line per request)\n"
@@ -51,7 +57,8 @@ int cmd_serve(int argc, char **argv) {
     bool want_help = false;
     for (int i = 1; i < argc; i++) want_help |= cli_is_help(argv[i]);
     if (!want_help && cli_generation_defaults(&o, argc, argv, &gen_max)) return 1;
-    srv_config cfg = {.host = "127.0.0.1", .port = 8000, .max_body = 32u << 20, .http_threads = 4};
+    srv_config cfg = {.host = "127.0.0.1", .port = 8000, .max_body = 32u << 20, .http_threads = 4,
+                      .max_conn_per_ip = 128, .idle_timeout_s = 30, .max_stream_buffer = 4u << 20};
     td_sched_opts so;
     td_sched_opts_default(&so);
     double shutdown_s = 10;
@@ -97,6 +104,22 @@ int cmd_serve(int argc, char **argv) {
             n = parse_size_suffix(v);
             if (n < 1024) { fprintf(stderr, "tandem serve: --max-body must be a size of at least 1k (e.g. 32M), got \"%s\"\n", v); return 2; }
             cfg.max_body = (size_t)n;
+        } else if (!strcmp(a, "--max-connections-per-ip") || !strcmp(a, "--idle-timeout")) {
+            NEED();
+            bool ip = !strcmp(a, "--max-connections-per-ip");
+            long hi = ip ? 1000 : 86400;
+            n = strpbrk(v, "kKmM.") ? -1 : parse_size_suffix(v);
+            if (n < 0 || n > hi) {
+                fprintf(stderr, "tandem serve: %s must be an integer in [0, %ld], got \"%s\"\n", a, hi, v);
+                return 2;
+            }
+            if (ip) cfg.max_conn_per_ip = (unsigned)n;
+            else cfg.idle_timeout_s = (unsigned)n;
+        } else if (!strcmp(a, "--max-stream-buffer")) {
+            NEED();
+            n = parse_size_suffix(v);
+            if (n < 4096) { fprintf(stderr, "tandem serve: --max-stream-buffer must be a size of at least 4k (e.g. 4M), got \"%s\"\n", v); return 2; }
+            cfg.max_stream_buffer = (size_t)n;
         } else if (!strcmp(a, "--shutdown-timeout")) {
             NEED();
             char *end;

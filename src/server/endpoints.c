@@ -1,5 +1,10 @@
 /* Endpoint handlers: /v1/models, /metrics, /tokenize, /detokenize and the
- * generation endpoints (/v1/chat/completions, /v1/completions). */
+ * generation endpoints (/v1/chat/completions, /v1/completions).
+ *
+ * /tokenize, /detokenize and the generation endpoints run on a prompt
+ * worker (http.c) with the connection suspended: a huge body's parsing,
+ * template rendering and tokenization do not hold a polling thread. They
+ * leave their answer in the task; http.c sends it. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -9,7 +14,7 @@
 
 static json_t *parse_body(const char *body, size_t len, http_err *e) {
     json_error_t je;
-    json_t *j = json_loadb(body, len, 0, &je);
+    json_t *j = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
     if (!j) http_err_set(e, 400, "invalid_request_error", "malformed JSON body: %.200s (line %d, column %d)", je.text, je.line, je.column);
     else if (!json_is_object(j)) {
         json_decref(j);
@@ -64,10 +69,21 @@ static int encode(srv *s, const char *text, size_t len, bool add_special, int32_
     return 0;
 }
 
-enum MHD_Result ep_tokenize(srv *s, struct MHD_Connection *c, const char *body, size_t len) {
+/* The task's answer: o (stolen) as JSON, or a 500. */
+static void task_reply(task *t, int status, json_t *o) {
+    t->reply = o ? json_dumps(o, JSON_COMPACT) : NULL;
+    json_decref(o);
+    if (t->reply) t->status = status;
+    else http_err_set(&t->e, 500, "server_error", "out of memory");
+}
+
+void ep_tokenize(srv *s, task *t) {
     http_err e = {0};
-    json_t *b = parse_body(body, len, &e);
-    if (!b) return srv_reply_error(s, c, &e);
+    json_t *b = parse_body(t->body, t->len, &e);
+    if (!b) {
+        t->e = e;
+        return;
+    }
     oai_req r;
     memset(&r, 0, sizeof r);
     char *text = NULL;
@@ -88,32 +104,32 @@ enum MHD_Result ep_tokenize(srv *s, struct MHD_Connection *c, const char *body, 
         if (!json_is_string(p)) http_err_set(&e, 400, "invalid_request_error", "'prompt' (a string) or 'messages' is required");
         else encode(s, json_string_value(p), json_string_length(p), add_special, &ids, &n, &e);
     }
-    enum MHD_Result rc;
     if (e.status) {
-        rc = srv_reply_error(s, c, &e);
+        t->e = e;
     } else {
-        json_t *t = json_array(), *ts = strs ? json_array() : json_null();
+        json_t *a = json_array(), *ts = strs ? json_array() : json_null();
         for (size_t i = 0; i < n; i++) {
-            json_array_append_new(t, json_integer(ids[i]));
+            json_array_append_new(a, json_integer(ids[i]));
             if (strs) {
                 const char *str = tok_token_str(s->tok, ids[i]);
                 json_array_append_new(ts, json_string(str ? str : ""));
             }
         }
-        rc = srv_reply_json(s, c, 200,
-                            json_pack("{s:i, s:i, s:o, s:o}", "count", (int)n, "max_model_len", s->n_ctx, "tokens", t, "token_strs", ts));
+        task_reply(t, 200, json_pack("{s:i, s:i, s:o, s:o}", "count", (int)n, "max_model_len", s->n_ctx, "tokens", a, "token_strs", ts));
     }
     free(ids);
     free(text);
     oai_req_free(&r);
     json_decref(b);
-    return rc;
 }
 
-enum MHD_Result ep_detokenize(srv *s, struct MHD_Connection *c, const char *body, size_t len) {
+void ep_detokenize(srv *s, task *tk) {
     http_err e = {0};
-    json_t *b = parse_body(body, len, &e);
-    if (!b) return srv_reply_error(s, c, &e);
+    json_t *b = parse_body(tk->body, tk->len, &e);
+    if (!b) {
+        tk->e = e;
+        return;
+    }
     const json_t *t = json_object_get(b, "tokens");
     size_t n = json_array_size(t), i;
     int32_t *ids = json_is_array(t) ? malloc((n ? n : 1) * sizeof *ids) : NULL;
@@ -127,18 +143,16 @@ enum MHD_Result ep_detokenize(srv *s, struct MHD_Connection *c, const char *body
         }
         ids[i] = (int32_t)json_integer_value(v);
     }
-    enum MHD_Result rc;
     char *text = NULL;
     size_t tl = 0;
     td_err err = {0};
     if (!e.status && tok_decode(s->tok, ids, n, false, &text, &tl, &err))
         http_err_set(&e, 400, "invalid_request_error", "cannot detokenize: %.400s", td_err_text(&err));
-    if (e.status) rc = srv_reply_error(s, c, &e);
-    else rc = srv_reply_json(s, c, 200, json_pack("{s:s%}", "prompt", text ? text : "", tl));
+    if (e.status) tk->e = e;
+    else task_reply(tk, 200, json_pack("{s:s%}", "prompt", text ? text : "", tl));
     free(text);
     free(ids);
     json_decref(b);
-    return rc;
 }
 
 /* Prompt ids of a parsed request; *reasoning: parser mode. */
@@ -163,28 +177,32 @@ static int prompt_ids(srv *s, oai_req *r, int32_t **ids, size_t *n, int *reasoni
     return encode(s, r->prompt_text, strlen(r->prompt_text), true, ids, n, e);
 }
 
-enum MHD_Result ep_generate(srv *s, struct MHD_Connection *c, int kind, const char *body, size_t len, job **jout) {
-    http_err e = {0};
-    json_t *b = parse_body(body, len, &e);
-    if (!b) return srv_reply_error(s, c, &e);
+void ep_generate(srv *s, task *t) {
+    http_err *e = &t->e;
+    if (atomic_load(&s->ready) != 1) { /* draining while the task waited */
+        http_err_set(e, 503, "service_unavailable_error", "the server is shutting down");
+        return;
+    }
+    json_t *b = parse_body(t->body, t->len, e);
+    if (!b) return;
     oai_req r;
-    int rc = oai_parse(s, b, kind, &r, &e);
+    int rc = oai_parse(s, b, t->kind, &r, e);
     json_decref(b);
     int32_t *ids = NULL;
     size_t n = 0;
     int reasoning = 0;
-    if (!rc) rc = prompt_ids(s, &r, &ids, &n, &reasoning, &e);
-    if (!rc && n == 0) rc = -1, http_err_set(&e, 400, "invalid_request_error", "the prompt is empty");
+    if (!rc) rc = prompt_ids(s, &r, &ids, &n, &reasoning, e);
+    if (!rc && n == 0) rc = -1, http_err_set(e, 400, "invalid_request_error", "the prompt is empty");
     if (!rc && (long long)n >= s->n_ctx) {
-        http_err_set(&e, 400, "exceed_context_size_error", "request (%zu tokens) exceeds the available context size (%d tokens)", n, s->n_ctx);
-        e.n_prompt = (int)n;
-        e.n_ctx = s->n_ctx;
+        http_err_set(e, 400, "exceed_context_size_error", "request (%zu tokens) exceeds the available context size (%d tokens)", n, s->n_ctx);
+        e->n_prompt = (int)n;
+        e->n_ctx = s->n_ctx;
         rc = -1;
     }
     if (rc) {
         free(ids);
         oai_req_free(&r);
-        return srv_reply_error(s, c, &e);
+        return;
     }
     int room = s->n_ctx - (int)n;
     if (r.max_tokens < 0) r.max_tokens = s->cfg.default_max_tokens > 0 ? s->cfg.default_max_tokens : room;
@@ -195,17 +213,17 @@ enum MHD_Result ep_generate(srv *s, struct MHD_Connection *c, int kind, const ch
     if (!j) {
         free(ids);
         oai_req_free(&r);
-        http_err_set(&e, 500, "server_error", "cannot start the request: %.400s", td_err_text(&err));
-        return srv_reply_error(s, c, &e);
+        http_err_set(e, 500, "server_error", "cannot start the request: %.400s", td_err_text(&err));
+        return;
     }
-    j->conn = c;
-    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
-    j->fd = ci ? ci->connect_fd : -1;
+    j->conn = t->conn;
+    j->fd = t->fd;
+    j->http11 = t->http11;
     if (stream && job_stream_begin(j)) {
         free(ids);
         job_unref(j);
-        http_err_set(&e, 500, "server_error", "out of memory");
-        return srv_reply_error(s, c, &e);
+        http_err_set(e, 500, "server_error", "out of memory");
+        return;
     }
     td_request tr;
     job_sched_request(j, ids, (int)n, &tr);
@@ -227,29 +245,31 @@ enum MHD_Result ep_generate(srv *s, struct MHD_Connection *c, int kind, const ch
         job_unref(j); /* the scheduler's */
         job_unref(j); /* ours */
         if (src == TD_ERR_LIMIT && strstr(err.msg, "context size")) { /* the scheduler's own context check */
-            http_err_set(&e, 400, "exceed_context_size_error", "request (%zu tokens) exceeds the available context size (%d tokens)", n, s->n_ctx);
-            e.n_prompt = (int)n;
-            e.n_ctx = s->n_ctx;
+            http_err_set(e, 400, "exceed_context_size_error", "request (%zu tokens) exceeds the available context size (%d tokens)", n, s->n_ctx);
+            e->n_prompt = (int)n;
+            e->n_ctx = s->n_ctx;
         } else if (src == TD_ERR_LIMIT) {
             metrics_add(&s->metrics, &s->metrics.rejected_queue_full, 1);
-            http_err_set(&e, 503, "service_unavailable_error", "the server is busy (request queue full); retry later");
-            e.retry_after = true;
+            http_err_set(e, 503, "service_unavailable_error", "the server is busy (request queue full); retry later");
+            e->retry_after = true;
         } else {
             const char *m = strstr(err.msg, ": ");
-            http_err_set(&e, src == TD_ERR_ARG ? 400 : 500, src == TD_ERR_ARG ? "invalid_request_error" : "server_error", "%.400s",
+            http_err_set(e, src == TD_ERR_ARG ? 400 : 500, src == TD_ERR_ARG ? "invalid_request_error" : "server_error", "%.400s",
                          m && !strncmp(err.msg, "src/", 4) ? m + 2 : err.msg);
         }
-        return srv_reply_error(s, c, &e);
+        return;
     }
     metrics_add(&s->metrics, &s->metrics.requests, 1);
     if (stream) metrics_add(&s->metrics, &s->metrics.stream_requests, 1);
     pthread_mutex_lock(&j->mu);
     j->sched_id = id;
     j->submitted = true;
-    bool done = j->finished;
     pthread_mutex_unlock(&j->mu);
-    *jout = j; /* the connection context's reference */
-    if (stream) {
+    t->job = j; /* the connection context's reference */
+}
+
+enum MHD_Result ep_generate_respond(srv *s, struct MHD_Connection *c, job *j) {
+    if (j->req.stream) { /* req.stream is fixed after job_new */
         job_ref(j); /* the response's, dropped by job_stream_free */
         struct MHD_Response *resp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, job_stream_read, j, job_stream_free);
         if (!resp) {
@@ -265,8 +285,7 @@ enum MHD_Result ep_generate(srv *s, struct MHD_Connection *c, int kind, const ch
         return q;
     }
     pthread_mutex_lock(&j->mu);
-    done = j->finished;
-    if (!done) {
+    if (!j->finished) {
         j->suspended = true;
         MHD_suspend_connection(c);
         pthread_mutex_unlock(&j->mu);
@@ -276,6 +295,7 @@ enum MHD_Result ep_generate(srv *s, struct MHD_Connection *c, int kind, const ch
     int st = j->body_status ? j->body_status : 500;
     j->body = NULL;
     pthread_mutex_unlock(&j->mu);
+    http_err e;
     enum MHD_Result q = bd ? srv_reply(s, c, st, "application/json", bd, strlen(bd))
                            : srv_reply_error(s, c, (http_err_set(&e, 500, "server_error", "no result"), &e));
     free(bd);

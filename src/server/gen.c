@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <time.h>
 #include "server/srv_internal.h"
 #include "util/err.h"
@@ -156,7 +157,8 @@ static json_t *lp_completions(job *j, const json_t *entries) {
 /* Logprobs object for a chunk/response from entries (steals nothing). */
 static json_t *lp_object(job *j, json_t *entries) {
     if (!entries || j->req.logprobs < 0) return json_null();
-    if (j->req.kind == OAI_CHAT) return json_pack("{s:O}", "content", entries);
+    /* a copy: the stream clears lp_pending once the chunk is built, before it is serialized */
+    if (j->req.kind == OAI_CHAT) return json_pack("{s:o}", "content", json_copy(entries));
     return lp_completions(j, entries);
 }
 
@@ -281,6 +283,26 @@ static int process_text(job *j, const char *t, size_t n, td_err *err) {
     return rc < 0 ? rc : hit;
 }
 
+/* A client that does not read: its unsent SSE bytes over --max-stream-buffer
+ * cancel the request; the buffer is dropped and the socket shut down, so
+ * libmicrohttpd closes the connection (job lock held). Returns true then. */
+static bool stream_backlog_over(job *j) {
+    srv *s = j->srv;
+    size_t pending = j->out.len - j->out_sent;
+    if (!j->req.stream || !s->cfg.max_stream_buffer || pending <= s->cfg.max_stream_buffer) return false;
+    j->overflow = true;
+    j->conn_gone = true;
+    bool count = !j->cancel_sent;
+    j->cancel_sent = true;
+    sb_free(&j->out);
+    j->out_sent = 0;
+    if (j->fd >= 0) shutdown(j->fd, SHUT_RDWR);
+    if (count) metrics_add(&s->metrics, &s->metrics.cancelled_disconnect, 1);
+    fprintf(stderr, "tandem serve: %s cancelled: the client is not reading (%zu bytes unsent, over --max-stream-buffer %zu)\n", j->id,
+            pending, s->cfg.max_stream_buffer);
+    return true;
+}
+
 static int on_token(void *user, const td_token_event *ev) {
     job *j = user;
     srv *s = j->srv;
@@ -309,13 +331,22 @@ static int on_token(void *user, const td_token_event *ev) {
     if (rc == 0) rc = process_text(j, text, len, &err);
     if (rc >= 0 && j->req.stream && flush_delta(j)) rc = TD_ERR_NOMEM;
     if (rc < 0) snprintf(j->error, sizeof j->error, "output processing failed: %.400s", td_err_text(&err));
+    if (stream_backlog_over(j)) rc = -1;
     srv_wake(j);
     pthread_mutex_unlock(&j->mu);
     return rc < 0 ? 2 : rc == 1 ? 1 : 0;
 }
 
+/* The error text as valid UTF-8 (a cut message may end inside a character). */
+static void clean_error(job *j) {
+    char t[sizeof j->error];
+    srv_utf8_clean(j->error, t, sizeof t);
+    memcpy(j->error, t, sizeof t);
+}
+
 static void finish_stream(job *j) {
     int rc = 0;
+    clean_error(j);
     if (j->error[0]) {
         json_t *e = json_pack("{s:{s:s, s:s, s:i}}", "error", "message", j->error, "type", "server_error", "code", 500);
         rc |= sse(j, e);
@@ -335,6 +366,7 @@ static void finish_stream(job *j) {
 
 static void finish_body(job *j) {
     json_t *o;
+    clean_error(j);
     if (j->error[0]) {
         o = json_pack("{s:{s:s, s:s, s:i}}", "error", "message", j->error, "type", "server_error", "code", 500);
         j->body_status = 500;

@@ -8,11 +8,19 @@
  * request-completed callback that tells us when a client went away, and
  * no dependencies beyond libc.
  *
- * Threads: libmicrohttpd's polling threads run the handlers below; the
- * scheduler thread runs gen.c's callbacks and resumes suspended
- * connections; a watchdog thread polls the sockets of suspended requests
- * (libmicrohttpd does not watch those) to cancel requests whose client
- * disconnected. All state lives in struct srv. */
+ * Threads: libmicrohttpd's polling threads run the handlers below (I/O,
+ * routing, auth, small replies); prompt workers parse, render and tokenize
+ * the requests that may be large (generation, /tokenize, /detokenize) with
+ * the connection suspended; the scheduler thread runs gen.c's callbacks
+ * and resumes suspended connections; a watchdog thread polls the sockets
+ * of suspended requests (libmicrohttpd does not watch those) to cancel
+ * requests whose client disconnected. All state lives in struct srv.
+ *
+ * Hardening: at most --max-connections-per-ip connections per address and
+ * --idle-timeout seconds without traffic (suspended connections, waiting
+ * for the scheduler, are exempt; libmicrohttpd restarts the clock when they
+ * resume); request framing is strict (only the chunked transfer-coding; one
+ * Content-Length; not both); error messages are made valid UTF-8. */
 #include <errno.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -22,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
@@ -37,6 +46,46 @@ double srv_now(void) {
 uint64_t srv_next_id(srv *s) { return atomic_fetch_add(&s->next_id, 1) + 1; }
 
 /* ---- replies ------------------------------------------------------------- */
+
+/* Length of the valid UTF-8 character at p (n bytes left); 0: invalid or cut. */
+static size_t utf8_char(const unsigned char *p, size_t n) {
+    unsigned c = p[0], min, cp;
+    size_t len;
+    if (c < 0x80) return 1;
+    if (c >= 0xc2 && c <= 0xdf) len = 2, min = 0x80;
+    else if ((c & 0xf0) == 0xe0) len = 3, min = 0x800;
+    else if (c >= 0xf0 && c <= 0xf4) len = 4, min = 0x10000;
+    else return 0;
+    if (n < len) return 0;
+    cp = c & (0x3fu >> (len - 1));
+    for (size_t i = 1; i < len; i++) {
+        if ((p[i] & 0xc0) != 0x80) return 0;
+        cp = cp << 6 | (p[i] & 0x3fu);
+    }
+    return cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff) ? 0 : len;
+}
+
+size_t srv_utf8_clean(const char *in, char *out, size_t cap) {
+    if (!cap) return 0;
+    const unsigned char *p = (const unsigned char *)in;
+    size_t n = strlen(in), o = 0;
+    for (size_t i = 0; i < n;) {
+        size_t l = utf8_char(p + i, n - i);
+        if (l) {
+            if (o + l >= cap) break;
+            memcpy(out + o, p + i, l);
+            o += l;
+            i += l;
+        } else {
+            if (o + 4 >= cap) break;
+            snprintf(out + o, 5, "\\x%02X", p[i]);
+            o += 4;
+            i++;
+        }
+    }
+    out[o] = 0;
+    return o;
+}
 
 enum MHD_Result srv_reply(srv *s, struct MHD_Connection *c, int status, const char *ctype, const char *body, size_t len) {
     struct MHD_Response *r = MHD_create_response_from_buffer(len, (void *)body, MHD_RESPMEM_MUST_COPY);
@@ -61,7 +110,9 @@ enum MHD_Result srv_reply_json(srv *s, struct MHD_Connection *c, int status, jso
 }
 
 enum MHD_Result srv_reply_error(srv *s, struct MHD_Connection *c, const http_err *e) {
-    json_t *err = json_pack("{s:s, s:s, s:i}", "message", e->msg, "type", e->type ? e->type : "invalid_request_error", "code", e->status);
+    char msg[4 * sizeof e->msg]; /* every byte escaped at worst */
+    srv_utf8_clean(e->msg, msg, sizeof msg);
+    json_t *err = json_pack("{s:s, s:s, s:i}", "message", msg, "type", e->type ? e->type : "invalid_request_error", "code", e->status);
     if (err) json_object_set_new(err, "param", e->param ? json_string(e->param) : json_null());
     if (err && e->n_ctx > 0) {
         json_object_set_new(err, "n_prompt_tokens", json_integer(e->n_prompt));
@@ -77,6 +128,7 @@ enum MHD_Result srv_reply_error(srv *s, struct MHD_Connection *c, const http_err
     MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, "application/json");
     if (e->retry_after) MHD_add_response_header(r, MHD_HTTP_HEADER_RETRY_AFTER, "1");
     if (e->status == 401) MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
+    if (e->allow) MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, e->allow);
     enum MHD_Result rc = MHD_queue_response(c, (unsigned)e->status, r);
     MHD_destroy_response(r);
     metrics_http(&s->metrics, e->status);
@@ -86,6 +138,13 @@ enum MHD_Result srv_reply_error(srv *s, struct MHD_Connection *c, const http_err
 static enum MHD_Result reply_err(srv *s, struct MHD_Connection *c, int status, const char *type, const char *msg) {
     http_err e;
     http_err_set(&e, status, type, "%s", msg);
+    return srv_reply_error(s, c, &e);
+}
+
+static enum MHD_Result reply_405(srv *s, struct MHD_Connection *c, const char *allow) {
+    http_err e;
+    http_err_set(&e, 405, "invalid_request_error", "method not allowed (allowed: %s)", allow);
+    e.allow = allow;
     return srv_reply_error(s, c, &e);
 }
 
@@ -136,8 +195,26 @@ void srv_job_finished(srv *s, job *j) {
     pthread_mutex_unlock(&s->jobs_mu);
 }
 
-/* Polls the sockets of running requests: a peer that closed (or reset) its
- * side is cancelled now, not only when the next write fails. */
+/* Polls the sockets of running requests: a peer that is gone is cancelled
+ * now, not only at the end. End of input alone is no disconnect: a client
+ * may half-close (shutdown(SHUT_WR)) after its request and still read the
+ * answer. A peer that closed answers our next write with a reset (POLLERR /
+ * POLLHUP): streams write tokens and keep-alive deltas anyway; a suspended
+ * non-streamed HTTP/1.1 request gets one interim "100 Continue" (which
+ * clients must accept before the final response) as the probe. */
+static bool peer_gone(job *j) {
+    struct pollfd p = {.fd = j->fd, .events = POLLRDHUP};
+    if (poll(&p, 1, 0) <= 0) return false;
+    if (p.revents & (POLLHUP | POLLERR | POLLNVAL)) return true;
+    if ((p.revents & POLLRDHUP) && !j->req.stream && j->suspended && j->http11 && !j->probed) {
+        static const char probe[] = "HTTP/1.1 100 Continue\r\n\r\n";
+        j->probed = true; /* libmicrohttpd does not touch a suspended connection */
+        ssize_t w = send(j->fd, probe, sizeof probe - 1, MSG_NOSIGNAL | MSG_DONTWAIT);
+        if (w < 0 && errno != EAGAIN && errno != EWOULDBLOCK) return true;
+    }
+    return false;
+}
+
 static void *watchdog_main(void *arg) {
     srv *s = arg;
     pthread_mutex_lock(&s->jobs_mu);
@@ -154,13 +231,10 @@ static void *watchdog_main(void *arg) {
         for (job *j = s->jobs; j && n < 64; j = j->next) {
             pthread_mutex_lock(&j->mu);
             job_keepalive(j, now);
-            if (j->submitted && !j->finished && !j->cancel_sent && j->fd >= 0) {
-                struct pollfd p = {.fd = j->fd, .events = POLLRDHUP};
-                if (poll(&p, 1, 0) > 0 && (p.revents & (POLLRDHUP | POLLHUP | POLLERR))) {
-                    j->cancel_sent = true;
-                    j->conn_gone = true;
-                    ids[n++] = j->sched_id;
-                }
+            if (j->submitted && !j->finished && !j->cancel_sent && j->fd >= 0 && peer_gone(j)) {
+                j->cancel_sent = true;
+                j->conn_gone = true;
+                ids[n++] = j->sched_id;
             }
             pthread_mutex_unlock(&j->mu);
         }
@@ -178,9 +252,147 @@ static void *watchdog_main(void *arg) {
 
 typedef struct conn_ctx {
     sbuf body;
-    bool too_large, answered;
+    bool too_large, answered, http11;
     job *job;
+    task *task;                     /* with a prompt worker (connection suspended) */
 } conn_ctx;
+
+/* ---- prompt workers ------------------------------------------------------------ */
+
+static void task_free(task *t) {
+    if (!t) return;
+    free(t->body);
+    free(t->reply);
+    free(t);
+}
+
+static void *worker_main(void *arg) {
+    srv *s = arg;
+    pthread_mutex_lock(&s->tasks_mu);
+    for (;;) {
+        while (!s->tasks_head && !s->workers_stop) pthread_cond_wait(&s->tasks_cv, &s->tasks_mu);
+        task *t = s->tasks_head;
+        if (!t) break; /* stopping, and nothing left */
+        s->tasks_head = t->next;
+        if (!s->tasks_head) s->tasks_tail = NULL;
+        pthread_mutex_unlock(&s->tasks_mu);
+        if (t->what == TASK_GENERATE) ep_generate(s, t);
+        else if (t->what == TASK_TOKENIZE) ep_tokenize(s, t);
+        else ep_detokenize(s, t);
+        free(t->body);
+        t->body = NULL;
+        pthread_mutex_lock(&s->tasks_mu);
+        t->done = true;
+        pthread_mutex_unlock(&s->tasks_mu);
+        MHD_resume_connection(t->conn); /* t belongs to the connection again */
+        pthread_mutex_lock(&s->tasks_mu);
+    }
+    pthread_mutex_unlock(&s->tasks_mu);
+    return NULL;
+}
+
+/* Suspends the connection and queues its request for a prompt worker. */
+static enum MHD_Result hand_off(srv *s, struct MHD_Connection *c, conn_ctx *ctx, int what, int kind) {
+    task *t = calloc(1, sizeof *t);
+    if (!t) return reply_err(s, c, 500, "server_error", "out of memory");
+    t->srv = s;
+    t->conn = c;
+    t->what = what;
+    t->kind = kind;
+    t->http11 = ctx->http11;
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
+    t->fd = ci ? ci->connect_fd : -1;
+    t->body = ctx->body.p ? ctx->body.p : calloc(1, 1);
+    t->len = ctx->body.len;
+    ctx->body = (sbuf){0};
+    if (!t->body) {
+        free(t);
+        return reply_err(s, c, 500, "server_error", "out of memory");
+    }
+    pthread_mutex_lock(&s->tasks_mu);
+    if (s->workers_stop || !s->n_workers) {
+        pthread_mutex_unlock(&s->tasks_mu);
+        task_free(t);
+        return reply_err(s, c, 503, "service_unavailable_error", "the server is shutting down");
+    }
+    ctx->task = t;
+    MHD_suspend_connection(c);
+    if (s->tasks_tail) s->tasks_tail->next = t;
+    else s->tasks_head = t;
+    s->tasks_tail = t;
+    pthread_cond_signal(&s->tasks_cv);
+    pthread_mutex_unlock(&s->tasks_mu);
+    return MHD_YES;
+}
+
+/* The worker's answer, back on a polling thread. */
+static enum MHD_Result task_answer(srv *s, struct MHD_Connection *c, conn_ctx *ctx) {
+    task *t = ctx->task;
+    pthread_mutex_lock(&s->tasks_mu);
+    bool done = t->done;
+    pthread_mutex_unlock(&s->tasks_mu);
+    if (!done) return MHD_YES; /* not resumed by the worker (cannot happen) */
+    ctx->task = NULL;
+    enum MHD_Result rc;
+    if (t->job) {
+        ctx->job = t->job;
+        rc = ep_generate_respond(s, c, t->job);
+    } else if (t->e.status || !t->reply) {
+        if (!t->e.status) http_err_set(&t->e, 500, "server_error", "no result");
+        rc = srv_reply_error(s, c, &t->e);
+    } else {
+        rc = srv_reply(s, c, t->status, "application/json", t->reply, strlen(t->reply));
+    }
+    task_free(t);
+    return rc;
+}
+
+/* ---- request framing ------------------------------------------------------------ */
+
+typedef struct framing {
+    int n_te, n_cl;
+    bool te_other, cl_conflict;
+    char cl[32];
+} framing;
+
+static enum MHD_Result scan_header(void *cls, enum MHD_ValueKind kind, const char *key, const char *value) {
+    framing *f = cls;
+    (void)kind;
+    if (!key) return MHD_YES;
+    const char *v = value ? value : "";
+    while (*v == ' ' || *v == '\t') v++;
+    size_t n = strlen(v);
+    while (n && (v[n - 1] == ' ' || v[n - 1] == '\t')) n--;
+    if (!strcasecmp(key, MHD_HTTP_HEADER_TRANSFER_ENCODING)) {
+        if (f->n_te++ || n != 7 || strncasecmp(v, "chunked", 7)) f->te_other = true;
+    } else if (!strcasecmp(key, MHD_HTTP_HEADER_CONTENT_LENGTH)) {
+        if (!f->n_cl++) snprintf(f->cl, sizeof f->cl, "%.*s", (int)(n < 31 ? n : 31), v);
+        else if (n != strlen(f->cl) || strncmp(v, f->cl, n)) f->cl_conflict = true;
+    }
+    return MHD_YES;
+}
+
+/* 400/501 for framing that libmicrohttpd would misread or wait on forever:
+ * a transfer-coding other than one "chunked" (gzip, chunked: it would read
+ * the body until the connection closes), Content-Length with
+ * Transfer-Encoding, or Content-Length headers that disagree. */
+static int check_framing(struct MHD_Connection *c, http_err *e) {
+    framing f = {0};
+    MHD_get_connection_values(c, MHD_HEADER_KIND, scan_header, &f);
+    if (f.te_other) {
+        http_err_set(e, 501, "invalid_request_error", "unsupported Transfer-Encoding: only a single 'chunked' is accepted");
+        return -1;
+    }
+    if (f.n_te && f.n_cl) {
+        http_err_set(e, 400, "invalid_request_error", "both Transfer-Encoding and Content-Length");
+        return -1;
+    }
+    if (f.cl_conflict) {
+        http_err_set(e, 400, "invalid_request_error", "conflicting Content-Length headers");
+        return -1;
+    }
+    return 0;
+}
 
 static bool authorized(srv *s, struct MHD_Connection *c) {
     if (!s->api_key) return true;
@@ -199,7 +411,7 @@ static bool is(const char *url, const char *a) { return !strcmp(url, a); }
 static enum MHD_Result route(srv *s, struct MHD_Connection *c, const char *url, const char *method, conn_ctx *ctx) {
     bool get = !strcmp(method, "GET") || !strcmp(method, "HEAD"), post = !strcmp(method, "POST");
     if (is(url, "/health") || is(url, "/v1/health")) {
-        if (!get) return reply_err(s, c, 405, "invalid_request_error", "method not allowed");
+        if (!get) return reply_405(s, c, "GET, HEAD");
         int r = atomic_load(&s->ready);
         if (r == 1) return srv_reply(s, c, 200, "text/plain", "", 0);
         return reply_err(s, c, 503, "service_unavailable_error", r == 0 ? "the model is loading" : "the server is shutting down");
@@ -221,28 +433,32 @@ static enum MHD_Result route(srv *s, struct MHD_Connection *c, const char *url, 
         snprintf(m, sizeof m, "Not found: %.200s", url);
         return reply_err(s, c, 404, "not_found_error", m);
     }
-    if ((want == R_GET && !get) || (want == R_POST && !post)) return reply_err(s, c, 405, "invalid_request_error", "method not allowed");
+    if (want == R_GET && !get) return reply_405(s, c, "GET, HEAD");
+    if (want == R_POST && !post) return reply_405(s, c, "POST");
     if (is(url, "/metrics")) return ep_metrics(s, c);
     if (is(url, "/version")) return srv_reply_json(s, c, 200, json_pack("{s:s}", "version", "tandem-0.1"));
     if (atomic_load(&s->ready) != 1)
         return reply_err(s, c, 503, "service_unavailable_error",
                          atomic_load(&s->ready) == 0 ? "the model is loading" : "the server is shutting down");
     if (is(url, "/v1/models")) return ep_models(s, c);
-    const char *b = ctx->body.p ? ctx->body.p : "";
-    if (kind) return ep_generate(s, c, kind, b, ctx->body.len, &ctx->job);
-    if (strstr(url, "/detokenize")) return ep_detokenize(s, c, b, ctx->body.len);
-    return ep_tokenize(s, c, b, ctx->body.len);
+    if (kind) return hand_off(s, c, ctx, TASK_GENERATE, kind);
+    return hand_off(s, c, ctx, strstr(url, "/detokenize") ? TASK_DETOKENIZE : TASK_TOKENIZE, 0);
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method, const char *version,
                                   const char *upload, size_t *upload_size, void **con_cls) {
     srv *s = cls;
-    (void)version;
     conn_ctx *ctx = *con_cls;
     if (!ctx) {
         ctx = calloc(1, sizeof *ctx);
         if (!ctx) return MHD_NO;
         *con_cls = ctx;
+        ctx->http11 = version && !strcmp(version, MHD_HTTP_VERSION_1_1);
+        http_err fe;
+        if (check_framing(c, &fe)) {
+            ctx->answered = true;
+            return srv_reply_error(s, c, &fe);
+        }
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         if (cl && strtoull(cl, NULL, 10) > s->cfg.max_body) {
             ctx->answered = true;
@@ -264,6 +480,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         *upload_size = 0;
         return MHD_YES;
     }
+    if (ctx->task) return task_answer(s, c, ctx); /* resumed by its prompt worker */
     if (ctx->job) { /* resumed: a non-streamed generation finished */
         job *j = ctx->job;
         pthread_mutex_lock(&j->mu);
@@ -300,6 +517,11 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
     conn_ctx *ctx = *con_cls;
     if (!ctx) return;
     *con_cls = NULL;
+    if (ctx->task) { /* closed before the worker's answer was sent (workers are joined first) */
+        if (!ctx->job) ctx->job = ctx->task->job;
+        else job_unref(ctx->task->job);
+        task_free(ctx->task);
+    }
     job *j = ctx->job;
     if (j) {
         srv_untrack(s, j);
@@ -348,7 +570,20 @@ static void srv_release(srv *s) {
     pthread_rwlock_destroy(&s->sched_lock);
     pthread_cond_destroy(&s->jobs_cv);
     pthread_mutex_destroy(&s->jobs_mu);
+    pthread_cond_destroy(&s->tasks_cv);
+    pthread_mutex_destroy(&s->tasks_mu);
+    free(s->workers);
     free(s);
+}
+
+/* Lets the workers finish what is queued, then joins them. */
+static void stop_workers(srv *s) {
+    pthread_mutex_lock(&s->tasks_mu);
+    s->workers_stop = true;
+    pthread_cond_broadcast(&s->tasks_cv);
+    pthread_mutex_unlock(&s->tasks_mu);
+    for (int i = 0; i < s->n_workers; i++) pthread_join(s->workers[i], NULL);
+    s->n_workers = 0;
 }
 
 int srv_start(const srv_config *cfg, srv **out, td_err *err) {
@@ -364,7 +599,7 @@ int srv_start(const srv_config *cfg, srv **out, td_err *err) {
     s->model_name = strdup(cfg->served_model_name ? cfg->served_model_name : "tandem");
     s->model_dir = strdup(cfg->model_dir ? cfg->model_dir : "");
     if (metrics_init(&s->metrics) || pthread_rwlock_init(&s->sched_lock, NULL) || pthread_mutex_init(&s->jobs_mu, NULL) ||
-        pthread_cond_init(&s->jobs_cv, NULL)) {
+        pthread_cond_init(&s->jobs_cv, NULL) || pthread_mutex_init(&s->tasks_mu, NULL) || pthread_cond_init(&s->tasks_cv, NULL)) {
         free(s);
         return TD_FAIL(err, TD_ERR_INTERNAL, "cannot create locks");
     }
@@ -422,7 +657,8 @@ int srv_start(const srv_config *cfg, srv **out, td_err *err) {
     if (v6) flags |= MHD_USE_IPv6;
     s->daemon = MHD_start_daemon(flags, 0, NULL, NULL, on_request, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s, MHD_OPTION_LISTEN_SOCKET, fd,
                                  MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_THREAD_POOL_SIZE, (unsigned)s->cfg.http_threads,
-                                 MHD_OPTION_CONNECTION_TIMEOUT, 600u, MHD_OPTION_CONNECTION_LIMIT, 1000u, MHD_OPTION_END);
+                                 MHD_OPTION_CONNECTION_TIMEOUT, s->cfg.idle_timeout_s, MHD_OPTION_CONNECTION_LIMIT, 1000u,
+                                 MHD_OPTION_PER_IP_CONNECTION_LIMIT, s->cfg.max_conn_per_ip, MHD_OPTION_END);
     if (!s->daemon) {
         close(fd);
         srv_release(s);
@@ -430,10 +666,16 @@ int srv_start(const srv_config *cfg, srv **out, td_err *err) {
     }
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->daemon, MHD_DAEMON_INFO_BIND_PORT);
     s->port = di && di->port ? di->port : bound_port;
-    if (pthread_create(&s->watchdog, NULL, watchdog_main, s)) {
+    s->workers = calloc((size_t)s->cfg.http_threads, sizeof *s->workers);
+    for (int i = 0; s->workers && i < s->cfg.http_threads; i++) {
+        if (pthread_create(&s->workers[i], NULL, worker_main, s)) break;
+        s->n_workers++;
+    }
+    if (!s->n_workers || pthread_create(&s->watchdog, NULL, watchdog_main, s)) {
+        stop_workers(s);
         MHD_stop_daemon(s->daemon);
         srv_release(s);
-        return TD_FAIL(err, TD_ERR_INTERNAL, "cannot start the watchdog thread");
+        return TD_FAIL(err, TD_ERR_INTERNAL, "cannot start the server's threads");
     }
     s->watchdog_started = true;
     *out = s;
@@ -499,6 +741,7 @@ void srv_free(srv *s, double timeout_s) {
     pthread_cond_broadcast(&s->jobs_cv);
     pthread_mutex_unlock(&s->jobs_mu);
     if (s->watchdog_started) pthread_join(s->watchdog, NULL);
+    stop_workers(s); /* before the daemon: they resume their connections */
     MHD_stop_daemon(s->daemon);
     srv_release(s);
 }

@@ -13,8 +13,15 @@ void http_err_set(http_err *e, int status, const char *type, const char *fmt, ..
     e->status = status;
     e->type = type;
     va_start(ap, fmt);
-    vsnprintf(e->msg, sizeof e->msg, fmt, ap);
+    int n = vsnprintf(e->msg, sizeof e->msg, fmt, ap);
     va_end(ap);
+    if (n >= (int)sizeof e->msg) { /* cut: drop a partial last character */
+        size_t len = strlen(e->msg), k = len, cont = 0;
+        while (k > 0 && cont < 3 && ((unsigned char)e->msg[k - 1] & 0xc0) == 0x80) k--, cont++;
+        unsigned char lead = k > 0 ? (unsigned char)e->msg[k - 1] : 0;
+        size_t need = lead >= 0xf0 ? 4 : lead >= 0xe0 ? 3 : lead >= 0xc0 ? 2 : 1;
+        if (k > 0 && lead >= 0xc0 && cont + 1 < need) e->msg[k - 1] = 0;
+    }
 }
 
 #define BAD(e, ...) (http_err_set((e), 400, "invalid_request_error", __VA_ARGS__), -1)

@@ -24,7 +24,13 @@ typedef struct srv_config {
     const char *served_model_name;  /* "model" in requests and /v1/models */
     const char *model_dir;
     size_t max_body;                /* bytes; 413 above (default 32 MiB) */
-    int http_threads;               /* libmicrohttpd polling threads (default 4) */
+    int http_threads;               /* libmicrohttpd polling threads (default 4); as many
+                                       prompt workers render and tokenize requests */
+    unsigned max_conn_per_ip;       /* connections from one address at once; 0: no limit */
+    unsigned idle_timeout_s;        /* a connection with no traffic this long is closed; 0: never
+                                       (suspended ones, waiting for the scheduler, are exempt) */
+    size_t max_stream_buffer;       /* SSE bytes buffered for a client that does not read before
+                                       its request is cancelled; 0: no bound */
     int max_num_seqs, max_queue;    /* as given to the scheduler (reported) */
     int spec_depth;                 /* draft tokens per step for every request */
     bool draft_sampling;

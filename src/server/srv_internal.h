@@ -23,6 +23,7 @@
 #include "template/template.h"
 
 typedef struct job job;
+typedef struct task task;
 
 struct srv {
     srv_config cfg;
@@ -51,6 +52,14 @@ struct srv {
     int n_open;                     /* jobs not yet freed */
     pthread_t watchdog;
     bool watchdog_started, stopping;
+    /* prompt workers: request parsing, template rendering and tokenization
+     * run here, not on libmicrohttpd's polling threads */
+    pthread_mutex_t tasks_mu;
+    pthread_cond_t tasks_cv;
+    task *tasks_head, *tasks_tail;
+    pthread_t *workers;
+    int n_workers;
+    bool workers_stop;
 };
 
 /* An error answered before any response started. */
@@ -61,9 +70,33 @@ typedef struct http_err {
     const char *param;
     int n_prompt, n_ctx;            /* context overflow details when n_ctx > 0 */
     bool retry_after;               /* 503 queue full */
+    const char *allow;              /* 405: the Allow header */
 } http_err;
+/* A message cut by the buffer loses its partial last UTF-8 character. */
 void http_err_set(http_err *e, int status, const char *type, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+/* Copies in to out (cap bytes, NUL included) as valid UTF-8: an invalid
+ * byte becomes the text \xNN; stops at a character boundary. Returns the length. */
+size_t srv_utf8_clean(const char *in, char *out, size_t cap);
 
+/* Work handed from a polling thread to a prompt worker (http.c), the
+ * connection suspended meanwhile. */
+enum { TASK_GENERATE = 1, TASK_TOKENIZE, TASK_DETOKENIZE };
+struct task {
+    srv *srv;
+    struct MHD_Connection *conn;
+    int what, kind;                 /* TASK_*, OAI_* for TASK_GENERATE */
+    int fd;
+    bool http11;
+    char *body;                     /* owned */
+    size_t len;
+    /* result */
+    bool done;                      /* under srv->tasks_mu */
+    http_err e;                     /* e.status: answer this error */
+    int status;                     /* else this JSON, or the job */
+    char *reply;
+    job *job;                       /* submitted; the connection context's reference */
+    task *next;
+};
 /* ---- requests (oai_req.c) ---- */
 enum { OAI_CHAT = 1, OAI_COMPLETION };
 
@@ -111,6 +144,9 @@ struct job {
     bool listed;
     struct MHD_Connection *conn;
     int fd;                         /* client socket, for the watchdog */
+    bool http11;                    /* may get an interim 100 response (disconnect probe) */
+    bool probed;                    /* the probe was sent */
+    bool overflow;                  /* stream cancelled: the client read too slowly */
     oai_req req;
     int n_prompt, n_ctx;
     uint64_t sched_id;
@@ -181,8 +217,12 @@ void srv_job_finished(srv *s, job *j);
 /* ---- endpoints.c ---- */
 enum MHD_Result ep_models(srv *s, struct MHD_Connection *c);
 enum MHD_Result ep_metrics(srv *s, struct MHD_Connection *c);
-enum MHD_Result ep_tokenize(srv *s, struct MHD_Connection *c, const char *body, size_t len);
-enum MHD_Result ep_detokenize(srv *s, struct MHD_Connection *c, const char *body, size_t len);
-/* Chat or completions; on success *jout is the job (connection ctx takes a ref). */
-enum MHD_Result ep_generate(srv *s, struct MHD_Connection *c, int kind, const char *body, size_t len, job **jout);
+/* On a prompt worker (no libmicrohttpd calls): fill t's result. */
+void ep_tokenize(srv *s, task *t);
+void ep_detokenize(srv *s, task *t);
+/* Parses, renders, tokenizes and submits; on success t->job. */
+void ep_generate(srv *s, task *t);
+/* Back on a polling thread: the streamed response, or the suspended wait
+ * for the non-streamed one (j is the connection context's reference). */
+enum MHD_Result ep_generate_respond(srv *s, struct MHD_Connection *c, job *j);
 #endif
