@@ -11,7 +11,7 @@
    requests are preempted) takes --clients concurrent streaming clients for --seconds:
    prompts of 10 tokens up to nearly the window, and per request at random one of: read
    the whole stream; disconnect after a few events; half-close the socket after sending
-   (shutdown(SHUT_WR)) and read the whole answer.
+   (shutdown(SHUT_WR)) and read the whole answer; each request at its own MTP depth 0..--spec-depth.
 3. Asserts: 0 errors (every status 200, no error event, every complete answer equal to
    its solo answer: greedy decoding is lossless at any depth and under preemption), the
    KV pool back to empty (tandem_kv_blocks_free + _checkpoint == tandem_kv_blocks,
@@ -240,7 +240,8 @@ def main():
         while time.time() < deadline:
             i = r.randrange(len(prompts))
             mode = r.choices(["full", "disconnect", "halfclose"], weights=[7, 2, 1])[0]
-            body = {"model": "demo", "prompt": prompts[i][0], "max_tokens": a.max_tokens, "temperature": 0, "ignore_eos": True}
+            body = {"model": "demo", "prompt": prompts[i][0], "max_tokens": a.max_tokens, "temperature": 0, "ignore_eos": True,
+                    "num_speculative_tokens": r.randint(0, a.spec_depth)}  # mixed depths (tandem extension)
             try:
                 st, text, err, done = stream(srv.port, body, mode, r)
             except OSError as e:

@@ -463,7 +463,7 @@ void job_sched_request(job *j, const int32_t *prompt, int n_prompt, td_request *
     int32_t eos = tok_eos_id(s->tok);
     if (!j->req.ignore_eos && eos >= 0) j->req.stop_ids[j->req.n_stop_ids++] = eos;
     r->gen.max_tokens = j->req.max_tokens;
-    r->gen.spec_depth = s->cfg.spec_depth;
+    r->gen.spec_depth = j->req.spec_depth >= 0 ? j->req.spec_depth : s->cfg.spec_depth;
     r->gen.draft_sampling = s->cfg.draft_sampling;
     r->gen.ignore_eos = j->req.ignore_eos;
     r->gen.stop_ids = j->req.stop_ids;

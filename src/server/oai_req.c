@@ -276,6 +276,7 @@ int oai_parse(srv *s, const json_t *b, int kind, oai_req *r, http_err *e) {
     r->kind = kind;
     r->max_tokens = -1;
     r->logprobs = -1;
+    r->spec_depth = -1;
     r->skip_special = true;
     r->sampling = s->cfg.sampling;
     if (!json_is_object(b)) return BAD(e, "the request body must be a JSON object");
@@ -303,6 +304,9 @@ int oai_parse(srv *s, const json_t *b, int kind, oai_req *r, http_err *e) {
     if ((rc = int_field(b, "max_completion_tokens", 1, 1 << 30, &x, e)) < 0) return -1;
     if (rc) r->max_tokens = (int)x;
     if (sampling_fields(b, r, e) || stop_fields(s, b, r, e)) return -1;
+    /* tandem extension: this request's MTP draft depth, at most the server's --spec-depth */
+    if ((rc = int_field(b, "num_speculative_tokens", 0, s->cfg.spec_depth, &x, e)) < 0) return -1;
+    if (rc) r->spec_depth = (int)x;
     if (bool_field(b, "ignore_eos", &r->ignore_eos, e) < 0 || bool_field(b, "skip_special_tokens", &r->skip_special, e) < 0 ||
         bool_field(b, "return_tokens_as_token_ids", &r->tokens_as_ids, e) < 0)
         return -1;

@@ -113,6 +113,7 @@ typedef struct oai_req {
     int n_stop_ids;
     bool ignore_eos, skip_special;
     bool tokens_as_ids;             /* vLLM return_tokens_as_token_ids */
+    int spec_depth;                 /* tandem extension num_speculative_tokens: -1 = the server's */
     int logprobs;                   /* -1 none, else number of alternatives */
     bool echo;
     /* chat */

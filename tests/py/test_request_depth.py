@@ -1,0 +1,34 @@
+"""Per-request MTP depth (tandem extension `num_speculative_tokens`, at most the server's
+--spec-depth): greedy output is the same at every depth (lossless), a depth above the
+server's is a 400, and the drafts counted follow the request's depth."""
+import requests
+
+
+def complete(server, **kw):
+    body = {"model": "f32", "prompt": "one two three", "max_tokens": 24, "temperature": 0, "ignore_eos": True}
+    body.update(kw)
+    return requests.post(server.url("/v1/completions"), json=body, timeout=60)
+
+
+def drafts(server):
+    for line in requests.get(server.url("/metrics"), timeout=10).text.splitlines():
+        if line.startswith("vllm:spec_decode_num_draft_tokens_total"):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def test_request_depth_is_lossless(server_spec):
+    base = complete(server_spec)
+    assert base.status_code == 200, base.text
+    for d in (0, 1, 2, 3):
+        before = drafts(server_spec)
+        r = complete(server_spec, num_speculative_tokens=d)
+        assert r.status_code == 200, r.text
+        assert r.json()["choices"][0]["text"] == base.json()["choices"][0]["text"], d
+        proposed = drafts(server_spec) - before
+        if d == 0:
+            assert proposed == 0
+        else:
+            assert 0 < proposed <= d * 24
+    bad = complete(server_spec, num_speculative_tokens=4)
+    assert bad.status_code == 400 and "num_speculative_tokens" in bad.text
