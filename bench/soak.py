@@ -16,7 +16,7 @@
    its solo answer: greedy decoding is lossless at any depth and under preemption), the
    KV pool back to empty (tandem_kv_blocks_free + _checkpoint == tandem_kv_blocks,
    vllm:kv_cache_usage_perc 0), server RSS drift under 5% between the end of the warm-up
-   and the end. Prints one summary line and exits non-zero on any failure.
+   and the end (from 40% of the run on). Prints one summary line and exits non-zero on any failure.
 """
 import argparse
 import json
@@ -126,7 +126,7 @@ def dechunk(b):
     return out
 
 
-def stream(port, body, mode, rng, timeout=300):
+def stream(port, body, mode, rng, timeout=120):
     """A streamed completion over a raw socket. mode: full | disconnect | halfclose.
     Returns (status, text, error_event, complete)."""
     s = socket.create_connection(("127.0.0.1", port), timeout=timeout)
@@ -208,12 +208,27 @@ def main():
     ap.add_argument("--spec-depth", type=int, default=3)
     ap.add_argument("--kv-tokens", type=int, default=3072, help="KV pool in tokens (16 clients x 1024 would be 16384)")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--halfclose-weight", type=int, default=1,
+                    help="share of half-closing clients (weights full 7 : disconnect 2 : half-close N)")
     ap.add_argument("--threads", default="2")
     a = ap.parse_args()
     rng = random.Random(a.seed)
+    servers = []
+
+    def hung():  # a hard bound: the soak never outlives its time by more than 10 minutes
+        print("soak: FAIL: still running 10 minutes after its time; stopping", flush=True)
+        for sv in servers:
+            if sv.proc.poll() is None:
+                sv.proc.kill()
+        os._exit(2)
+
+    watchdog = threading.Timer(a.seconds + 600, hung)
+    watchdog.daemon = True
+    watchdog.start()
     common = ["-m", a.model, "--served-model-name", "demo", "-t", a.threads, "--max-model-len", str(a.window), "--generation-config", "none"]
 
     ref = Server(a.bin, common + ["--spec-depth", "0", "--max-num-seqs", "1"])
+    servers.append(ref)
     try:
         prompts = build_prompts(a.prompts, a.window, a.max_tokens, ref.port, rng)
         solo = []
@@ -228,6 +243,7 @@ def main():
 
     srv = Server(a.bin, common + ["--spec-depth", str(a.spec_depth), "--max-num-seqs", str(min(a.clients, 16)),
                                   "--kv-cache-memory", str(kv_bytes(a, common))])
+    servers.append(srv)
     lock = threading.Lock()
     stats = {"requests": 0, "complete": 0, "disconnects": 0, "halfcloses": 0, "errors": 0, "mismatch": 0,
              "tokens": 0, "first_errors": []}
@@ -239,7 +255,7 @@ def main():
         r = random.Random(a.seed * 1000 + ci)
         while time.time() < deadline:
             i = r.randrange(len(prompts))
-            mode = r.choices(["full", "disconnect", "halfclose"], weights=[7, 2, 1])[0]
+            mode = r.choices(["full", "disconnect", "halfclose"], weights=[7, 2, a.halfclose_weight])[0]
             body = {"model": "demo", "prompt": prompts[i][0], "max_tokens": a.max_tokens, "temperature": 0, "ignore_eos": True,
                     "num_speculative_tokens": r.randint(0, a.spec_depth)}  # mixed depths (tandem extension)
             try:
@@ -271,8 +287,15 @@ def main():
     t0 = time.time()
     for t in threads:
         t.start()
+    # RSS every tenth of the run: the drift is measured from 40% of the run (sessions,
+    # scratch and the prefix-cache checkpoints have reached their size by then) to the end
+    samples = []
+    while any(t.is_alive() for t in threads):
+        time.sleep(max(1.0, a.seconds / 10))
+        samples.append(srv.rss_kib())
     for t in threads:
         t.join()
+    warm["rss"] = samples[len(samples) * 4 // 10] if len(samples) >= 3 else warm["rss"]
     elapsed = time.time() - t0
     time.sleep(1.0)  # let the scheduler retire the last (disconnected) requests
     m = srv.metrics()
@@ -294,7 +317,7 @@ def main():
           f"half-closes {stats['halfcloses']}), generated tokens {int(m.get('vllm:generation_tokens_total', 0))}, "
           f"preemptions {int(m.get('vllm:num_preemptions_total', 0))}, errors {stats['errors']} (mismatches {stats['mismatch']}); "
           f"KV free {int(free)} + checkpoint {int(ck)} of {int(blocks)}; RSS {rss_warm / 1024:.1f} -> {rss_end / 1024:.1f} MiB "
-          f"({drift:+.2f}%)")
+          f"({drift:+.2f}%); RSS samples MiB {' '.join(f'{x / 1024:.1f}' for x in samples)}")
     for e in stats["first_errors"]:
         print("  error:", e)
     failed = [k for k, v in checks.items() if not v]

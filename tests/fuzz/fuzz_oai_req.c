@@ -14,7 +14,7 @@
  * (Qwen3, Qwen3.5, none, Qwen3); bits 4-5: finish (stop, length, cancel,
  * stop); bits 6-7: default generated text when none is given.
  *
- * The body is parsed as endpoints.c's parse_body does (json_loadb, flags 0,
+ * The body is parsed as endpoints.c's parse_body does (json_loadb with JSON_REJECT_DUPLICATES,
  * an object); the steps of ep_generate between parsing and the scheduler
  * (prompt too long, max_tokens clamp) are repeated here because they are
  * static in endpoints.c. Checks: every response body / SSE event the job
@@ -164,7 +164,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
 
     http_err e = {0};
     json_error_t je;
-    json_t *b = json_loadb(body, blen, 0, &je);
+    json_t *b = json_loadb(body, blen, JSON_REJECT_DUPLICATES, &je);
     if (!json_is_object(b)) {
         json_decref(b);
         return 0;
