@@ -266,6 +266,22 @@ static void task_free(task *t) {
     free(t);
 }
 
+/* Bodies up to this size are handled on the HTTP thread (see hand_off);
+ * larger ones (long prompts: rendering and tokenizing take real time) go to
+ * a prompt worker so they do not stall other streams. */
+#define INLINE_BODY_MAX (64u << 10)
+
+static void run_task(srv *s, task *t) {
+    if (t->what == TASK_GENERATE) ep_generate(s, t);
+    else if (t->what == TASK_TOKENIZE) ep_tokenize(s, t);
+    else ep_detokenize(s, t);
+    free(t->body);
+    t->body = NULL;
+    pthread_mutex_lock(&s->tasks_mu);
+    t->done = true;
+    pthread_mutex_unlock(&s->tasks_mu);
+}
+
 static void *worker_main(void *arg) {
     srv *s = arg;
     pthread_mutex_lock(&s->tasks_mu);
@@ -276,20 +292,15 @@ static void *worker_main(void *arg) {
         s->tasks_head = t->next;
         if (!s->tasks_head) s->tasks_tail = NULL;
         pthread_mutex_unlock(&s->tasks_mu);
-        if (t->what == TASK_GENERATE) ep_generate(s, t);
-        else if (t->what == TASK_TOKENIZE) ep_tokenize(s, t);
-        else ep_detokenize(s, t);
-        free(t->body);
-        t->body = NULL;
-        pthread_mutex_lock(&s->tasks_mu);
-        t->done = true;
-        pthread_mutex_unlock(&s->tasks_mu);
+        run_task(s, t);
         MHD_resume_connection(t->conn); /* t belongs to the connection again */
         pthread_mutex_lock(&s->tasks_mu);
     }
     pthread_mutex_unlock(&s->tasks_mu);
     return NULL;
 }
+
+static enum MHD_Result task_answer(srv *s, struct MHD_Connection *c, conn_ctx *ctx);
 
 /* Suspends the connection and queues its request for a prompt worker. */
 static enum MHD_Result hand_off(srv *s, struct MHD_Connection *c, conn_ctx *ctx, int what, int kind) {
@@ -308,6 +319,15 @@ static enum MHD_Result hand_off(srv *s, struct MHD_Connection *c, conn_ctx *ctx,
     if (!t->body) {
         free(t);
         return reply_err(s, c, 500, "server_error", "out of memory");
+    }
+    if (t->len <= INLINE_BODY_MAX) {
+        /* A small request is parsed, rendered and tokenized right here (well
+         * under a millisecond), so its response is queued in this same call:
+         * libmicrohttpd 0.9 closes a connection that reads end of input before
+         * a response is queued, which a suspended, half-closed client hits. */
+        run_task(s, t);
+        ctx->task = t;
+        return task_answer(s, c, ctx);
     }
     pthread_mutex_lock(&s->tasks_mu);
     if (s->workers_stop || !s->n_workers) {
