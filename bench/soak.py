@@ -208,6 +208,9 @@ def main():
     ap.add_argument("--spec-depth", type=int, default=3)
     ap.add_argument("--kv-tokens", type=int, default=3072, help="KV pool in tokens (16 clients x 1024 would be 16384)")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--warmup", type=float, default=None,
+                    help="seconds of load before the RSS reference is taken (default 40%% of --seconds): sessions, "
+                         "scratch and the prefix-cache checkpoints (bounded) reach their size first")
     ap.add_argument("--halfclose-weight", type=int, default=1,
                     help="share of half-closing clients (weights full 7 : disconnect 2 : half-close N)")
     ap.add_argument("--threads", default="2")
@@ -249,7 +252,7 @@ def main():
              "tokens": 0, "first_errors": []}
     deadline = time.time() + a.seconds
     warm = {"rss": None}
-    t_warm = time.time() + min(20.0, a.seconds / 4)
+    t_warm = time.time() + min(20.0, a.seconds / 4)  # fallback reference
 
     def client(ci):
         r = random.Random(a.seed * 1000 + ci)
@@ -290,12 +293,15 @@ def main():
     # RSS every tenth of the run: the drift is measured from 40% of the run (sessions,
     # scratch and the prefix-cache checkpoints have reached their size by then) to the end
     samples = []
+    t_ref = t0 + (a.warmup if a.warmup is not None else 0.4 * a.seconds)
     while any(t.is_alive() for t in threads):
         time.sleep(max(1.0, a.seconds / 10))
         samples.append(srv.rss_kib())
+        if time.time() >= t_ref and warm.get("ref") is None:
+            warm["ref"] = samples[-1]
     for t in threads:
         t.join()
-    warm["rss"] = samples[len(samples) * 4 // 10] if len(samples) >= 3 else warm["rss"]
+    warm["rss"] = warm.get("ref") or warm["rss"]
     elapsed = time.time() - t0
     time.sleep(1.0)  # let the scheduler retire the last (disconnected) requests
     m = srv.metrics()
