@@ -292,11 +292,15 @@ def main():
         t.start()
     # RSS every tenth of the run: the drift is measured from 40% of the run (sessions,
     # scratch and the prefix-cache checkpoints have reached their size by then) to the end
-    samples = []
+    samples, ckb = [], []
     t_ref = t0 + (a.warmup if a.warmup is not None else 0.4 * a.seconds)
     while any(t.is_alive() for t in threads):
         time.sleep(max(1.0, a.seconds / 10))
         samples.append(srv.rss_kib())
+        try:
+            ckb.append(srv.metrics().get("tandem_prefix_checkpoint_bytes", 0) / 1048576)
+        except OSError:
+            ckb.append(float("nan"))
         if time.time() >= t_ref and warm.get("ref") is None:
             warm["ref"] = samples[-1]
     for t in threads:
@@ -323,7 +327,8 @@ def main():
           f"half-closes {stats['halfcloses']}), generated tokens {int(m.get('vllm:generation_tokens_total', 0))}, "
           f"preemptions {int(m.get('vllm:num_preemptions_total', 0))}, errors {stats['errors']} (mismatches {stats['mismatch']}); "
           f"KV free {int(free)} + checkpoint {int(ck)} of {int(blocks)}; RSS {rss_warm / 1024:.1f} -> {rss_end / 1024:.1f} MiB "
-          f"({drift:+.2f}%); RSS samples MiB {' '.join(f'{x / 1024:.1f}' for x in samples)}")
+          f"({drift:+.2f}%); RSS samples MiB {' '.join(f'{x / 1024:.1f}' for x in samples)}; "
+          f"prefix-checkpoint MiB {' '.join(f'{x:.1f}' for x in ckb)}")
     for e in stats["first_errors"]:
         print("  error:", e)
     failed = [k for k, v in checks.items() if not v]

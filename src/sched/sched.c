@@ -354,7 +354,10 @@ static void *loop(void *arg) {
          * running sequences; cached and checkpoint blocks are reclaimable) */
         td_kv_info ki;
         td_engine_kv_info(s->eng, &ki);
+        td_memory_info mem;
+        td_engine_memory(s->eng, &mem);
         pthread_mutex_lock(&s->mu);
+        s->st.prefix_checkpoint_bytes = mem.prefix_checkpoints;
         s->st.kv_cache_usage = ki.n_blocks ? (double)(ki.n_blocks - ki.free_blocks - ki.checkpoint_blocks) / ki.n_blocks : 0.0;
         s->st.kv_blocks = ki.n_blocks;
         s->st.kv_free_blocks = ki.free_blocks;

@@ -62,6 +62,7 @@ typedef struct td_sched_stats {
     uint64_t requests_finished;
     double kv_cache_usage;       /* 0..1 */
     int kv_blocks, kv_free_blocks, kv_checkpoint_blocks; /* pool; free + cached; checkpoint tails */
+    size_t prefix_checkpoint_bytes; /* DeltaNet states etc. held by prefix-cache checkpoints (bounded by their count) */
     td_spec_counters spec;
 } td_sched_stats;
 

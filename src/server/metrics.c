@@ -122,6 +122,8 @@ int metrics_render(srv_metrics *m, const metrics_ctx *c, sbuf *out) {
     r |= gauge(b, "vllm:kv_cache_usage_perc", "KV-cache usage, 1 = 100%.", mn, st->kv_cache_usage);
     r |= counter(b, "vllm:num_preemptions_total", "Cumulative number of preemptions.", mn, st->preemptions);
     r |= gauge(b, "tandem_kv_blocks", "KV-cache blocks in the pool.", mn, st->kv_blocks);
+    r |= gauge(b, "tandem_prefix_checkpoint_bytes", "Bytes held by prefix-cache checkpoints (DeltaNet states; bounded).", mn,
+               (double)st->prefix_checkpoint_bytes);
     r |= gauge(b, "tandem_kv_blocks_free", "KV-cache blocks free or cached (evictable).", mn, st->kv_free_blocks);
     r |= gauge(b, "tandem_kv_blocks_checkpoint", "KV-cache blocks held by prefix-cache checkpoints (given back when needed).", mn,
                st->kv_checkpoint_blocks);
