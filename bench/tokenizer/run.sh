@@ -3,7 +3,7 @@
 # Usage: sh bench/tokenizer/run.sh [MODEL_DIR] [PYTHON]   (from the repo root)
 # PYTHON needs tokenizers==0.23.3 (e.g. /work/venv-ref/bin/python).
 set -e
-DIR=${1:-../shared/data/qwen3-tokenizer}
+DIR=${1:-tests/data/qwen3-tokenizer}
 PY=${2:-python3}
 BUILD=${BUILD:-build}
 make -s "$BUILD/libtandem.a"

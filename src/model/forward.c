@@ -1,5 +1,6 @@
 /* Forward pass of qwen3_5 (Gated DeltaNet + gated full attention) and its
- * MTP head, fp32 compute. Formulas: ../shared/docs/reference-notes.md §2-§3.
+ * MTP head, fp32 compute. Formulas: tests/golden/NAMES.md (checked against
+ * transformers by tools/reference/check_golden.py).
  *
  * A batch is a list of segments (runs of consecutive tokens of one
  * sequence). Projections run once over all M rows of the batch; attention

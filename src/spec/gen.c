@@ -55,7 +55,6 @@ struct td_gen {
     int n_prompt0;         /* the request's own prompt (prompt grows by the output after a preemption) */
     int32_t *out;          /* every emitted token, [n_generated] (cap_out) */
     int cap_out;
-    int n_preempted;
     int depth;
     bool track;            /* keep MTP entries in step with the target */
     gen_phase phase;
@@ -327,7 +326,7 @@ static int start_prefill(td_gen *g, td_err *err) {
      * holds nothing while it waits. */
     g->fed = reuse;
     g->phase = G_PREFILL;
-    if (g->n_preempted) {
+    if (g->res.n_preemptions) {
         g->res.n_resumed_reused += reuse;
         g->res.n_resumed_computed += n_prompt - reuse;
     }
@@ -456,14 +455,12 @@ int td_gen_preempt(td_gen *g, td_err *err) {
     g->broken = false;
     g->fed = 0;
     g->phase = G_PREFILL;
-    g->n_preempted++;
-    g->res.n_preemptions = g->n_preempted;
+    g->res.n_preemptions++;
     return TD_OK;
 }
 
 int td_gen_resume(td_gen *g, td_err *err) { return start_prefill(g, err); }
 
-int td_gen_preemptions(const td_gen *g) { return g->n_preempted; }
 int td_gen_depth(const td_gen *g) { return g->depth; }
 
 /* ---- the batched step ---------------------------------------------------- */

@@ -40,7 +40,6 @@ int td_gen_preempt(td_gen *g, td_err *err);
 /* Restarts a preempted request's prefill; TD_ERR_LIMIT (holding nothing)
  * when the pool cannot take its first chunk yet. */
 int td_gen_resume(td_gen *g, td_err *err);
-int td_gen_preemptions(const td_gen *g);
 /* The request's draft depth (0 without an MTP head). */
 int td_gen_depth(const td_gen *g);
 /* Adds the request's counters to the engine totals and frees it. */
