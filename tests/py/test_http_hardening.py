@@ -411,8 +411,7 @@ def test_huge_prompt_does_not_stall_http(make_server):
         t.join(60)
     total = time.time() - t_start
     assert codes == [400, 400, 400]  # over the context
-    if total < 1.0:
-        pytest.skip(f"three huge prompts took only {total:.2f}s here: too fast to show a stall")
+    # (where all three take under 0.5 s a stall cannot show; the assertion still holds then)
     assert worst < 0.5, f"/health took {worst:.2f}s while huge prompts were prepared ({total:.2f}s in all)"
 
 
