@@ -129,20 +129,48 @@ typedef struct td_sampling {
     float presence_penalty;   /* 0 = off */
     float frequency_penalty;  /* 0 = off */
     uint64_t seed;
+    /* OpenAI logit_bias: added to the raw logits before every processor, at
+     * every sampled and verified position (borrowed; td_sampler_init and
+     * td_sched_submit copy it) */
+    const struct td_logit_bias *logit_bias;
+    int n_logit_bias;
 } td_sampling;
+typedef struct td_logit_bias { int32_t token; float bias; } td_logit_bias;
 void td_sampling_default(td_sampling *p);
 
 /* ---- generation with speculative decoding ------------------------------ */
 
 #define TD_MAX_SPEC_DEPTH 16
 
+/* A constraint on the output (structured outputs): the caller's grammar
+ * matcher, borrowed by the generation until it ends. The generator asks for
+ * the allowed tokens after the committed output plus up to TD_MAX_SPEC_DEPTH
+ * speculative tokens (the drafts of one step), so drafts are proposed under
+ * the mask and every verified position is checked under its own mask:
+ * output at any depth equals the constrained output at depth 0. */
+typedef struct td_constraint {
+    /* Allowed next tokens after the committed tokens and spec[0..n): a bitmask
+     * of ceil(vocab/32) words (token t: bit t%32 of word t/32), owned by the
+     * constraint, valid until its next call. NULL when spec is no valid
+     * continuation; an all-zero mask ends the generation (TD_FINISH_STOP). */
+    const uint32_t *(*mask)(void *user, const int32_t *spec, int n);
+    /* Commits a token that the mask allowed: 0 to go on, 1 when the grammar
+     * is complete (the generation ends, TD_FINISH_STOP), negative on error
+     * (it ends, TD_FINISH_CANCEL). */
+    int (*accept)(void *user, int32_t tok);
+    void *user;
+} td_constraint;
+
 typedef struct td_gen_opts {
     int max_tokens;          /* generated tokens at most (> 0) */
     int spec_depth;          /* MTP draft tokens per step; 0 = off; <= engine's spec_depth */
     bool draft_sampling;     /* sample drafts from the MTP distribution (keeps q) instead of argmax */
+    bool spec_auto;          /* adaptive depth: spec_depth is the maximum, each step picks 0..spec_depth (spec/autodepth.h) */
+    uint64_t spec_schedule_seed; /* test hook: non-zero = each step's depth is a hash of (seed, step) in 0..spec_depth */
     bool ignore_eos;
     const int32_t *stop_ids; /* extra token ids that end generation (borrowed) */
     int n_stop;
+    const td_constraint *constraint; /* NULL = unconstrained (borrowed until the generation ends) */
 } td_gen_opts;
 
 /* Speculative decoding counters, named as vLLM's spec_decode metrics.
@@ -150,6 +178,7 @@ typedef struct td_gen_opts {
 typedef struct td_spec_counters {
     uint64_t drafts, draft_tokens, accepted_tokens;
     uint64_t accepted_per_pos[TD_MAX_SPEC_DEPTH];
+    uint64_t chosen_depth[TD_MAX_SPEC_DEPTH + 1]; /* decode steps run at each draft depth (0 = no draft) */
 } td_spec_counters;
 
 typedef enum { TD_FINISH_NONE = 0, TD_FINISH_STOP, TD_FINISH_LENGTH, TD_FINISH_CANCEL } td_finish;

@@ -46,6 +46,14 @@ int td_sampler_init(td_sampler *s, const td_sampling *p, int vocab, const int32_
     s->work = TD_MALLOC(err, (size_t)vocab * sizeof(float));
     s->idx = TD_MALLOC(err, (size_t)vocab * sizeof(int32_t));
     if (!s->counts || !s->in_prompt || !s->work || !s->idx) { td_sampler_free(s); return TD_ERR_NOMEM; }
+    if (p->n_logit_bias > 0 && p->logit_bias) { /* own copy: the caller's request may go first */
+        s->bias = TD_MALLOC(err, (size_t)p->n_logit_bias * sizeof *s->bias);
+        if (!s->bias) { td_sampler_free(s); return TD_ERR_NOMEM; }
+        for (int i = 0; i < p->n_logit_bias; i++)
+            if (p->logit_bias[i].token >= 0 && p->logit_bias[i].token < vocab) s->bias[s->n_bias++] = p->logit_bias[i];
+    }
+    s->p.logit_bias = NULL;
+    s->p.n_logit_bias = 0;
     for (int i = 0; i < n_prompt; i++)
         if (prompt[i] >= 0 && prompt[i] < vocab) s->in_prompt[prompt[i]] = 1;
     td_rng_seed(&s->rng, p->seed);
@@ -53,7 +61,7 @@ int td_sampler_init(td_sampler *s, const td_sampling *p, int vocab, const int32_
 }
 
 void td_sampler_free(td_sampler *s) {
-    free(s->counts); free(s->in_prompt); free(s->work); free(s->idx);
+    free(s->counts); free(s->in_prompt); free(s->work); free(s->idx); free(s->bias);
     memset(s, 0, sizeof *s);
 }
 
@@ -68,9 +76,24 @@ static int has_penalties(const td_sampler *s) {
     return s->p.repetition_penalty != 1.0f || s->p.presence_penalty != 0.0f || s->p.frequency_penalty != 0.0f;
 }
 
-/* work = logits with penalties applied. */
+void td_sampler_set_mask(td_sampler *s, const uint32_t *mask) { s->mask = mask; }
+
+int td_mask_empty(const uint32_t *mask, int vocab) {
+    if (!mask) return 0;
+    for (int w = 0; w < vocab / 32; w++)
+        if (mask[w]) return 0;
+    for (int t = vocab / 32 * 32; t < vocab; t++)
+        if (td_mask_allows(mask, t)) return 0;
+    return 1;
+}
+
+/* work = logits with the mask and penalties applied. */
 static void penalize(td_sampler *s, const float *logits) {
     memcpy(s->work, logits, (size_t)s->vocab * sizeof(float));
+    for (int i = 0; i < s->n_bias; i++) s->work[s->bias[i].token] += s->bias[i].bias; /* logit_bias first, as vLLM */
+    if (s->mask)
+        for (int i = 0; i < s->vocab; i++)
+            if (!td_mask_allows(s->mask, i)) s->work[i] = -INFINITY;
     if (!has_penalties(s)) return;
     float rp = s->p.repetition_penalty;
     for (int i = 0; i < s->vocab; i++) {
@@ -88,7 +111,7 @@ static int32_t argmax(const float *x, int n) {
 }
 
 int32_t td_sampler_greedy(td_sampler *s, const float *logits) {
-    if (!has_penalties(s)) return argmax(logits, s->vocab);
+    if (!has_penalties(s) && !s->mask && !s->n_bias) return argmax(logits, s->vocab);
     penalize(s, logits);
     return argmax(s->work, s->vocab);
 }

@@ -20,10 +20,21 @@ typedef struct td_sampler {
     float *work;           /* [vocab] processed logits / probabilities */
     int32_t *idx;          /* [vocab] sort scratch */
     td_rng rng;
+    td_logit_bias *bias;   /* owned copy of p.logit_bias (n_bias entries) */
+    int n_bias;
+    const uint32_t *mask;  /* allowed tokens (bit t%32 of word t/32) or NULL: the others get -inf
+                              before every processor (set per call by td_sampler_set_mask) */
 } td_sampler;
 
 int td_sampler_init(td_sampler *s, const td_sampling *p, int vocab, const int32_t *prompt, int n_prompt, td_err *err);
 void td_sampler_free(td_sampler *s);
+/* Restricts the next calls to the tokens of mask (borrowed; NULL = all),
+ * as vLLM's structured-output bitmask: masked tokens are -inf logits. */
+void td_sampler_set_mask(td_sampler *s, const uint32_t *mask);
+/* Whether token t is allowed by mask (NULL: every token). */
+static inline int td_mask_allows(const uint32_t *mask, int32_t t) { return !mask || ((mask[t >> 5] >> (t & 31)) & 1u); }
+/* Whether mask allows no token of [0, vocab). */
+int td_mask_empty(const uint32_t *mask, int vocab);
 /* Records a generated token (for penalties). */
 void td_sampler_accept(td_sampler *s, int32_t tok);
 /* True when sampling reduces to argmax (temperature 0). */

@@ -18,6 +18,7 @@ typedef struct req {
     uint64_t id;
     td_request r;          /* prompt and stop_ids owned copies */
     int32_t *prompt, *stop_ids;
+    td_logit_bias *bias;   /* owned copy of r.sampling.logit_bias */
     bool cancel;           /* guarded by the scheduler mutex */
     bool poison;           /* test hook: the prompt holds opts.debug_fail_token */
     bool suspect;          /* in a batch whose step failed: runs alone until it passes */
@@ -62,6 +63,7 @@ static void free_req(req *q) {
     if (!q) return;
     free(q->prompt);
     free(q->stop_ids);
+    free(q->bias);
     free(q);
 }
 
@@ -145,6 +147,7 @@ static void finish_req(td_sched *s, req *q, const char *error) {
         t->draft_tokens += res.spec.draft_tokens;
         t->accepted_tokens += res.spec.accepted_tokens;
         for (int i = 0; i < TD_MAX_SPEC_DEPTH; i++) t->accepted_per_pos[i] += res.spec.accepted_per_pos[i];
+        for (int i = 0; i <= TD_MAX_SPEC_DEPTH; i++) t->chosen_depth[i] += res.spec.chosen_depth[i];
     }
     if (q->sess >= 0) {
         s->sess_busy[q->sess] = false;
@@ -451,6 +454,16 @@ int td_sched_submit(td_sched *s, const td_request *r, uint64_t *id, td_err *err)
     q->r.prompt = q->prompt;
     for (int i = 0; i < r->n_prompt && s->o.debug_fail_token >= 0; i++) q->poison |= r->prompt[i] == s->o.debug_fail_token;
     q->r.gen.stop_ids = q->stop_ids;
+    if (r->sampling.n_logit_bias > 0 && r->sampling.logit_bias) {
+        if (r->sampling.n_logit_bias > (1 << 20)) { free_req(q); return TD_FAIL(err, TD_ERR_ARG, "too many logit_bias entries"); }
+        q->bias = TD_MALLOC(err, (size_t)r->sampling.n_logit_bias * sizeof *q->bias);
+        if (!q->bias) { free_req(q); return TD_ERR_NOMEM; }
+        memcpy(q->bias, r->sampling.logit_bias, (size_t)r->sampling.n_logit_bias * sizeof *q->bias);
+        q->r.sampling.logit_bias = q->bias;
+    } else {
+        q->r.sampling.logit_bias = NULL;
+        q->r.sampling.n_logit_bias = 0;
+    }
     pthread_mutex_lock(&s->mu);
     if (s->n_waiting + s->n_running >= s->o.max_queue + s->o.max_num_seqs) { /* running slots + queue are full */
         pthread_mutex_unlock(&s->mu);

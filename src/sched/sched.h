@@ -2,9 +2,10 @@
  * admitted request. Used by `tandem serve` and `tandem bench`.
  *
  * Threading: td_sched_submit / td_sched_cancel / td_sched_stats may be called
- * from any thread. Callbacks run on the scheduler thread and must not block
- * for long; they must not call back into the scheduler except
- * td_sched_cancel. on_done is the last call for a request: after it the
+ * from any thread. Callbacks run on the scheduler thread (its lock not held)
+ * and must not block for long; they must not call back into the scheduler
+ * except td_sched_cancel and td_sched_submit (the server submits the other
+ * samples of an n > 1 request from the first one's first token). on_done is the last call for a request: after it the
  * scheduler never touches `user` again. */
 #ifndef TANDEM_SCHED_H
 #define TANDEM_SCHED_H

@@ -45,7 +45,7 @@ enum MHD_Result ep_metrics(srv *s, struct MHD_Connection *c) {
     }
     pthread_rwlock_unlock(&s->sched_lock);
     metrics_ctx mc = {.model_name = s->model_name, .loaded = atomic_load(&s->ready) == 1, .have_stats = have, .st = &st,
-                      .spec_depth = s->cfg.spec_depth, .max_num_seqs = s->cfg.max_num_seqs, .max_queue = s->cfg.max_queue,
+                      .spec_depth = s->cfg.spec_depth, .spec_auto = s->cfg.spec_auto, .max_num_seqs = s->cfg.max_num_seqs, .max_queue = s->cfg.max_queue,
                       .n_ctx = s->n_ctx, .uptime_s = srv_now() - s->t_start};
     sbuf b = {0};
     enum MHD_Result rc;
@@ -187,7 +187,6 @@ void ep_generate(srv *s, task *t) {
     if (!b) return;
     oai_req r;
     int rc = oai_parse(s, b, t->kind, &r, e);
-    json_decref(b);
     int32_t *ids = NULL;
     size_t n = 0;
     int reasoning = 0;
@@ -200,10 +199,17 @@ void ep_generate(srv *s, task *t) {
         rc = -1;
     }
     if (rc) {
+        json_decref(b);
         free(ids);
         oai_req_free(&r);
         return;
     }
+    if (r.n > 1 || r.prompt_list) { /* several choices (group.c): each parses its own copy of b */
+        ep_generate_group(s, t, &r, ids, n, reasoning, b);
+        json_decref(b);
+        return;
+    }
+    json_decref(b);
     int room = s->n_ctx - (int)n;
     if (r.max_tokens < 0) r.max_tokens = s->cfg.default_max_tokens > 0 ? s->cfg.default_max_tokens : room;
     if (r.max_tokens > room) r.max_tokens = room;

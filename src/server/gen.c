@@ -72,6 +72,8 @@ void job_unref(job *j) {
     pthread_mutex_unlock(&j->mu);
     if (left) return;
     srv *s = j->srv;
+    if (j->group) group_free(j);
+    json_decref(j->gchoice);
     tok_stream_free(&j->ts);
     stop_free(&j->stop);
     if (j->use_cp) cp_free(&j->cp);
@@ -199,9 +201,9 @@ static int emit_chunk(job *j, json_t *delta, const char *text, size_t len, const
     }
     json_t *choice;
     if (j->req.kind == OAI_CHAT)
-        choice = json_pack("{s:i, s:o, s:o, s:s?}", "index", 0, "delta", delta ? delta : json_object(), "logprobs", lp, "finish_reason", finish);
+        choice = json_pack("{s:i, s:o, s:o, s:s?}", "index", j->choice_index, "delta", delta ? delta : json_object(), "logprobs", lp, "finish_reason", finish);
     else
-        choice = json_pack("{s:i, s:s%, s:o, s:s?}", "index", 0, "text", text ? text : "", text ? len : 0, "logprobs", lp, "finish_reason",
+        choice = json_pack("{s:i, s:s%, s:o, s:s?}", "index", j->choice_index, "text", text ? text : "", text ? len : 0, "logprobs", lp, "finish_reason",
                            finish);
     if (choice && !finish) json_object_set_new(choice, "finish_reason", json_null());
     return sse(j, chunk(j, choice));
@@ -240,6 +242,8 @@ static int cargs_at(job *j, int i) {
 /* Parser events -> deltas (stream) or accumulated message (non-stream). */
 static int on_event(void *user, const cp_event *ev) {
     job *j = user;
+    /* parallel_tool_calls: false: the first call only, as vLLM */
+    if (j->req.no_parallel_tools && ev->index > 0 && (ev->kind == CP_TOOL_START || ev->kind == CP_TOOL_ARGS)) return 0;
     if (ev->kind == CP_TOOL_START) {
         j->n_calls++;
         if (j->req.stream) {
@@ -286,7 +290,7 @@ static int process_text(job *j, const char *t, size_t n, td_err *err) {
 /* A client that does not read: its unsent SSE bytes over --max-stream-buffer
  * cancel the request; the buffer is dropped and the socket shut down, so
  * libmicrohttpd closes the connection (job lock held). Returns true then. */
-static bool stream_backlog_over(job *j) {
+bool job_backlog_over(job *j) {
     srv *s = j->srv;
     size_t pending = j->out.len - j->out_sent;
     if (!j->req.stream || !s->cfg.max_stream_buffer || pending <= s->cfg.max_stream_buffer) return false;
@@ -331,9 +335,13 @@ static int on_token(void *user, const td_token_event *ev) {
     if (rc == 0) rc = process_text(j, text, len, &err);
     if (rc >= 0 && j->req.stream && flush_delta(j)) rc = TD_ERR_NOMEM;
     if (rc < 0) snprintf(j->error, sizeof j->error, "output processing failed: %.400s", td_err_text(&err));
-    if (stream_backlog_over(j)) rc = -1;
+    if (job_backlog_over(j)) rc = -1;
+    if (j->lead) group_flush(j);
     srv_wake(j);
+    bool fan = j->fan_pending; /* the prompt is in the prefix cache now: its other samples */
+    j->fan_pending = false;
     pthread_mutex_unlock(&j->mu);
+    if (fan) group_fan_out(j);
     return rc < 0 ? 2 : rc == 1 ? 1 : 0;
 }
 
@@ -353,11 +361,15 @@ static void finish_stream(job *j) {
     } else {
         rc |= flush_delta(j);
         rc |= emit_chunk(j, j->req.kind == OAI_CHAT ? json_object() : NULL, NULL, 0, finish_reason(j));
-        if (j->req.include_usage) {
+        if (j->req.include_usage && !j->group && !j->lead) {
             json_t *c = chunk(j, NULL);
             if (c) json_object_set_new(c, "usage", usage_json(j));
             rc |= sse(j, c);
         }
+    }
+    if (j->group || j->lead) { /* one of several choices: group_member_done ends the stream */
+        if (rc) fprintf(stderr, "tandem serve: out of memory finishing %s\n", j->id);
+        return;
     }
     rc |= sb_adds(&j->out, "data: [DONE]\n\n");
     if (rc) fprintf(stderr, "tandem serve: out of memory finishing %s\n", j->id);
@@ -367,6 +379,7 @@ static void finish_stream(job *j) {
 static void finish_body(job *j) {
     json_t *o;
     clean_error(j);
+    if (j->error[0] && (j->group || j->lead)) return; /* group_member_done reports it */
     if (j->error[0]) {
         o = json_pack("{s:{s:s, s:s, s:i}}", "error", "message", j->error, "type", "server_error", "code", 500);
         j->body_status = 500;
@@ -387,14 +400,18 @@ static void finish_body(job *j) {
                 }
                 json_object_set(msg, "tool_calls", j->calls);
             }
-            choice = json_pack("{s:i, s:o, s:o, s:s}", "index", 0, "message", msg, "logprobs", lp, "finish_reason", finish_reason(j));
+            choice = json_pack("{s:i, s:o, s:o, s:s}", "index", j->choice_index, "message", msg, "logprobs", lp, "finish_reason", finish_reason(j));
         } else {
             sbuf t = {0};
             if (j->req.echo && j->req.prompt_text) sb_adds(&t, j->req.prompt_text);
             sb_add(&t, j->content.p ? j->content.p : "", j->content.len);
-            choice = json_pack("{s:i, s:s%, s:o, s:s}", "index", 0, "text", t.p ? t.p : "", t.len, "logprobs", lp, "finish_reason",
+            choice = json_pack("{s:i, s:s%, s:o, s:s}", "index", j->choice_index, "text", t.p ? t.p : "", t.len, "logprobs", lp, "finish_reason",
                                finish_reason(j));
             sb_free(&t);
+        }
+        if (j->group || j->lead) { /* one of several choices: the lead assembles the body */
+            j->gchoice = choice;
+            return;
         }
         o = json_pack("{s:s, s:s, s:I, s:s, s:[o], s:o}", "id", j->id, "object", j->req.kind == OAI_CHAT ? "chat.completion" : "text_completion",
                       "created", (json_int_t)j->created, "model", j->srv->model_name, "choices", choice, "usage", usage_json(j));
@@ -440,7 +457,8 @@ static void on_done(void *user, const td_gen_result *res, const char *error) {
         if (j->req.stream) finish_stream(j);
         else finish_body(j);
     }
-    j->finished = true;
+    if (j->group || j->lead) group_member_done(j); /* the lead is finished when every choice is */
+    if (!j->group) j->finished = true;
     srv_wake(j);
     if (!s->cfg.quiet)
         fprintf(stderr, "tandem serve: %s %s prompt %d (cached %d) generated %d finish %s%s%s %.3fs\n", j->id, j->req.stream ? "stream" : "",
@@ -449,9 +467,14 @@ static void on_done(void *user, const td_gen_result *res, const char *error) {
     /* finish "length" because the window, not max_tokens, ran out */
     if (!s->cfg.quiet && !j->error[0] && f == F_LENGTH && j->n_ctx > 0 && j->n_prompt + j->res.n_generated >= j->n_ctx)
         fprintf(stderr, "tandem serve: %s stopped: the context window (%d tokens) is full\n", j->id, j->n_ctx);
+    bool fan = j->fan_pending; /* ended before its first token: start the other samples anyway */
+    j->fan_pending = false;
+    job *lead = j->lead;
     pthread_mutex_unlock(&j->mu);
+    if (fan) group_fan_out(j);
     srv_job_finished(s, j);
     job_unref(j);
+    job_unref(lead); /* a follower's reference on its lead (group.c) */
 }
 
 void job_sched_request(job *j, const int32_t *prompt, int n_prompt, td_request *r) {
@@ -464,6 +487,7 @@ void job_sched_request(job *j, const int32_t *prompt, int n_prompt, td_request *
     if (!j->req.ignore_eos && eos >= 0) j->req.stop_ids[j->req.n_stop_ids++] = eos;
     r->gen.max_tokens = j->req.max_tokens;
     r->gen.spec_depth = j->req.spec_depth >= 0 ? j->req.spec_depth : s->cfg.spec_depth;
+    r->gen.spec_auto = j->req.spec_depth < 0 && s->cfg.spec_auto; /* num_speculative_tokens fixes it */
     r->gen.draft_sampling = s->cfg.draft_sampling;
     r->gen.ignore_eos = j->req.ignore_eos;
     r->gen.stop_ids = j->req.stop_ids;
@@ -520,7 +544,7 @@ ssize_t job_stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
 void job_stream_free(void *cls) { job_unref(cls); }
 
 void job_keepalive(job *j, double now) {
-    if (!j->req.stream || j->t_first || j->finished || j->conn_gone || !j->submitted) return;
+    if (!j->req.stream || j->t_first || j->finished || j->conn_gone || !j->submitted || j->lead) return;
     if (!j->t_keepalive) j->t_keepalive = j->t_arrival;
     if (now - j->t_keepalive < SRV_KEEPALIVE_S) return;
     j->t_keepalive = now;

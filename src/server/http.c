@@ -556,6 +556,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
             metrics_add(&s->metrics, &s->metrics.cancelled_disconnect, 1);
             srv_cancel(s, id);
         }
+        if (j->group) group_conn_gone(s, j); /* n > 1: the other choices too */
         job_unref(j);
     }
     sb_free(&ctx->body);

@@ -28,6 +28,35 @@ void http_err_set(http_err *e, int status, const char *type, const char *fmt, ..
 
 static bool absent(const json_t *v) { return !v || json_is_null(v); }
 
+/* An error naming the request field it is about. */
+#define BADP(e, p, ...) (http_err_set((e), 400, "invalid_request_error", __VA_ARGS__), (e)->param = (p), -1)
+
+/* logit_bias: {"token id": bias in [-100, 100]} (OpenAI, vLLM). */
+static int logit_bias_field(srv *s, const json_t *b, oai_req *r, http_err *e) {
+    const json_t *lb = json_object_get(b, "logit_bias");
+    if (absent(lb)) return 0;
+    if (!json_is_object(lb)) return BADP(e, "logit_bias", "'logit_bias' must be an object mapping token ids to biases");
+    size_t n = json_object_size(lb), i = 0;
+    if (n > (1u << 16)) return BADP(e, "logit_bias", "'logit_bias' holds at most 65536 tokens");
+    if (!n) return 0;
+    r->logit_bias = malloc(n * sizeof *r->logit_bias);
+    if (!r->logit_bias) return BAD(e, "out of memory");
+    const char *k;
+    const json_t *v;
+    json_object_foreach((json_t *)lb, k, v) {
+        char *end = NULL;
+        long long id = strtoll(k, &end, 10);
+        if (!*k || *end || id < 0 || id >= s->vocab)
+            return BADP(e, "logit_bias", "'logit_bias' key '%.32s' is not a token id below %d", k, s->vocab);
+        if (!json_is_number(v) || !(json_number_value(v) >= -100 && json_number_value(v) <= 100))
+            return BADP(e, "logit_bias", "'logit_bias' values must be numbers between -100 and 100 (token %lld)", id);
+        r->logit_bias[i++] = (td_logit_bias){.token = (int32_t)id, .bias = (float)json_number_value(v)};
+    }
+    r->sampling.logit_bias = r->logit_bias;
+    r->sampling.n_logit_bias = (int)i;
+    return 0;
+}
+
 /* Number field in [lo, hi]. Returns 1 when set, 0 when absent, -1 bad. */
 static int num_field(const json_t *o, const char *k, double lo, double hi, double *out, http_err *e) {
     const json_t *v = json_object_get(o, k);
@@ -245,29 +274,64 @@ int oai_chat_fields(const json_t *b, oai_req *r, http_err *e) {
     return 0;
 }
 
-/* Completions "prompt": a string, [string], [ids] or [[ids]] (n = 1). */
+/* One completions prompt: a non-empty string or token-id list. */
+static int prompt_one(srv *s, const json_t *p, bool ids_ok, http_err *e) {
+    if (json_is_string(p)) return json_string_length(p) ? 0 : BADP(e, "prompt", "'prompt' must not be empty");
+    if (!ids_ok || !json_is_array(p)) return BADP(e, "prompt", "'prompt' must be a string, a list of strings, a token-id list or a list of token-id lists");
+    if (!json_array_size(p)) return BADP(e, "prompt", "'prompt' must not be empty");
+    size_t i;
+    const json_t *v;
+    json_array_foreach(p, i, v) {
+        if (!json_is_integer(v)) return BADP(e, "prompt", "'prompt' token-id lists must hold integers");
+        long long id = json_integer_value(v);
+        if (id < 0 || id >= s->vocab) return BADP(e, "prompt", "prompt token id %lld is out of range [0, %d)", id, s->vocab);
+    }
+    return 0;
+}
+
+/* Completions "prompt": a string, [string, ...], [ids] or [[ids], ...]. A
+ * list of several prompts is kept in prompt_list (one choice per prompt, x n);
+ * the first goes to prompt_text / prompt_ids like a single prompt. */
 static int prompt_field(srv *s, const json_t *b, oai_req *r, http_err *e) {
     const json_t *p = json_object_get(b, "prompt");
-    if (json_is_array(p) && json_array_size(p) == 1 && (json_is_string(json_array_get(p, 0)) || json_is_array(json_array_get(p, 0))))
+    if (json_is_array(p) && json_array_size(p) > 0 && (json_is_string(json_array_get(p, 0)) || json_is_array(json_array_get(p, 0)))) {
+        size_t n = json_array_size(p), i;
+        const json_t *v;
+        bool strs = json_is_string(json_array_get(p, 0));
+        if (n > SRV_MAX_CHOICES) return BADP(e, "prompt", "at most %d prompts per request", SRV_MAX_CHOICES);
+        json_array_foreach(p, i, v) {
+            if (strs != json_is_string(v)) return BADP(e, "prompt", "'prompt' lists must hold only strings or only token-id lists");
+            if (prompt_one(s, v, !strs, e)) return -1;
+        }
+        if (n > 1) r->prompt_list = json_incref((json_t *)p);
         p = json_array_get(p, 0);
+    } else if (p && prompt_one(s, p, true, e)) {
+        return -1;
+    }
     if (json_is_string(p)) {
-        if (json_string_length(p) == 0) return BAD(e, "'prompt' must not be empty");
         r->prompt_text = strdup(json_string_value(p));
         return r->prompt_text ? 0 : BAD(e, "out of memory");
     }
-    if (!json_is_array(p)) return BAD(e, "'prompt' must be a string or an array of token ids");
+    if (!json_is_array(p)) return BADP(e, "prompt", "'prompt' must be a string or an array of token ids");
     size_t n = json_array_size(p), i;
-    if (n == 0) return BAD(e, "'prompt' must not be empty");
     const json_t *v;
-    json_array_foreach(p, i, v) if (!json_is_integer(v)) return BAD(e, "only one prompt per request is supported (n = 1)");
     r->prompt_ids = malloc(n * sizeof *r->prompt_ids);
     if (!r->prompt_ids) return BAD(e, "out of memory");
-    json_array_foreach(p, i, v) {
-        long long id = json_integer_value(v);
-        if (id < 0 || id >= s->vocab) return BAD(e, "prompt token id %lld is out of range [0, %d)", id, s->vocab);
-        r->prompt_ids[i] = (int32_t)id;
-    }
+    json_array_foreach(p, i, v) r->prompt_ids[i] = (int32_t)json_integer_value(v);
     r->n_prompt_ids = n;
+    return 0;
+}
+
+/* n x prompts choices, each a scheduler request: bounded, and within what
+ * the scheduler's slots and queue could ever hold. */
+static int choices_check(srv *s, const oai_req *r, size_t n_prompts, http_err *e) {
+    size_t total = n_prompts * (size_t)r->n;
+    size_t cap = SRV_MAX_CHOICES;
+    if (s->cfg.max_num_seqs > 0 && s->cfg.max_queue >= 0 && (size_t)(s->cfg.max_num_seqs + s->cfg.max_queue) < cap)
+        cap = (size_t)(s->cfg.max_num_seqs + s->cfg.max_queue);
+    if (total > cap)
+        return BADP(e, r->n > 1 ? "n" : "prompt", "%zu choices (n = %d x %zu prompts) is over this server's limit of %zu", total, r->n, n_prompts,
+                    cap);
     return 0;
 }
 
@@ -292,7 +356,10 @@ int oai_parse(srv *s, const json_t *b, int kind, oai_req *r, http_err *e) {
     }
     long long x;
     int rc;
-    if ((rc = int_field(b, "n", 1, 1, &x, e)) < 0) return BAD(e, "only n = 1 is supported");
+    r->n = 1;
+    if ((rc = int_field(b, "n", 1, SRV_MAX_N, &x, e)) < 0) return BADP(e, "n", "'n' must be between 1 and %d", SRV_MAX_N);
+    if (rc) r->n = (int)x;
+    if (logit_bias_field(s, b, r, e)) return -1;
     if (bool_field(b, "stream", &r->stream, e) < 0) return -1;
     const json_t *so = json_object_get(b, "stream_options");
     if (!absent(so)) {
@@ -315,12 +382,17 @@ int oai_parse(srv *s, const json_t *b, int kind, oai_req *r, http_err *e) {
         if (bool_field(b, "logprobs", &lp, e) < 0) return -1;
         if ((rc = int_field(b, "top_logprobs", 0, TD_MAX_TOP_LOGPROBS, &x, e)) < 0) return -1;
         if (lp || rc) r->logprobs = rc ? (int)x : 0;
-        return oai_chat_fields(b, r, e);
+        bool par = true;
+        if (bool_field(b, "parallel_tool_calls", &par, e) < 0) return -1;
+        r->no_parallel_tools = !par;
+        if (oai_chat_fields(b, r, e)) return -1;
+        return choices_check(s, r, 1, e);
     }
     if ((rc = int_field(b, "logprobs", 0, TD_MAX_TOP_LOGPROBS, &x, e)) < 0) return -1;
     if (rc) r->logprobs = (int)x;
     if (bool_field(b, "echo", &r->echo, e) < 0) return -1;
-    return prompt_field(s, b, r, e);
+    if (prompt_field(s, b, r, e)) return -1;
+    return choices_check(s, r, r->prompt_list ? json_array_size(r->prompt_list) : 1, e);
 }
 
 void oai_req_free(oai_req *r) {
@@ -330,6 +402,8 @@ void oai_req_free(oai_req *r) {
     json_decref(r->kwargs);
     free(r->prompt_text);
     free(r->prompt_ids);
+    free(r->logit_bias);
+    json_decref(r->prompt_list);
     memset(r, 0, sizeof *r);
 }
 

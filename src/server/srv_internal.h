@@ -24,6 +24,7 @@
 
 typedef struct job job;
 typedef struct task task;
+typedef struct job_group job_group;
 
 struct srv {
     srv_config cfg;
@@ -116,6 +117,9 @@ typedef struct oai_req {
     int spec_depth;                 /* tandem extension num_speculative_tokens: -1 = the server's */
     int logprobs;                   /* -1 none, else number of alternatives */
     bool echo;
+    int n;                          /* choices per prompt, 1..SRV_MAX_N (group.c) */
+    td_logit_bias *logit_bias;      /* owned; sampling.logit_bias points here */
+    bool no_parallel_tools;         /* parallel_tool_calls: false: at most one tool call */
     /* chat */
     json_t *messages;               /* normalized copy (owned) */
     json_t *tools;                  /* owned ref or NULL */
@@ -125,7 +129,14 @@ typedef struct oai_req {
     char *prompt_text;              /* owned, or NULL when ids given */
     int32_t *prompt_ids;            /* owned */
     size_t n_prompt_ids;
+    json_t *prompt_list;            /* a list of more than one prompt (owned): prompt_text /
+                                       prompt_ids hold the first, group.c the others */
 } oai_req;
+
+/* n > 1 and list prompts: choices per prompt, and in all (each choice is a
+ * scheduler request; a request that could never fit the queue is a 400). */
+#define SRV_MAX_N 16
+#define SRV_MAX_CHOICES 128
 
 int oai_parse(srv *s, const json_t *body, int kind, oai_req *r, http_err *e);
 void oai_req_free(oai_req *r);
@@ -182,6 +193,14 @@ struct job {
     char error[512];
     char *body;                     /* non-stream: final JSON */
     int body_status;
+    /* n > 1 and list prompts (group.c): one connection, one job per choice.
+     * The lead (choice 0) holds the connection and the group; the others
+     * ("followers") pass their SSE bytes and results to it. */
+    int choice_index;
+    job_group *group;               /* the lead's (owned); NULL otherwise */
+    job *lead;                      /* a follower's lead; NULL for the lead and single jobs */
+    bool fan_pending;               /* first sample of a prompt: submit the others at its first token */
+    json_t *gchoice;                /* non-stream: this choice's object, for the lead */
 };
 
 /* Creates a job for a parsed request (takes over r); refs = 1. */
@@ -199,6 +218,39 @@ void job_stream_free(void *cls);
  * prefill), an empty delta every SRV_KEEPALIVE_S seconds (job lock held). */
 #define SRV_KEEPALIVE_S 2.0
 void job_keepalive(job *j, double now);
+
+/* Over --max-stream-buffer: the stream is cancelled (job lock held). */
+bool job_backlog_over(job *j);
+
+/* ---- n > 1 and list prompts (group.c) ---- */
+struct job_group {
+    pthread_mutex_t mu;             /* fanned[] */
+    int n, n_prompts, n_choices;    /* choice c: prompt c / n, sample c % n */
+    job **m;                        /* [n_choices]; m[0] is the lead; the group holds a ref on the others */
+    int32_t **ids;                  /* [n_prompts] prompt tokens (owned) */
+    int *n_ids;
+    bool *fanned;                   /* [n_prompts] samples 1..n-1 submitted (or failed) */
+    /* results, under the lead's mu */
+    json_t **choices;               /* [n_choices] non-stream choice objects */
+    int n_done;
+    long long prompt_tokens, completion_tokens, cached_tokens; /* each prompt counted once */
+    char error[512];
+    int error_status;
+};
+/* From ep_generate (a prompt worker): builds and submits every choice
+ * (takes over r and ids, the first prompt's tokens); t->job or t->e. */
+void ep_generate_group(srv *s, task *t, oai_req *r, int32_t *ids, size_t n, int reasoning, const json_t *body);
+/* A follower's new SSE bytes to the lead's stream (follower's lock held). */
+void group_flush(job *j);
+/* Submits the other samples of j's prompt (no locks held). */
+void group_fan_out(job *j);
+/* A member's on_done: its result to the group; the last one completes the
+ * response (member's lock held). */
+void group_member_done(job *j);
+/* The lead's connection is gone: cancel every choice (no locks held). */
+void group_conn_gone(srv *s, job *lead);
+/* The lead is freed: drop the followers. */
+void group_free(job *lead);
 
 /* ---- http.c helpers used by the other files ---- */
 double srv_now(void);

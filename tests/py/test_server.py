@@ -224,7 +224,7 @@ def test_errors(server):
     check_error(chat(server, messages=[]), 400)
     check_error(chat(server, messages=[{"role": "wizard", "content": "x"}]), 400)
     check_error(chat(server, messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "x"}}]}]), 400)
-    check_error(chat(server, n=2), 400)
+    check_error(chat(server, n=17), 400)
     check_error(chat(server, stop=5), 400)
     check_error(chat(server, tools=[{"type": "function"}]), 400)
     check_error(chat(server, model="no-such-model"), 404)
@@ -236,7 +236,7 @@ def test_errors(server):
 
 def test_sdk_raises_on_error(client):
     with pytest.raises(openai.BadRequestError):
-        client.chat.completions.create(model=MODEL_NAME, messages=MSG, n=3)
+        client.chat.completions.create(model=MODEL_NAME, messages=MSG, n=99)
     with pytest.raises(openai.NotFoundError):
         client.chat.completions.create(model="nope", messages=MSG)
 

@@ -1,0 +1,217 @@
+"""OpenAI / vLLM compatibility details (issue 17, part 4), end to end with the openai SDK
+and raw HTTP: n > 1, list prompts, logit_bias, parallel_tool_calls, continue_final_message,
+CORS, the reasoning field's name, the invalid tool-arguments fallback, vLLM's request
+histograms, streamed chat logprobs."""
+import json
+
+import pytest
+import requests
+
+from conftest import MODEL_NAME
+
+MSG = [{"role": "user", "content": "Write a function that adds two numbers."}]
+
+
+def post(server, path, **body):
+    body.setdefault("model", MODEL_NAME)
+    return requests.post(server.url(path), json=body, timeout=120)
+
+
+def sse(resp):
+    raw = resp.content.decode("utf-8")
+    assert raw.endswith("data: [DONE]\n\n"), raw[-300:]
+    evs = [e[len("data: "):] for e in raw.split("\n\n")[:-1]]
+    assert all(evs) and evs[-1] == "[DONE]"
+    return [json.loads(e) for e in evs[:-1]]
+
+
+def metric(server, name):
+    return server.metrics().get(name, 0.0)
+
+
+# ---- n > 1 ---------------------------------------------------------------------
+
+def test_n_greedy_identical_chat(server, client):
+    r = client.chat.completions.create(model=MODEL_NAME, messages=MSG, temperature=0, max_tokens=12, n=3)
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    one = client.chat.completions.create(model=MODEL_NAME, messages=MSG, temperature=0, max_tokens=12)
+    assert all(c.message.content == one.choices[0].message.content for c in r.choices)
+    # the prompt counts once, the completions add up
+    assert r.usage.prompt_tokens == one.usage.prompt_tokens
+    assert r.usage.completion_tokens == 3 * one.usage.completion_tokens
+    assert r.usage.total_tokens == r.usage.prompt_tokens + r.usage.completion_tokens
+
+
+def test_n_sampled_seeds(server):
+    body = dict(prompt="one two three four", max_tokens=16, temperature=1.5, seed=7, n=4, ignore_eos=True)
+    a = post(server, "/v1/completions", **body)
+    assert a.status_code == 200, a.text
+    texts = [c["text"] for c in sorted(a.json()["choices"], key=lambda c: c["index"])]
+    assert [c["index"] for c in a.json()["choices"]] == [0, 1, 2, 3]
+    assert len(set(texts)) > 1, texts  # each sample its own seed
+    b = post(server, "/v1/completions", **body)
+    assert [c["text"] for c in b.json()["choices"]] == texts  # seed + index: reproducible
+    # sample j is the single request with seed + j
+    for j in (0, 2):
+        single = post(server, "/v1/completions", **dict(body, n=1, seed=7 + j))
+        assert single.json()["choices"][0]["text"] == texts[j]
+
+
+def test_n_shares_the_prompt_prefix(server):
+    # a long fresh prompt: samples 1..n-1 start after sample 0's prefill and find it cached
+    prompt = " ".join(f"w{i}" for i in range(300)) + " unique-n-prefix"
+    hits0 = metric(server, "vllm:prefix_cache_hits_total")
+    r = post(server, "/v1/completions", prompt=prompt, max_tokens=4, temperature=0, n=4, ignore_eos=True)
+    assert r.status_code == 200, r.text
+    n_prompt = r.json()["usage"]["prompt_tokens"]
+    assert n_prompt > 200
+    hits = metric(server, "vllm:prefix_cache_hits_total") - hits0
+    assert hits >= 3 * (n_prompt - 1 - 16), (hits, n_prompt)
+    assert r.json()["usage"]["completion_tokens"] == 16
+
+
+@pytest.mark.parametrize("kind", ["chat", "completions"])
+def test_n_stream(server, kind):
+    if kind == "chat":
+        body = dict(messages=MSG, max_tokens=10, temperature=0, n=3, stream=True, stream_options={"include_usage": True})
+        r = post(server, "/v1/chat/completions", **body)
+        ref = post(server, "/v1/chat/completions", **dict(body, stream=False)).json()
+    else:
+        body = dict(prompt="one two three", max_tokens=10, temperature=0, n=3, stream=True, stream_options={"include_usage": True})
+        r = post(server, "/v1/completions", **body)
+        ref = post(server, "/v1/completions", **dict(body, stream=False)).json()
+    assert r.status_code == 200, r.text
+    chunks = sse(r)
+    assert len({c["id"] for c in chunks}) == 1
+    text, finishes, roles = {}, {}, {}
+    for c in chunks[:-1]:
+        assert len(c["choices"]) == 1
+        ch = c["choices"][0]
+        i = ch["index"]
+        if kind == "chat":
+            if ch["delta"].get("role"):
+                roles[i] = True
+            text[i] = text.get(i, "") + (ch["delta"].get("content") or "")
+        else:
+            text[i] = text.get(i, "") + ch["text"]
+        if ch["finish_reason"]:
+            assert i not in finishes
+            finishes[i] = ch["finish_reason"]
+    assert sorted(finishes) == [0, 1, 2]
+    if kind == "chat":
+        assert sorted(roles) == [0, 1, 2]
+    usage = chunks[-1]
+    assert usage["choices"] == []
+    for k in ("prompt_tokens", "completion_tokens", "total_tokens"):  # cached_tokens differ: the second run hits the cache
+        assert usage["usage"][k] == ref["usage"][k]
+    for ch in ref["choices"]:
+        want = ch["message"]["content"] if kind == "chat" else ch["text"]
+        assert text[ch["index"]] == want
+
+
+def test_n_sdk_stream(client):
+    chunks = list(client.completions.create(model=MODEL_NAME, prompt="one two", max_tokens=6, temperature=0, n=2, stream=True))
+    assert {c.choices[0].index for c in chunks} == {0, 1}
+
+
+def test_n_bounds(server):
+    for n in (0, 17, "2"):
+        r = post(server, "/v1/chat/completions", messages=MSG, n=n, max_tokens=2)
+        assert r.status_code == 400, r.text
+        assert r.json()["error"]["param"] == "n"
+    # more choices than the scheduler's slots and queue could ever hold
+    r = post(server, "/v1/completions", prompt=["a b"] * 10, n=16, max_tokens=2)
+    assert r.status_code == 400 and "limit" in r.json()["error"]["message"], r.text
+
+
+# ---- list prompts ------------------------------------------------------------------
+
+def test_list_prompts(server, client):
+    prompts = ["one two three", "hello world", "the cat sat"]
+    singles = [post(server, "/v1/completions", prompt=p, max_tokens=8, temperature=0).json() for p in prompts]
+    r = client.completions.create(model=MODEL_NAME, prompt=prompts, max_tokens=8, temperature=0)
+    assert [c.index for c in r.choices] == [0, 1, 2]
+    assert [c.text for c in r.choices] == [s["choices"][0]["text"] for s in singles]
+    assert r.usage.prompt_tokens == sum(s["usage"]["prompt_tokens"] for s in singles)
+    assert r.usage.completion_tokens == sum(s["usage"]["completion_tokens"] for s in singles)
+    # with n: prompt i, sample j -> index i * n + j
+    r2 = post(server, "/v1/completions", prompt=prompts[:2], max_tokens=8, temperature=0, n=2).json()
+    by = {c["index"]: c["text"] for c in r2["choices"]}
+    assert by == {0: singles[0]["choices"][0]["text"], 1: singles[0]["choices"][0]["text"],
+                  2: singles[1]["choices"][0]["text"], 3: singles[1]["choices"][0]["text"]}
+    assert r2["usage"]["prompt_tokens"] == singles[0]["usage"]["prompt_tokens"] + singles[1]["usage"]["prompt_tokens"]
+
+
+def test_list_token_prompts(server):
+    tok = [requests.post(server.url("/tokenize"), json={"prompt": p}, timeout=10).json()["tokens"] for p in ("one two", "red green blue")]
+    r = post(server, "/v1/completions", prompt=tok, max_tokens=6, temperature=0, echo=False)
+    assert r.status_code == 200, r.text
+    single = [post(server, "/v1/completions", prompt=t, max_tokens=6, temperature=0).json()["choices"][0]["text"] for t in tok]
+    assert [c["text"] for c in r.json()["choices"]] == single
+    # a single token list is one prompt, as before
+    assert len(post(server, "/v1/completions", prompt=tok[0], max_tokens=2).json()["choices"]) == 1
+    # streamed, with echo of string prompts
+    s = post(server, "/v1/completions", prompt=["one two", "three"], max_tokens=3, temperature=0, echo=True, stream=True)
+    chunks = sse(s)
+    text = {}
+    for c in chunks:
+        for ch in c["choices"]:
+            text[ch["index"]] = text.get(ch["index"], "") + ch["text"]
+    assert text[0].startswith("one two") and text[1].startswith("three")
+
+
+def test_list_prompt_errors(server):
+    for bad in (["a", [1, 2]], [[1], []], [[1, 10**9]], [], ["a", ""], [["x"]]):
+        r = post(server, "/v1/completions", prompt=bad, max_tokens=2)
+        assert r.status_code == 400, (bad, r.text)
+        assert r.json()["error"]["param"] == "prompt"
+    long = "word " * 5000
+    r = post(server, "/v1/completions", prompt=["short", long], max_tokens=2)
+    assert r.status_code == 400 and r.json()["error"]["type"] == "exceed_context_size_error", r.text
+
+
+# ---- logit_bias -------------------------------------------------------------------
+
+def tokens_of(server, text):
+    return requests.post(server.url("/tokenize"), json={"prompt": text, "add_special_tokens": False}, timeout=10).json()["tokens"]
+
+
+def test_logit_bias_changes_greedy(server):
+    base = post(server, "/v1/completions", prompt="one two three", max_tokens=8, temperature=0, ignore_eos=True, logprobs=0).json()
+    first = tokens_of(server, base["choices"][0]["text"])
+    # ban the first greedy token: the first token changes
+    r = post(server, "/v1/completions", prompt="one two three", max_tokens=8, temperature=0, ignore_eos=True,
+             logit_bias={str(first[0]): -100}, return_tokens_as_token_ids=True, logprobs=0).json()
+    got = [int(t.split(":")[1]) for t in r["choices"][0]["logprobs"]["tokens"]]
+    assert first[0] not in got
+    # force one token: every position picks it
+    r = post(server, "/v1/completions", prompt="one two three", max_tokens=5, temperature=0, ignore_eos=True,
+             logit_bias={"42": 100}, return_tokens_as_token_ids=True, logprobs=0).json()
+    assert [t for t in r["choices"][0]["logprobs"]["tokens"]] == ["token_id:42"] * 5
+    # sampled: a +100 bias dominates any temperature
+    r = post(server, "/v1/chat/completions", messages=MSG, max_tokens=4, temperature=1.0, seed=3, logit_bias={"42": 100},
+             logprobs=True, return_tokens_as_token_ids=True).json()
+    assert [e["token"] for e in r["choices"][0]["logprobs"]["content"]] == ["token_id:42"] * 4
+
+
+def test_logit_bias_lossless_with_mtp(server_spec):
+    """Greedy output under a bias that changes it is the same at depth 0 and 2."""
+    body = dict(prompt="one two three four", max_tokens=24, temperature=0, ignore_eos=True)
+    plain = post(server_spec, "/v1/completions", **body, num_speculative_tokens=0).json()["choices"][0]["text"]
+    toks = tokens_of(server_spec, plain)
+    bias = {str(t): -100 for t in toks[:3]}
+    bias[str(toks[5] if len(toks) > 5 else 7)] = 5.0
+    outs = {}
+    for d in (0, 2, 3):
+        r = post(server_spec, "/v1/completions", **body, num_speculative_tokens=d, logit_bias=bias)
+        assert r.status_code == 200, r.text
+        outs[d] = r.json()["choices"][0]["text"]
+    assert outs[0] != plain
+    assert outs[2] == outs[0] and outs[3] == outs[0]
+
+
+def test_logit_bias_errors(server):
+    for bad in ([1], {"x": 1}, {"1": 101}, {"-1": 1}, {"99999999": 1}, {"1": "a"}):
+        r = post(server, "/v1/chat/completions", messages=MSG, max_tokens=2, logit_bias=bad)
+        assert r.status_code == 400, (bad, r.text)
+        assert r.json()["error"]["param"] == "logit_bias"
