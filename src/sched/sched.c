@@ -49,6 +49,8 @@ struct td_sched {
     td_sched_stats st;     /* guarded by mu */
 };
 
+const int td_iter_token_bounds[TD_ITER_NB] = {1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192};
+
 void td_sched_opts_default(td_sched_opts *o) {
     o->max_num_seqs = 8;
     o->max_queue = 64;
@@ -312,8 +314,18 @@ static void *loop(void *arg) {
         int rc = 0;
         for (int i = 0; i < n && !rc; i++)
             if (batch[i]->poison) rc = TD_FAIL(&err, TD_ERR_INTERNAL, "injected step failure (debug_fail_token)");
+        long long before = 0; /* tokens this step: prefilled + generated (vLLM's iteration tokens) */
+        for (int i = 0; i < n; i++) before += td_gen_prefill_left(gens[i]) - td_gen_result_of(gens[i])->n_generated;
         if (!rc && n) rc = td_gen_step(gens, n, s->o.max_batch_tokens, &err);
+        long long after = 0;
+        for (int i = 0; i < n && !rc; i++) after += td_gen_prefill_left(gens[i]) - td_gen_result_of(gens[i])->n_generated;
         pthread_mutex_lock(&s->mu);
+        if (!rc && n && before > after) {
+            int bi = 0;
+            while (bi < TD_ITER_NB && before - after > td_iter_token_bounds[bi]) bi++;
+            s->st.iter_tokens[bi]++;
+            s->st.iter_tokens_sum += (uint64_t)(before - after);
+        }
         if (rc && n == 1) { /* alone: the error is its own */
             snprintf(batch[0]->error, sizeof batch[0]->error, "%s", td_err_text(&err));
             td_gen_cancel(batch[0]->g);

@@ -55,6 +55,9 @@ typedef struct td_request {
     void *user;
 } td_request;
 
+#define TD_ITER_NB 12
+extern const int td_iter_token_bounds[TD_ITER_NB];
+
 typedef struct td_sched_stats {
     int running, waiting;
     uint64_t preemptions;
@@ -65,6 +68,10 @@ typedef struct td_sched_stats {
     int kv_blocks, kv_free_blocks, kv_checkpoint_blocks; /* pool; free + cached; checkpoint tails */
     size_t prefix_checkpoint_bytes; /* DeltaNet states etc. held by prefix-cache checkpoints (bounded by their count) */
     td_spec_counters spec;
+    /* tokens per engine step (prefilled + generated), per bucket of
+     * td_iter_token_bounds (vLLM's eager buckets); [TD_ITER_NB] = above */
+    uint64_t iter_tokens[TD_ITER_NB + 1];
+    uint64_t iter_tokens_sum;
 } td_sched_stats;
 
 /* Starts the scheduler thread on eng (borrowed; must outlive the scheduler). */

@@ -453,6 +453,7 @@ static void on_done(void *user, const td_gen_result *res, const char *error) {
     metrics_add(&s->metrics, &s->metrics.finished[f], 1);
     if (j->n_calls) metrics_add(&s->metrics, &s->metrics.tool_calls, (uint64_t)j->n_calls);
     metrics_observe(&s->metrics, M_E2E, now - j->t_arrival);
+    metrics_request_done(&s->metrics, now - j->t_arrival, j->n_prompt, res);
     if (!j->conn_gone) {
         if (j->req.stream) finish_stream(j);
         else finish_body(j);

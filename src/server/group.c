@@ -160,8 +160,7 @@ static void follower_start(srv *s, job *j, const int32_t *ids, int n) {
     if (!src) return;
     td_gen_result res;
     memset(&res, 0, sizeof res);
-    res.finish = TD_FINISH_CANCEL;
-    res.n_prompt = n;
+    res.finish = TD_FINISH_CANCEL; /* n_prompt 0: never admitted (no request histograms) */
     char msg[300];
     if (src == TD_ERR_LIMIT) snprintf(msg, sizeof msg, "the server is busy (request queue full); retry later");
     else snprintf(msg, sizeof msg, "%.280s", err.msg[0] ? td_err_text(&err) : "cannot submit the request");

@@ -10,6 +10,8 @@ static const double itl_b[] = {0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.
                                0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0};
 static const double e2e_b[] = {0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0,
                                30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0};
+/* vLLM's build_1_2_5_buckets, up to 10^7; rendered up to max_model_len */
+static const double tok_b[] = {1, 2, 5, 10, 20, 50, 100, 200, 500, 1e3, 2e3, 5e3, 1e4, 2e4, 5e4, 1e5, 2e5, 5e5, 1e6, 2e6, 5e6, 1e7};
 static const int codes[SRV_N_CODES] = {200, 400, 401, 404, 405, 413, 415, 500, 503, 501};
 
 int metrics_init(srv_metrics *m) {
@@ -17,6 +19,9 @@ int metrics_init(srv_metrics *m) {
     m->hist[M_TTFT] = (srv_hist){.bounds = ttft_b, .nb = (int)(sizeof ttft_b / sizeof ttft_b[0])};
     m->hist[M_ITL] = (srv_hist){.bounds = itl_b, .nb = (int)(sizeof itl_b / sizeof itl_b[0])};
     m->hist[M_E2E] = (srv_hist){.bounds = e2e_b, .nb = (int)(sizeof e2e_b / sizeof e2e_b[0])};
+    for (int i = M_QUEUE; i <= M_INFER; i++) m->hist[i] = m->hist[M_E2E]; /* vLLM: request_latency_buckets for all */
+    m->hist[M_PROMPT_TOKENS] = (srv_hist){.bounds = tok_b, .nb = (int)(sizeof tok_b / sizeof tok_b[0])};
+    m->hist[M_GEN_TOKENS] = m->hist[M_PROMPT_TOKENS];
     return pthread_mutex_init(&m->mu, NULL) ? -1 : 0;
 }
 
@@ -45,6 +50,17 @@ void metrics_add(srv_metrics *m, uint64_t *counter, uint64_t n) {
     pthread_mutex_lock(&m->mu);
     *counter += n;
     pthread_mutex_unlock(&m->mu);
+}
+
+void metrics_request_done(srv_metrics *m, double e2e, int n_prompt, const td_gen_result *res) {
+    if (!res || res->n_prompt <= 0) return; /* never admitted */
+    double infer = res->prefill_seconds + res->decode_seconds, queue = e2e - infer;
+    metrics_observe(m, M_QUEUE, queue > 0 ? queue : 0);
+    metrics_observe(m, M_PREFILL, res->prefill_seconds);
+    metrics_observe(m, M_DECODE, res->decode_seconds);
+    metrics_observe(m, M_INFER, infer);
+    metrics_observe(m, M_PROMPT_TOKENS, n_prompt);
+    metrics_observe(m, M_GEN_TOKENS, res->n_generated);
 }
 
 /* model_name="..." with Prometheus label escaping. */
@@ -81,13 +97,15 @@ static int gauge(sbuf *b, const char *name, const char *help, const char *model,
     return head(b, name, "gauge", help) || sample_d(b, name, model, NULL, v) ? -1 : 0;
 }
 
-static int histogram(sbuf *b, const char *name, const char *help, const char *model, const srv_hist *h) {
+/* Buckets up to max_le (0: all), then +Inf. */
+static int histogram_upto(sbuf *b, const char *name, const char *help, const char *model, const srv_hist *h, double max_le) {
     char n2[128], le[64];
     if (head(b, name, "histogram", help)) return -1;
     snprintf(n2, sizeof n2, "%s_bucket", name);
     uint64_t cum = 0;
     for (int i = 0; i <= h->nb; i++) {
         cum += h->counts[i];
+        if (i < h->nb && max_le > 0 && h->bounds[i] > max_le) continue;
         if (i < h->nb) snprintf(le, sizeof le, "le=\"%g\"", h->bounds[i]);
         else snprintf(le, sizeof le, "le=\"+Inf\"");
         if (sample_u(b, n2, model, le, cum)) return -1;
@@ -96,6 +114,24 @@ static int histogram(sbuf *b, const char *name, const char *help, const char *mo
     if (sample_d(b, n2, model, NULL, h->sum)) return -1;
     snprintf(n2, sizeof n2, "%s_count", name);
     return sample_u(b, n2, model, NULL, h->n);
+}
+
+static int histogram(sbuf *b, const char *name, const char *help, const char *model, const srv_hist *h) {
+    return histogram_upto(b, name, help, model, h, 0);
+}
+
+/* vllm:iteration_tokens_total from the scheduler's per-step counts. */
+static int iteration_hist(sbuf *b, const char *model, const struct td_sched_stats *st) {
+    srv_hist h = {.nb = TD_ITER_NB};
+    double bounds[TD_ITER_NB];
+    for (int i = 0; i < TD_ITER_NB; i++) bounds[i] = td_iter_token_bounds[i];
+    h.bounds = bounds;
+    for (int i = 0; i <= TD_ITER_NB; i++) {
+        h.counts[i] = st->iter_tokens[i];
+        h.n += st->iter_tokens[i];
+    }
+    h.sum = (double)st->iter_tokens_sum;
+    return histogram(b, "vllm:iteration_tokens_total", "Tokens per engine step (prefilled + generated).", model, &h);
 }
 
 int metrics_render(srv_metrics *m, const metrics_ctx *c, sbuf *out) {
@@ -154,10 +190,40 @@ int metrics_render(srv_metrics *m, const metrics_ctx *c, sbuf *out) {
     r |= histogram(b, "vllm:time_to_first_token_seconds", "Time to first token.", mn, &s.hist[M_TTFT]);
     r |= histogram(b, "vllm:inter_token_latency_seconds", "Time between generated tokens.", mn, &s.hist[M_ITL]);
     r |= histogram(b, "vllm:e2e_request_latency_seconds", "Request latency, arrival to last token.", mn, &s.hist[M_E2E]);
+    r |= histogram(b, "vllm:request_queue_time_seconds", "Time a request waited for admission.", mn, &s.hist[M_QUEUE]);
+    r |= histogram(b, "vllm:request_prefill_time_seconds", "Prefill time of a request (admission to first token).", mn, &s.hist[M_PREFILL]);
+    r |= histogram(b, "vllm:request_decode_time_seconds", "Decode time of a request (first to last token).", mn, &s.hist[M_DECODE]);
+    r |= histogram(b, "vllm:request_inference_time_seconds", "Prefill plus decode time of a request.", mn, &s.hist[M_INFER]);
+    r |= histogram_upto(b, "vllm:request_prompt_tokens", "Prompt tokens per finished request.", mn, &s.hist[M_PROMPT_TOKENS], c->n_ctx);
+    r |= histogram_upto(b, "vllm:request_generation_tokens", "Generated tokens per finished request.", mn, &s.hist[M_GEN_TOKENS], c->n_ctx);
+    r |= iteration_hist(b, mn, st);
+    r |= counter(b, "vllm:prompt_tokens_cached_total", "Prompt tokens restored from the prefix cache.", mn, st->prefix_cache_hits);
     /* tandem's own */
     r |= gauge(b, "tandem_model_loaded", "1 once the model is loaded and requests are served.", mn, c->loaded);
     r |= gauge(b, "tandem_uptime_seconds", "Seconds since the server started.", mn, c->uptime_s);
-    r |= gauge(b, "tandem_spec_decode_depth", "Default MTP draft tokens per step.", mn, c->spec_depth);
+    r |= gauge(b, "tandem_spec_decode_depth", "Default MTP draft tokens per step (the maximum with auto).", mn, c->spec_depth);
+    r |= gauge(b, "tandem_spec_decode_auto", "1 when the draft depth is chosen per step (--spec-depth auto).", mn, c->spec_auto);
+    {   /* the depth each decode step ran at (auto: chosen), finished requests */
+        const char *cd = "tandem_spec_chosen_depth";
+        char n2[64], le[32];
+        uint64_t cum = 0, sum = 0;
+        int kmax = c->spec_depth > 0 ? c->spec_depth : 0;
+        for (int k = 0; k <= TD_MAX_SPEC_DEPTH; k++)
+            if (sp->chosen_depth[k] && k > kmax) kmax = k;
+        r |= head(b, cd, "histogram", "Draft depth of each decode step (0 = no draft).");
+        snprintf(n2, sizeof n2, "%s_bucket", cd);
+        for (int k = 0; k <= kmax; k++) {
+            cum += sp->chosen_depth[k];
+            sum += (uint64_t)k * sp->chosen_depth[k];
+            snprintf(le, sizeof le, "le=\"%d\"", k);
+            r |= sample_u(b, n2, mn, le, cum);
+        }
+        r |= sample_u(b, n2, mn, "le=\"+Inf\"", cum);
+        snprintf(n2, sizeof n2, "%s_sum", cd);
+        r |= sample_u(b, n2, mn, NULL, sum);
+        snprintf(n2, sizeof n2, "%s_count", cd);
+        r |= sample_u(b, n2, mn, NULL, cum);
+    }
     r |= gauge(b, "tandem_max_num_seqs", "Requests run at once at most.", mn, c->max_num_seqs);
     r |= gauge(b, "tandem_max_queue", "Waiting requests before 503.", mn, c->max_queue);
     r |= gauge(b, "tandem_max_model_len", "Context window in tokens.", mn, c->n_ctx);

@@ -19,7 +19,12 @@ typedef struct srv_hist {
     double sum;
 } srv_hist;
 
-typedef enum { M_TTFT, M_ITL, M_E2E, M_NHIST } srv_hist_id;
+typedef enum {
+    M_TTFT, M_ITL, M_E2E,
+    /* per finished request, as vLLM's request_*_time_seconds and request_*_tokens */
+    M_QUEUE, M_PREFILL, M_DECODE, M_INFER, M_PROMPT_TOKENS, M_GEN_TOKENS,
+    M_NHIST
+} srv_hist_id;
 typedef enum { F_STOP, F_LENGTH, F_ABORT, F_ERROR, F_NFINISH } srv_finish_id;
 
 #define SRV_N_CODES 10
@@ -40,13 +45,17 @@ void metrics_destroy(srv_metrics *m);
 void metrics_observe(srv_metrics *m, srv_hist_id h, double seconds);
 void metrics_http(srv_metrics *m, int status);
 void metrics_add(srv_metrics *m, uint64_t *counter, uint64_t n); /* counter inside m */
+/* A request that ran finished: queue (arrival to admission), prefill,
+ * decode and inference times, its prompt and generated token counts. */
+void metrics_request_done(srv_metrics *m, double e2e_s, int n_prompt, const td_gen_result *res);
 
 typedef struct metrics_ctx {
     const char *model_name;
     bool loaded;
     bool have_stats;          /* st is valid */
     const struct td_sched_stats *st;
-    int spec_depth;           /* server default */
+    int spec_depth;           /* server default (the maximum with spec_auto) */
+    bool spec_auto;           /* --spec-depth auto */
     int max_num_seqs, max_queue, n_ctx;
     double uptime_s;
 } metrics_ctx;

@@ -215,3 +215,69 @@ def test_logit_bias_errors(server):
         r = post(server, "/v1/chat/completions", messages=MSG, max_tokens=2, logit_bias=bad)
         assert r.status_code == 400, (bad, r.text)
         assert r.json()["error"]["param"] == "logit_bias"
+
+
+# ---- vLLM's request histograms -----------------------------------------------------
+
+LATENCY_BUCKETS = [0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0, 480.0,
+                   960.0, 1920.0, 7680.0]
+ITERATION_BUCKETS = [1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192]
+
+
+def parse_hist(text, name):
+    """buckets [(le, cumulative)], sum, count of one histogram; every sample carries model_name."""
+    buckets, total, count = [], None, None
+    for line in text.splitlines():
+        if not line.startswith(name + "_"):
+            continue
+        key, val = line.rsplit(" ", 1)
+        assert f'model_name="{MODEL_NAME}"' in key, line
+        if key.startswith(name + "_bucket{"):
+            le = key.split('le="')[1].split('"')[0]
+            buckets.append((float("inf") if le == "+Inf" else float(le), float(val)))
+        elif key.startswith(name + "_sum{"):
+            total = float(val)
+        elif key.startswith(name + "_count{"):
+            count = float(val)
+    assert buckets and total is not None and count is not None, name
+    cums = [c for _, c in buckets]
+    assert cums == sorted(cums) and buckets[-1][0] == float("inf") and buckets[-1][1] == count
+    assert "# TYPE " + name + " histogram" in text
+    return buckets, total, count
+
+
+def test_vllm_request_histograms(make_server):
+    s = make_server()
+    usages = []
+    for i, n in enumerate((5, 7, 9)):
+        r = post(s, "/v1/completions", prompt=f"metrics prompt number {i} " * (i + 1), max_tokens=n, temperature=0, ignore_eos=True)
+        assert r.status_code == 200, r.text
+        usages.append(r.json()["usage"])
+    text = requests.get(s.url("/metrics"), timeout=10).text
+    for name in ("vllm:request_queue_time_seconds", "vllm:request_prefill_time_seconds", "vllm:request_decode_time_seconds",
+                 "vllm:request_inference_time_seconds"):
+        b, total, count = parse_hist(text, name)
+        assert [le for le, _ in b[:-1]] == LATENCY_BUCKETS, name
+        assert count == 3 and total >= 0
+    _, inf_sum, _ = parse_hist(text, "vllm:request_inference_time_seconds")
+    _, pre_sum, _ = parse_hist(text, "vllm:request_prefill_time_seconds")
+    _, dec_sum, _ = parse_hist(text, "vllm:request_decode_time_seconds")
+    assert abs(inf_sum - pre_sum - dec_sum) < 1e-6
+    _, e2e_sum, _ = parse_hist(text, "vllm:e2e_request_latency_seconds")
+    _, q_sum, _ = parse_hist(text, "vllm:request_queue_time_seconds")
+    assert q_sum + inf_sum <= e2e_sum + 1e-6
+    b, total, count = parse_hist(text, "vllm:request_prompt_tokens")
+    assert count == 3 and total == sum(u["prompt_tokens"] for u in usages)
+    les = [le for le, _ in b[:-1]]
+    assert les[:7] == [1, 2, 5, 10, 20, 50, 100] and les[-1] <= 4096 < les[-1] * 2.5  # 1-2-5 up to max_model_len
+    b, total, count = parse_hist(text, "vllm:request_generation_tokens")
+    assert count == 3 and total == 5 + 7 + 9
+    assert dict(b)[5.0] == 1 and dict(b)[10.0] == 3
+    b, total, count = parse_hist(text, "vllm:iteration_tokens_total")
+    assert [le for le, _ in b[:-1]] == ITERATION_BUCKETS
+    prefilled = sum(u["prompt_tokens"] - u["prompt_tokens_details"]["cached_tokens"] for u in usages)
+    assert total == prefilled + 21, (total, prefilled)
+    assert count >= 21  # at least one step per generated token (no drafts)
+    m = s.metrics()
+    assert m["vllm:prompt_tokens_cached_total"] == sum(u["prompt_tokens_details"]["cached_tokens"] for u in usages)
+    assert "# TYPE vllm:prompt_tokens_cached_total counter" in text
