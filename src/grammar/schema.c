@@ -3,6 +3,7 @@
  * refused names the keyword and its JSON pointer; nothing is silently
  * loosened (some things are tightened: property order, canonical forms). */
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -285,29 +286,93 @@ static int json_types(json_t *v) {
     return T_NUM | (d == (double)(long long)d ? T_INT : 0);
 }
 
-/* enum / const: the values' compact serializations, filtered by type. */
+/* One enum/const value: scalars as their compact serialization; integral
+ * numbers also with ".0" (JSON Schema: 1 == 1.0); containers structurally,
+ * with whitespace allowed as elsewhere (object keys in the value's order). */
+static int32_t const_value(sc *c, json_t *v, int depth) {
+    gr_builder *b = c->b;
+    if (depth > GR_MAX_NEST) return gb_fail(b, TD_ERR_LIMIT, "json_schema: enum/const value nested deeper than %d", GR_MAX_NEST), 0;
+    int32_t r = gb_rule(b);
+    if (json_is_array(v) || json_is_object(v)) {
+        bool arr = json_is_array(v);
+        gb_lit(b, r, arr ? "[" : "{", 1), put_ws(b, r);
+        size_t i = 0;
+        const char *k;
+        json_t *x;
+        if (arr) {
+            json_array_foreach(v, i, x) {
+                if (i) put_sep(b, r, ',');
+                gb_ref(b, r, const_value(c, x, depth + 1));
+            }
+        } else {
+            json_object_foreach(v, k, x) {
+                if (i++) put_sep(b, r, ',');
+                json_t *js = json_string(k);
+                char *lit = json_dumps(js, JSON_ENCODE_ANY);
+                json_decref(js);
+                if (lit) gb_lit(b, r, lit, strlen(lit));
+                free(lit);
+                put_sep(b, r, ':');
+                gb_ref(b, r, const_value(c, x, depth + 1));
+            }
+        }
+        put_ws(b, r), gb_lit(b, r, arr ? "]" : "}", 1);
+        return r;
+    }
+    char buf[64], *lit = NULL;
+    const char *txt = buf;
+    bool integral = false;
+    if (json_is_integer(v)) snprintf(buf, sizeof buf, "%lld", (long long)json_integer_value(v)), integral = true;
+    else if (json_is_real(v) && fabs(json_real_value(v)) < 9007199254740992.5 && json_real_value(v) == floor(json_real_value(v)))
+        snprintf(buf, sizeof buf, "%.0f", json_real_value(v)), integral = true;
+    else txt = lit = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
+    if (!txt) return gb_fail(b, TD_ERR_NOMEM, "json_schema: out of memory"), 0;
+    if (integral && !strcmp(buf, "-0")) snprintf(buf, sizeof buf, "0"); /* -0 == 0: accept "0"; "-0" is left out */
+    gb_lit(b, r, txt, strlen(txt));
+    free(lit);
+    if (integral) {
+        int32_t frac = gb_rule(b);
+        gb_lit(b, frac, ".0", 2);
+        gb_alt(b, frac);
+        gb_ref(b, r, frac);
+    }
+    return r;
+}
+
+/* enum / const: the values filtered by type; strings, booleans and null in
+ * one literal trie (deterministic even for huge enums), the rest one by one. */
 static int32_t sc_enum(sc *c, json_t *vals, int types) {
     size_t n = json_array_size(vals);
     char **s = calloc(n ? n : 1, sizeof *s);
     size_t *len = calloc(n ? n : 1, sizeof *len);
     int k = 0;
-    int32_t r = 0;
+    int32_t r = gb_rule(c->b);
+    bool first = true;
     if (!s || !len) {
         gb_fail(c->b, TD_ERR_NOMEM, "json_schema: out of memory");
         goto done;
     }
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = 0; i < n && !c->b->rc; i++) {
         json_t *v = json_array_get(vals, i);
         if (!(json_types(v) & types)) continue;
-        s[k] = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
-        if (!s[k]) {
-            gb_fail(c->b, TD_ERR_NOMEM, "json_schema: out of memory");
-            goto done;
+        if (json_is_string(v) || json_is_boolean(v) || json_is_null(v)) {
+            s[k] = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
+            if (!s[k]) {
+                gb_fail(c->b, TD_ERR_NOMEM, "json_schema: out of memory");
+                goto done;
+            }
+            len[k] = strlen(s[k]);
+            k++;
+            continue;
         }
-        len[k] = strlen(s[k]);
-        k++;
+        if (!first) gb_alt(c->b, r);
+        first = false;
+        gb_ref(c->b, r, const_value(c, v, 0));
     }
-    r = gb_literals(c->b, (const uint8_t *const *)s, len, k);
+    if (k || first) {
+        if (!first) gb_alt(c->b, r);
+        gb_ref(c->b, r, gb_literals(c->b, (const uint8_t *const *)s, len, k));
+    }
 done:
     for (int i = 0; i < k; i++) free(s[i]);
     free(s), free(len);
@@ -540,6 +605,7 @@ static int32_t sc_array(sc *c, json_t *n, const char *ptr, int depth) {
     else if (!json_is_false(items)) I = sc_node(c, items, cp, depth + 1);
     /* C_j: j items emitted. The chain ends at hi, or loops once past max(k, lo). */
     int top = hi >= 0 ? hi : (k > lo ? k : lo);
+    if (hi < 0 && top < 1) top = 1; /* the loop needs the comma: it starts at item 2 */
     int32_t C0 = gb_rule(b), C = C0;
     for (int j = 0; j <= top && !b->rc; j++) {
         int32_t Sj = j < k ? S[j] : I;
@@ -665,7 +731,7 @@ int td_grammar_json_schema(const char *schema, size_t len, const td_grammar_opts
     if (!schema) return TD_FAIL(err, TD_ERR_ARG, "json_schema: NULL schema");
     if (len > (8u << 20)) return TD_FAIL(err, TD_ERR_LIMIT, "json_schema: schema over 8 MiB");
     json_error_t je;
-    json_t *root = json_loadb(schema, len, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES, &je);
+    json_t *root = json_loadb(schema, len, JSON_DECODE_ANY | JSON_REJECT_DUPLICATES | JSON_ALLOW_NUL, &je);
     if (!root) {
         int code = json_error_code(&je) == json_error_stack_overflow ? TD_ERR_LIMIT : TD_ERR_ARG;
         return TD_FAIL(err, code, "json_schema: invalid JSON: %s (line %d)", je.text, je.line);
