@@ -124,6 +124,12 @@ struct td_grammar_vocab {
     tnode *trie;
     uint32_t n_nodes;
     int32_t *tok_next;
+    /* the trie in preorder, for a cache-friendly linear DFS: node i has byte
+     * pbyte[i] at depth pdepth[i] (root: 0), its subtree ends before pskip[i],
+     * ptok[i] is its first token */
+    uint8_t *pbyte;
+    uint32_t *pdepth, *pskip;
+    int32_t *ptok;
     size_t max_len;
     uint32_t id; /* distinguishes vocabularies in the grammar's cache */
 };
@@ -135,6 +141,7 @@ int td_grammar_vocab_size(const td_grammar_vocab *v) { return v ? v->n : 0; }
 void td_grammar_vocab_free(td_grammar_vocab *v) {
     if (!v) return;
     free(v->blob), free(v->off), free(v->len), free(v->is_end), free(v->end_ids), free(v->trie), free(v->tok_next);
+    free(v->pbyte), free(v->pdepth), free(v->pskip), free(v->ptok);
     free(v);
 }
 
@@ -203,6 +210,36 @@ int td_grammar_vocab_new(int n_vocab, const uint8_t *const *tok_bytes, const siz
         v->tok_next[i] = v->trie[cur].tok;
         v->trie[cur].tok = i;
     }
+    uint32_t nn = v->n_nodes;
+    v->pbyte = malloc(nn), v->pdepth = malloc(nn * 4u), v->pskip = malloc(nn * 4u), v->ptok = malloc(nn * 4u);
+    uint32_t *stk = malloc((v->max_len + 2) * 2 * sizeof *stk); /* (node, preorder index) per depth */
+    if (!v->pbyte || !v->pdepth || !v->pskip || !v->ptok || !stk) {
+        free(stk);
+        td_grammar_vocab_free(v);
+        return TD_FAIL(err, TD_ERR_NOMEM, "grammar vocab: out of memory");
+    }
+    /* iterative preorder walk; a node's skip is set when its subtree is done */
+    uint32_t k = 0, d = 0;
+    stk[0] = 0, stk[1] = 0;
+    v->pbyte[0] = 0, v->pdepth[0] = 0, v->ptok[0] = -1, k = 1;
+    uint32_t cur = v->trie[0].child;
+    for (;;) {
+        if (cur) {
+            v->pbyte[k] = v->trie[cur].byte, v->pdepth[k] = d + 1, v->ptok[k] = v->trie[cur].tok;
+            d++;
+            stk[2 * d] = cur, stk[2 * d + 1] = k++;
+            cur = v->trie[cur].child;
+            continue;
+        }
+        /* subtree at depth d done: close it, go to its sibling */
+        v->pskip[stk[2 * d + 1]] = k;
+        if (d == 0) break;
+        cur = v->trie[stk[2 * d]].sib;
+        d--;
+    }
+    free(stk);
+    free(v->trie);
+    v->trie = NULL;
     *out = v;
     return 0;
 }
@@ -222,7 +259,26 @@ struct td_matcher {
     size_t nkey, ckey;
     int words;
     bool finished, dead;
+    /* Interned DFS states with their byte transitions, kept across mask calls:
+     * inside a JSON string almost every trie edge leads back to one of a few
+     * states, so the DFS mostly follows cached transitions. Bounded: reset
+     * between calls past IST_SOFT; a DFS that outgrows IST_HARD restarts on
+     * the plain path (no interning). */
+    struct ist { uint64_t h; size_t koff; uint32_t klen; uint32_t uni[8]; int32_t *tr; } *ist;
+    uint32_t n_ist, cap_ist;
+    uint32_t *ikey;
+    size_t n_ikey, cap_ikey;
+    uint32_t *iht, ihtc;
+    uint32_t *dstate; /* per DFS depth: interned state id */
 };
+#define IST_SOFT_STATES 2048
+#define IST_SOFT_WORDS (1u << 20)
+#define IST_HARD_STATES 16384
+#define IST_HARD_WORDS (4u << 20)
+#define TR_UNKNOWN (-2)
+#define TR_DEAD (-1)
+
+static void ist_reset(td_matcher *m);
 
 static bool work_push(td_matcher *m, const uint32_t *st, uint32_t len, int extra, uint32_t x) {
     size_t need = m->nw + len + 2;
@@ -276,14 +332,16 @@ over:
     out->over = true;
 }
 
-/* out = state in advanced by byte c; false when dead. */
-static bool advance(td_matcher *m, const sset *in, uint8_t c, sset *out) {
+/* out = the stacks buf[0..nb) ([len, frames...] each) advanced by byte c;
+ * false when dead. */
+static bool advance_raw(td_matcher *m, const uint32_t *buf, size_t nb, uint8_t c, sset *out) {
     const td_grammar *g = m->g;
     ss_clear(out);
     ss_clear(&m->memo);
     uint32_t tmp[GR_MAX_DEPTH + 2];
-    for (uint32_t i = 0; i < in->n && !out->over; i++) {
-        uint32_t len, *st = ss_stack(in, i, &len);
+    for (size_t o = 0; o < nb && !out->over; o += buf[o] + 1) {
+        uint32_t len = buf[o];
+        const uint32_t *st = buf + o + 1;
         if (!len) continue;
         uint32_t p = st[len - 1];
         const uint32_t *set = g->sets[EL_A(g->elems[p])];
@@ -297,6 +355,8 @@ static bool advance(td_matcher *m, const sset *in, uint8_t c, sset *out) {
     }
     return out->n > 0 && !out->over;
 }
+
+static bool advance(td_matcher *m, const sset *in, uint8_t c, sset *out) { return advance_raw(m, in->buf, in->nb, c, out); }
 
 static bool advance_bytes(td_matcher *m, const sset *in, const uint8_t *b, size_t n, sset **res) {
     const sset *src = in;
@@ -333,6 +393,8 @@ void td_matcher_free(td_matcher *m) {
     ss_free(&m->cur), ss_free(&m->a), ss_free(&m->b), ss_free(&m->memo);
     for (size_t i = 0; i < m->n_pool; i++) ss_free(&m->pool[i]);
     free(m->pool), free(m->uni), free(m->work), free(m->mask), free(m->key);
+    ist_reset(m);
+    free(m->ist), free(m->ikey), free(m->iht), free(m->dstate);
     free(m);
 }
 
@@ -347,7 +409,8 @@ int td_matcher_new(const td_grammar *g, const td_grammar_vocab *v, td_matcher **
     m->pool = calloc(m->n_pool, sizeof *m->pool);
     m->uni = calloc(m->n_pool, sizeof *m->uni);
     m->mask = calloc((size_t)m->words, 4);
-    if (!m->pool || !m->uni || !m->mask) {
+    m->dstate = calloc(m->n_pool, sizeof *m->dstate);
+    if (!m->pool || !m->uni || !m->mask || !m->dstate) {
         td_matcher_free(m);
         return TD_FAIL(err, TD_ERR_NOMEM, "matcher: out of memory");
     }
@@ -393,35 +456,140 @@ static void unite(const td_grammar *g, const sset *s, uint32_t u[8]) {
     }
 }
 
-static void compute_mask(td_matcher *m, const sset *s0, uint32_t *mask) {
+static void ist_reset(td_matcher *m) {
+    for (uint32_t i = 0; i < m->n_ist; i++) free(m->ist[i].tr);
+    m->n_ist = 0, m->n_ikey = 0;
+    if (m->iht) memset(m->iht, 0, m->ihtc * sizeof *m->iht);
+}
+
+static bool make_key(td_matcher *m, sset *s);
+
+/* Interned id of state s (canonicalized; s's order changes), or -1 when over
+ * the hard bound / out of memory. */
+static int32_t intern(td_matcher *m, sset *s) {
+    if (!make_key(m, s)) return -1;
+    uint64_t h = XXH3_64bits(m->key, m->nkey * 4);
+    if (m->ihtc)
+        for (uint32_t i = (uint32_t)h & (m->ihtc - 1); m->iht[i]; i = (i + 1) & (m->ihtc - 1)) {
+            struct ist *e = &m->ist[m->iht[i] - 1];
+            if (e->h == h && e->klen == m->nkey && !memcmp(m->ikey + e->koff, m->key, m->nkey * 4)) return (int32_t)(m->iht[i] - 1);
+        }
+    if (m->n_ist >= IST_HARD_STATES || m->n_ikey + m->nkey > IST_HARD_WORDS) return -1;
+    if ((m->n_ist + 1) * 2 > m->ihtc) {
+        uint32_t nc = m->ihtc ? m->ihtc * 2 : 1024;
+        uint32_t *nh = calloc(nc, sizeof *nh);
+        if (!nh) return -1;
+        for (uint32_t k = 0; k < m->n_ist; k++) {
+            uint32_t i = (uint32_t)m->ist[k].h & (nc - 1);
+            while (nh[i]) i = (i + 1) & (nc - 1);
+            nh[i] = k + 1;
+        }
+        free(m->iht);
+        m->iht = nh, m->ihtc = nc;
+    }
+    if (m->n_ist == m->cap_ist) {
+        uint32_t nc = m->cap_ist ? m->cap_ist * 2 : 256;
+        void *ni = realloc(m->ist, nc * sizeof *m->ist);
+        if (!ni) return -1;
+        m->ist = ni, m->cap_ist = nc;
+    }
+    if (m->n_ikey + m->nkey > m->cap_ikey) {
+        size_t nc = m->cap_ikey ? m->cap_ikey * 2 : 4096;
+        while (nc < m->n_ikey + m->nkey) nc *= 2;
+        uint32_t *nk = realloc(m->ikey, nc * 4);
+        if (!nk) return -1;
+        m->ikey = nk, m->cap_ikey = nc;
+    }
+    struct ist *e = &m->ist[m->n_ist];
+    e->h = h, e->koff = m->n_ikey, e->klen = (uint32_t)m->nkey, e->tr = NULL;
+    memcpy(m->ikey + m->n_ikey, m->key, m->nkey * 4);
+    m->n_ikey += m->nkey;
+    unite(m->g, s, e->uni);
+    uint32_t i = (uint32_t)h & (m->ihtc - 1);
+    while (m->iht[i]) i = (i + 1) & (m->ihtc - 1);
+    m->iht[i] = m->n_ist + 1;
+    return (int32_t)m->n_ist++;
+}
+
+/* Transition of interned state id by byte c: a state id, TR_DEAD, or -3
+ * (over the bounds: give up on interning). */
+static int32_t transition(td_matcher *m, int32_t id, uint8_t c) {
+    struct ist *e = &m->ist[id];
+    if (!e->tr) {
+        e->tr = malloc(256 * sizeof *e->tr);
+        if (!e->tr) return -3;
+        for (int k = 0; k < 256; k++) e->tr[k] = TR_UNKNOWN;
+    }
+    if (e->tr[c] != TR_UNKNOWN) return e->tr[c];
+    /* stacks of the key start after [vocab id, n] */
+    bool live = advance_raw(m, m->ikey + e->koff + 2, e->klen - 2, c, &m->a);
+    int32_t r = live ? intern(m, &m->a) : TR_DEAD;
+    if (r == -1 && live) return -3;
+    m->ist[id].tr[c] = r; /* (m->ist may have moved: index again) */
+    return r;
+}
+
+static void set_toks(const td_grammar_vocab *v, uint32_t i, uint32_t *mask) {
+    for (int32_t t = v->ptok[i]; t >= 0; t = v->tok_next[t]) mask[t >> 5] |= 1u << (t & 31);
+}
+
+/* DFS over the preorder trie with interned states; false if it outgrew the bounds. */
+static bool dfs_interned(td_matcher *m, sset *s0, uint32_t *mask) {
+    const td_grammar_vocab *v = m->v;
+    if (m->n_ist > IST_SOFT_STATES || m->n_ikey > IST_SOFT_WORDS) ist_reset(m);
+    int32_t root = intern(m, s0);
+    if (root < 0) return false;
+    m->dstate[0] = (uint32_t)root;
+    for (uint32_t i = 1; i < v->n_nodes;) {
+        uint32_t d = v->pdepth[i];
+        int32_t par = (int32_t)m->dstate[d - 1];
+        uint8_t c = v->pbyte[i];
+        if (!(m->ist[par].uni[c >> 5] >> (c & 31) & 1)) {
+            i = v->pskip[i];
+            continue;
+        }
+        int32_t nx = transition(m, par, c);
+        if (nx == -3) return false;
+        if (nx < 0) {
+            i = v->pskip[i];
+            continue;
+        }
+        m->dstate[d] = (uint32_t)nx;
+        set_toks(v, i, mask);
+        i++;
+    }
+    return true;
+}
+
+/* The same DFS without interning (one advance per trie edge). */
+static void dfs_plain(td_matcher *m, const sset *s0, uint32_t *mask) {
+    const td_grammar_vocab *v = m->v;
+    unite(m->g, s0, m->uni[0]);
+    for (uint32_t i = 1; i < v->n_nodes;) {
+        uint32_t d = v->pdepth[i];
+        uint8_t c = v->pbyte[i];
+        const sset *src = d > 1 ? &m->pool[d - 1] : s0;
+        if (!(m->uni[d - 1][c >> 5] >> (c & 31) & 1) || !advance(m, src, c, &m->pool[d])) {
+            i = v->pskip[i];
+            continue;
+        }
+        unite(m->g, &m->pool[d], m->uni[d]);
+        set_toks(v, i, mask);
+        i++;
+    }
+}
+
+static void compute_mask(td_matcher *m, sset *s0, uint32_t *mask) {
     const td_grammar_vocab *v = m->v;
     memset(mask, 0, (size_t)m->words * 4);
     if (ss_can_end(s0))
         for (int i = 0; i < v->n_end; i++) mask[v->end_ids[i] >> 5] |= 1u << (v->end_ids[i] & 31);
-    uint32_t fr[1024], *frame = v->max_len + 1 <= 1024 ? fr : malloc((v->max_len + 1) * sizeof *frame);
-    if (!frame) return;
-    int d = 0;
-    frame[0] = v->trie[0].child;
-    unite(m->g, s0, m->uni[0]);
-    while (d >= 0) {
-        uint32_t c = frame[d];
-        if (!c) {
-            d--;
-            continue;
-        }
-        frame[d] = v->trie[c].sib;
-        uint8_t byte = v->trie[c].byte;
-        if (!(m->uni[d][byte >> 5] >> (byte & 31) & 1)) continue;
-        const sset *src = d ? &m->pool[d] : s0;
-        if (!advance(m, src, byte, &m->pool[d + 1])) continue;
-        for (int32_t t = v->trie[c].tok; t >= 0; t = v->tok_next[t]) mask[t >> 5] |= 1u << (t & 31);
-        if (v->trie[c].child) {
-            d++;
-            frame[d] = v->trie[c].child;
-            unite(m->g, &m->pool[d], m->uni[d]);
-        }
-    }
-    if (frame != fr) free(frame);
+    if (dfs_interned(m, s0, mask)) return;
+    ist_reset(m);
+    memset(mask, 0, (size_t)m->words * 4);
+    if (ss_can_end(s0))
+        for (int i = 0; i < v->n_end; i++) mask[v->end_ids[i] >> 5] |= 1u << (v->end_ids[i] & 31);
+    dfs_plain(m, s0, mask);
 }
 
 /* Canonical key of a state: vocab id, stack count, then the stacks sorted. */
@@ -564,6 +732,7 @@ const uint32_t *td_matcher_mask(td_matcher *m, const int32_t *spec, int n) {
     uint64_t h = XXH3_64bits(m->key, m->nkey * 4);
     if (cache_get(g, h, m->key, m->nkey, m->mask, m->words)) return m->mask;
     compute_mask(m, s, m->mask);
+    if (!make_key(m, s)) return m->mask; /* the DFS reused m->key: rebuild it (s is already sorted) */
     cache_put(g, h, m->key, m->nkey, m->mask, m->words);
     return m->mask;
 }
