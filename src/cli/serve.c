@@ -25,7 +25,8 @@ static void sched_log_line(void *user, const char *line) {
 
 static const char *help =
     "usage: tandem serve [-m DIR] [options]\n"
-    "  OpenAI-compatible HTTP server: /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics\n"
+    "  OpenAI-compatible HTTP server: /v1/chat/completions, /v1/completions, /v1/responses, /v1/models, /health, /metrics,\n"
+    "  and the Anthropic Messages API (/v1/messages, /v1/messages/count_tokens); the /v1 prefix is optional\n"
     "  --host ADDR                  bind address (default 127.0.0.1)\n"
     "  --port N                     port (default 8000; 0 = any free port)\n"
     "  --api-key KEY                require 'Authorization: Bearer KEY' (all routes but /health)\n"
@@ -42,6 +43,9 @@ static const char *help =
     "                               (default 30; requests waiting for the model are exempt)\n"
     "  --max-stream-buffer BYTES    unsent stream output before a client that does not read is cancelled,\n"
     "                               at least 4k, k/M suffixes (default 4M)\n"
+    "  --responses-store N          /v1/responses kept in memory for previous_response_id and GET, least\n"
+    "                               recently used dropped first, 0..1M, 0 = none (default 1000)\n"
+    "  --responses-store-bytes BYTES  memory for them, at least 1k, k/M suffixes (default 64M)\n"
     "  --shutdown-timeout S         on SIGTERM, seconds for requests in flight, 0..86400 (default 10)\n"
     "  --enforce-eager              accepted (GPU only; the CPU backend captures no graphs)\n"
     "  --quiet                      no per-request log lines (default: one line per request)\n"
@@ -120,6 +124,16 @@ int cmd_serve(int argc, char **argv) {
             n = parse_size_suffix(v);
             if (n < 4096) { fprintf(stderr, "tandem serve: --max-stream-buffer must be a size of at least 4k (e.g. 4M), got \"%s\"\n", v); return 2; }
             cfg.max_stream_buffer = (size_t)n;
+        } else if (!strcmp(a, "--responses-store")) {
+            NEED();
+            n = strpbrk(v, "kKmM.") ? -1 : parse_size_suffix(v);
+            if (n < 0 || n > (1 << 20)) { fprintf(stderr, "tandem serve: --responses-store must be an integer in [0, 1048576], got \"%s\"\n", v); return 2; }
+            cfg.responses_store_max = n ? (int)n : -1;
+        } else if (!strcmp(a, "--responses-store-bytes")) {
+            NEED();
+            n = parse_size_suffix(v);
+            if (n < 1024) { fprintf(stderr, "tandem serve: --responses-store-bytes must be a size of at least 1k (e.g. 64M), got \"%s\"\n", v); return 2; }
+            cfg.responses_store_bytes = (size_t)n;
         } else if (!strcmp(a, "--shutdown-timeout")) {
             NEED();
             char *end;

@@ -37,14 +37,16 @@ int stop_push(stop_matcher *m, const char *text, size_t len, sbuf *out, td_err *
     if (sb_add(&m->held, text, len)) return NOMEM(err);
     const char *h = m->held.p;
     size_t hl = m->held.len, best = (size_t)-1, best_len = 0;
+    int best_i = -1;
     for (int i = 0; i < m->n; i++) {
         const char *f = memmem(h, hl, m->stops[i], m->lens[i]);
-        if (f && (size_t)(f - h) < best) best = (size_t)(f - h), best_len = m->lens[i];
+        if (f && (size_t)(f - h) < best) best = (size_t)(f - h), best_len = m->lens[i], best_i = i;
     }
     if (best != (size_t)-1) {
         size_t n = best + (m->include_stop ? best_len : 0);
         if (sb_add(out, h, n)) return NOMEM(err);
         m->hit = true;
+        m->hit_index = best_i;
         sb_clear(&m->held);
         return 1;
     }

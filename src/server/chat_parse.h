@@ -35,6 +35,7 @@ typedef struct stop_matcher {
     int n;
     bool include_stop; /* vLLM's include_stop_str_in_output */
     bool hit;          /* a stop string matched: nothing more is emitted */
+    int hit_index;     /* which one (stops[hit_index]) */
     sbuf held;         /* text not yet released */
 } stop_matcher;
 

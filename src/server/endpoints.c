@@ -185,6 +185,11 @@ void ep_generate(srv *s, task *t) {
     }
     json_t *b = parse_body(t->body, t->len, e);
     if (!b) return;
+    api_state *ax = NULL; /* Responses / Anthropic: b becomes the chat body */
+    if (t->dialect && api_translate(s, t->dialect, &b, &ax, e)) {
+        json_decref(b);
+        return;
+    }
     oai_req r;
     int rc = oai_parse(s, b, t->kind, &r, e);
     int32_t *ids = NULL;
@@ -202,9 +207,11 @@ void ep_generate(srv *s, task *t) {
         json_decref(b);
         free(ids);
         oai_req_free(&r);
+        api_state_free(ax);
         return;
     }
     if (r.n > 1 || r.prompt_list) { /* several choices (group.c): each parses its own copy of b */
+        api_state_free(ax); /* never set: the dialects have no n and no prompt lists */
         ep_generate_group(s, t, &r, ids, n, reasoning, b);
         json_decref(b);
         return;
@@ -219,9 +226,12 @@ void ep_generate(srv *s, task *t) {
     if (!j) {
         free(ids);
         oai_req_free(&r);
+        api_state_free(ax);
         http_err_set(e, 500, "server_error", "cannot start the request: %.400s", td_err_text(&err));
         return;
     }
+    j->dialect = ax ? t->dialect : DIALECT_CHAT;
+    j->api = ax;
     j->conn = t->conn;
     j->fd = t->fd;
     j->http11 = t->http11;

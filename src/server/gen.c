@@ -74,6 +74,7 @@ void job_unref(job *j) {
     srv *s = j->srv;
     if (j->group) group_free(j);
     json_decref(j->gchoice);
+    api_state_free(j->api);
     tok_stream_free(&j->ts);
     stop_free(&j->stop);
     if (j->use_cp) cp_free(&j->cp);
@@ -212,7 +213,9 @@ static int emit_chunk(job *j, json_t *delta, const char *text, size_t len, const
 static int flush_delta(job *j) {
     if (!j->dkind) return 0;
     int rc;
-    if (j->req.kind != OAI_CHAT) {
+    if (j->dialect) { /* Responses / Anthropic events (api_common.c) */
+        rc = api_stream_delta(j, j->dkind, j->dindex, j->dtext.p, j->dtext.len);
+    } else if (j->req.kind != OAI_CHAT) {
         rc = emit_chunk(j, NULL, j->dtext.p, j->dtext.len, NULL);
     } else {
         json_t *d;
@@ -248,6 +251,7 @@ static int on_event(void *user, const cp_event *ev) {
         j->n_calls++;
         if (j->req.stream) {
             if (flush_delta(j)) return TD_ERR_NOMEM;
+            if (j->dialect) return api_stream_tool(j, ev) ? TD_ERR_NOMEM : 0;
             json_t *d = json_pack("{s:[{s:i, s:s, s:s, s:{s:s, s:s}}]}", "tool_calls", "index", ev->index, "id", ev->id, "type", "function",
                                   "function", "name", ev->name, "arguments", "");
             return d && !emit_chunk(j, d, NULL, 0, NULL) ? 0 : TD_ERR_NOMEM;
@@ -334,6 +338,7 @@ static int on_token(void *user, const td_token_event *ev) {
     int rc = tok_stream_push(&j->ts, ev->token, &text, &len, &err);
     if (rc == 0) rc = process_text(j, text, len, &err);
     if (rc >= 0 && j->req.stream && flush_delta(j)) rc = TD_ERR_NOMEM;
+    if (rc >= 0 && j->dialect) api_on_token(j);
     if (rc < 0) snprintf(j->error, sizeof j->error, "output processing failed: %.400s", td_err_text(&err));
     if (job_backlog_over(j)) rc = -1;
     if (j->lead) group_flush(j);
@@ -355,6 +360,13 @@ static void clean_error(job *j) {
 static void finish_stream(job *j) {
     int rc = 0;
     clean_error(j);
+    if (j->dialect) { /* Responses / Anthropic: their closing events, no [DONE] */
+        rc |= j->error[0] ? 0 : flush_delta(j);
+        rc |= api_finish_stream(j);
+        if (rc) fprintf(stderr, "tandem serve: out of memory finishing %s\n", j->id);
+        j->out_done = true;
+        return;
+    }
     if (j->error[0]) {
         json_t *e = json_pack("{s:{s:s, s:s, s:i}}", "error", "message", j->error, "type", "server_error", "code", 500);
         rc |= sse(j, e);
@@ -379,6 +391,10 @@ static void finish_stream(job *j) {
 static void finish_body(job *j) {
     json_t *o;
     clean_error(j);
+    if (j->dialect) { /* Responses / Anthropic body (api_common.c) */
+        api_finish_body(j);
+        return;
+    }
     if (j->error[0] && (j->group || j->lead)) return; /* group_member_done reports it */
     if (j->error[0]) {
         o = json_pack("{s:{s:s, s:s, s:i}}", "error", "message", j->error, "type", "server_error", "code", 500);
@@ -502,7 +518,9 @@ void job_sched_request(job *j, const int32_t *prompt, int n_prompt, td_request *
 int job_stream_begin(job *j) {
     int rc = 0;
     pthread_mutex_lock(&j->mu);
-    if (j->req.kind == OAI_CHAT) {
+    if (j->dialect) {
+        rc = api_stream_begin(j);
+    } else if (j->req.kind == OAI_CHAT) {
         json_t *d = json_pack("{s:s, s:s}", "role", "assistant", "content", "");
         rc = d ? emit_chunk(j, d, NULL, 0, NULL) : -1;
     } else if (j->req.echo && j->req.prompt_text) {
@@ -549,5 +567,5 @@ void job_keepalive(job *j, double now) {
     if (!j->t_keepalive) j->t_keepalive = j->t_arrival;
     if (now - j->t_keepalive < SRV_KEEPALIVE_S) return;
     j->t_keepalive = now;
-    if (emit_chunk(j, j->req.kind == OAI_CHAT ? json_object() : NULL, NULL, 0, NULL) == 0) srv_wake(j);
+    if ((j->dialect ? api_keepalive(j) : emit_chunk(j, j->req.kind == OAI_CHAT ? json_object() : NULL, NULL, 0, NULL)) == 0) srv_wake(j);
 }

@@ -109,6 +109,12 @@ enum MHD_Result srv_reply_json(srv *s, struct MHD_Connection *c, int status, jso
     return rc;
 }
 
+/* The API of the request being answered on this thread, for the shape of
+ * its errors: libmicrohttpd queues every reply inside the access handler,
+ * and on_request sets this from the URL on each call, so an error from
+ * anywhere below (routing, auth, parsing, the job) takes that API's form. */
+static _Thread_local int reply_dialect;
+
 enum MHD_Result srv_reply_error(srv *s, struct MHD_Connection *c, const http_err *e) {
     char msg[4 * sizeof e->msg]; /* every byte escaped at worst */
     srv_utf8_clean(e->msg, msg, sizeof msg);
@@ -119,6 +125,10 @@ enum MHD_Result srv_reply_error(srv *s, struct MHD_Connection *c, const http_err
         json_object_set_new(err, "n_ctx", json_integer(e->n_ctx));
     }
     json_t *o = err ? json_pack("{s:o}", "error", err) : NULL;
+    if (reply_dialect == DIALECT_ANTHROPIC) { /* {"type":"error","error":{"type":...,"message":...}} */
+        json_decref(o);
+        o = anth_error_body(e->status, msg);
+    }
     char *t = o ? json_dumps(o, JSON_COMPACT) : NULL;
     json_decref(o);
     const char *body = t ? t : "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"code\":500}}";
@@ -274,6 +284,7 @@ static void task_free(task *t) {
 static void run_task(srv *s, task *t) {
     if (t->what == TASK_GENERATE) ep_generate(s, t);
     else if (t->what == TASK_TOKENIZE) ep_tokenize(s, t);
+    else if (t->what == TASK_COUNT_TOKENS) ep_count_tokens(s, t);
     else ep_detokenize(s, t);
     free(t->body);
     t->body = NULL;
@@ -303,13 +314,14 @@ static void *worker_main(void *arg) {
 static enum MHD_Result task_answer(srv *s, struct MHD_Connection *c, conn_ctx *ctx);
 
 /* Suspends the connection and queues its request for a prompt worker. */
-static enum MHD_Result hand_off(srv *s, struct MHD_Connection *c, conn_ctx *ctx, int what, int kind) {
+static enum MHD_Result hand_off(srv *s, struct MHD_Connection *c, conn_ctx *ctx, int what, int kind, int dialect) {
     task *t = calloc(1, sizeof *t);
     if (!t) return reply_err(s, c, 500, "server_error", "out of memory");
     t->srv = s;
     t->conn = c;
     t->what = what;
     t->kind = kind;
+    t->dialect = dialect;
     t->http11 = ctx->http11;
     const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CONNECTION_FD);
     t->fd = ci ? ci->connect_fd : -1;
@@ -414,16 +426,37 @@ static int check_framing(struct MHD_Connection *c, http_err *e) {
     return 0;
 }
 
-static bool authorized(srv *s, struct MHD_Connection *c) {
-    if (!s->api_key) return true;
-    const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
-    if (!h || strncasecmp(h, "Bearer ", 7)) return false;
-    h += 7;
-    while (*h == ' ') h++;
+static bool key_matches(const srv *s, const char *h) {
     size_t a = strlen(h), b = strlen(s->api_key);
     unsigned diff = (unsigned)(a ^ b);
     for (size_t i = 0; i < a; i++) diff |= (unsigned char)h[i] ^ (unsigned char)s->api_key[i % (b ? b : 1)];
     return diff == 0;
+}
+
+/* "Authorization: Bearer KEY", or "x-api-key: KEY" as Anthropic clients send it. */
+static bool authorized(srv *s, struct MHD_Connection *c) {
+    if (!s->api_key) return true;
+    const char *h = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_AUTHORIZATION);
+    if (h && !strncasecmp(h, "Bearer ", 7)) {
+        h += 7;
+        while (*h == ' ') h++;
+        if (key_matches(s, h)) return true;
+    }
+    const char *x = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "x-api-key");
+    return x && key_matches(s, x);
+}
+
+/* The API routes answer without the /v1 prefix too, like llama.cpp: the
+ * path with /v1 put in front (in buf), or url itself. */
+static const char *v1_path(const char *url, char *buf, size_t cap) {
+    static const char *const bare[] = {"/chat/completions", "/completions", "/models", "/embeddings", "/responses", "/messages",
+                                       "/messages/count_tokens", NULL};
+    if (!strncmp(url, "/v1/", 4) || strlen(url) + 4 > cap) return url;
+    bool api = !strncmp(url, "/responses/", 11);
+    for (int i = 0; !api && bare[i]; i++) api = !strcmp(url, bare[i]);
+    if (!api) return url;
+    snprintf(buf, cap, "/v1%s", url);
+    return buf;
 }
 
 static bool is(const char *url, const char *a) { return !strcmp(url, a); }
@@ -442,10 +475,14 @@ static enum MHD_Result route(srv *s, struct MHD_Connection *c, const char *url, 
         e.param = NULL;
         return srv_reply_error(s, c, &e);
     }
-    int kind = 0;
-    enum { R_NONE, R_GET, R_POST } want = R_NONE;
+    int kind = 0, dialect = DIALECT_CHAT;
+    enum { R_NONE, R_GET, R_POST, R_ITEM } want = R_NONE;
     if (is(url, "/v1/models") || is(url, "/metrics") || is(url, "/version")) want = R_GET;
     else if (is(url, "/v1/chat/completions")) want = R_POST, kind = OAI_CHAT;
+    else if (is(url, "/v1/responses")) want = R_POST, kind = OAI_CHAT, dialect = DIALECT_RESPONSES;
+    else if (is(url, "/v1/messages")) want = R_POST, kind = OAI_CHAT, dialect = DIALECT_ANTHROPIC;
+    else if (is(url, "/v1/messages/count_tokens")) want = R_POST, dialect = DIALECT_ANTHROPIC;
+    else if (!strncmp(url, "/v1/responses/", 14) && url[14] && !strchr(url + 14, '/')) want = R_ITEM;
     else if (is(url, "/v1/completions")) want = R_POST, kind = OAI_COMPLETION;
     else if (is(url, "/tokenize") || is(url, "/detokenize") || is(url, "/v1/tokenize") || is(url, "/v1/detokenize")) want = R_POST;
     if (want == R_NONE) {
@@ -455,20 +492,26 @@ static enum MHD_Result route(srv *s, struct MHD_Connection *c, const char *url, 
     }
     if (want == R_GET && !get) return reply_405(s, c, "GET, HEAD");
     if (want == R_POST && !post) return reply_405(s, c, "POST");
+    if (want == R_ITEM && !get && strcmp(method, "DELETE")) return reply_405(s, c, "GET, HEAD, DELETE");
     if (is(url, "/metrics")) return ep_metrics(s, c);
     if (is(url, "/version")) return srv_reply_json(s, c, 200, json_pack("{s:s}", "version", "tandem-0.1"));
     if (atomic_load(&s->ready) != 1)
         return reply_err(s, c, 503, "service_unavailable_error",
                          atomic_load(&s->ready) == 0 ? "the model is loading" : "the server is shutting down");
     if (is(url, "/v1/models")) return ep_models(s, c);
-    if (kind) return hand_off(s, c, ctx, TASK_GENERATE, kind);
-    return hand_off(s, c, ctx, strstr(url, "/detokenize") ? TASK_DETOKENIZE : TASK_TOKENIZE, 0);
+    if (want == R_ITEM) return ep_response_item(s, c, method, url + 14);
+    if (kind) return hand_off(s, c, ctx, TASK_GENERATE, kind, dialect);
+    if (dialect == DIALECT_ANTHROPIC) return hand_off(s, c, ctx, TASK_COUNT_TOKENS, 0, dialect);
+    return hand_off(s, c, ctx, strstr(url, "/detokenize") ? TASK_DETOKENIZE : TASK_TOKENIZE, 0, 0);
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method, const char *version,
                                   const char *upload, size_t *upload_size, void **con_cls) {
     srv *s = cls;
     conn_ctx *ctx = *con_cls;
+    char v1[320];
+    url = v1_path(url, v1, sizeof v1);
+    reply_dialect = !strncmp(url, "/v1/messages", 12) ? DIALECT_ANTHROPIC : DIALECT_CHAT;
     if (!ctx) {
         ctx = calloc(1, sizeof *ctx);
         if (!ctx) return MHD_NO;
@@ -594,6 +637,7 @@ static void srv_release(srv *s) {
     pthread_cond_destroy(&s->tasks_cv);
     pthread_mutex_destroy(&s->tasks_mu);
     free(s->workers);
+    api_store_free(s);
     free(s);
 }
 

@@ -38,6 +38,9 @@ typedef struct srv_config {
     bool sampling_seed_set;         /* sampling.seed was given: default seed */
     int default_max_tokens;         /* 0: up to the context */
     bool quiet;                     /* no per-request log lines */
+    int responses_store_max;        /* stored /v1/responses (previous_response_id, GET): at most this
+                                       many, least recently used dropped first; 0: 1000, < 0: none */
+    size_t responses_store_bytes;   /* and at most this many bytes (0: 64 MiB) */
 } srv_config;
 
 typedef struct srv srv;

@@ -61,6 +61,7 @@ struct srv {
     pthread_t *workers;
     int n_workers;
     bool workers_stop;
+    struct resp_store *rstore;      /* stored Responses (api_responses.c), created on first use */
 };
 
 /* An error answered before any response started. */
@@ -81,11 +82,16 @@ size_t srv_utf8_clean(const char *in, char *out, size_t cap);
 
 /* Work handed from a polling thread to a prompt worker (http.c), the
  * connection suspended meanwhile. */
-enum { TASK_GENERATE = 1, TASK_TOKENIZE, TASK_DETOKENIZE };
+enum { TASK_GENERATE = 1, TASK_TOKENIZE, TASK_DETOKENIZE, TASK_COUNT_TOKENS };
+/* The API a request speaks: its body is translated to a chat request and its
+ * output written back in that form (api_common.c). */
+enum { DIALECT_CHAT = 0, DIALECT_RESPONSES, DIALECT_ANTHROPIC };
+typedef struct api_state api_state;
 struct task {
     srv *srv;
     struct MHD_Connection *conn;
     int what, kind;                 /* TASK_*, OAI_* for TASK_GENERATE */
+    int dialect;                    /* DIALECT_* */
     int fd;
     bool http11;
     char *body;                     /* owned */
@@ -201,6 +207,9 @@ struct job {
     job *lead;                      /* a follower's lead; NULL for the lead and single jobs */
     bool fan_pending;               /* first sample of a prompt: submit the others at its first token */
     json_t *gchoice;                /* non-stream: this choice's object, for the lead */
+    /* /v1/responses and /v1/messages: output in that dialect (api_common.c) */
+    int dialect;                    /* DIALECT_*; 0: chat / completions */
+    api_state *api;                 /* owned */
 };
 
 /* Creates a job for a parsed request (takes over r); refs = 1. */
@@ -278,4 +287,26 @@ void ep_generate(srv *s, task *t);
 /* Back on a polling thread: the streamed response, or the suspended wait
  * for the non-streamed one (j is the connection context's reference). */
 enum MHD_Result ep_generate_respond(srv *s, struct MHD_Connection *c, job *j);
+
+/* ---- Responses and Anthropic Messages (api_common.c, api_responses.c,
+ * api_anthropic.c; see api.h) ---- */
+/* Replaces *body (a Responses or Messages request) with the chat-completions
+ * body oai_parse takes; *st: the output state for the job. */
+int api_translate(srv *s, int dialect, json_t **body, api_state **st, http_err *e);
+void api_state_free(api_state *st);
+/* gen.c's hooks for a job with a dialect (job lock held). */
+int api_stream_begin(job *j);
+int api_stream_delta(job *j, int kind, int index, const char *text, size_t len);
+int api_stream_tool(job *j, const cp_event *ev);
+void api_on_token(job *j);
+int api_finish_stream(job *j);
+void api_finish_body(job *j);
+int api_keepalive(job *j);
+/* GET / DELETE /v1/responses/{id} (polling thread). */
+enum MHD_Result ep_response_item(srv *s, struct MHD_Connection *c, const char *method, const char *id);
+void api_store_free(srv *s);
+/* POST /v1/messages/count_tokens (prompt worker). */
+void ep_count_tokens(srv *s, task *t);
+/* Anthropic's error body for an HTTP status. */
+json_t *anth_error_body(int status, const char *msg);
 #endif
