@@ -51,6 +51,7 @@ job *job_new(srv *s, oai_req *r, int n_prompt, int reasoning_mode, td_err *err) 
         ok = ok && j->lp_pending && j->lp_all;
     }
     if (!j->req.seed_set && !s->cfg.sampling_seed_set) j->req.sampling.seed = s->id_base ^ (id * 0xbf58476d1ce4e5b9ull);
+    if (ok && so_job_init(j, reasoning_mode, err)) ok = false; /* structured outputs: the grammar matcher */
     if (!ok) {
         if (!err || !err->code) TD_FAIL(err, TD_ERR_NOMEM, "out of memory");
         job_unref(j);
@@ -78,11 +79,13 @@ void job_unref(job *j) {
     tok_stream_free(&j->ts);
     stop_free(&j->stop);
     if (j->use_cp) cp_free(&j->cp);
+    so_job_free(j);
     sb_free(&j->scratch);
     sb_free(&j->out);
     sb_free(&j->dtext);
     sb_free(&j->content);
     sb_free(&j->reasoning);
+    sb_free(&j->raw);
     for (int i = 0; i < j->cargs_cap; i++) sb_free(&j->cargs[i]);
     free(j->cargs);
     json_decref(j->calls);
@@ -173,6 +176,8 @@ static const char *finish_reason(const job *j) {
     }
 }
 
+int job_cp_event(job *j, const cp_event *ev) { return on_event(j, ev); }
+
 /* ---- streamed output ------------------------------------------------------ */
 
 static int sse(job *j, json_t *obj) { /* steals obj */
@@ -210,6 +215,17 @@ static int emit_chunk(job *j, json_t *delta, const char *text, size_t len, const
     return sse(j, chunk(j, choice));
 }
 
+/* {"reasoning": t} (vLLM), {"reasoning_content": t} (llama.cpp, older vLLM)
+ * or both, by --reasoning-field; steals t. */
+static json_t *reasoning_json(const job *j, json_t *t) {
+    int f = j->srv->cfg.reasoning_field;
+    json_t *o = json_object();
+    if (o && f != SRV_REASONING_CONTENT) json_object_set(o, "reasoning", t);
+    if (o && f != SRV_REASONING_NEW) json_object_set(o, "reasoning_content", t);
+    json_decref(t);
+    return o;
+}
+
 static int flush_delta(job *j) {
     if (!j->dkind) return 0;
     int rc;
@@ -220,8 +236,8 @@ static int flush_delta(job *j) {
     } else {
         json_t *d;
         json_t *txt = json_stringn(j->dtext.p ? j->dtext.p : "", j->dtext.len);
-        if (j->dkind == CP_REASONING) d = json_pack("{s:o}", "reasoning_content", txt);
-        else if (j->dkind == CP_CONTENT) d = json_pack("{s:o}", "content", txt);
+        if (j->dkind == CP_REASONING) d = reasoning_json(j, txt);
+        else if (j->dkind == CP_CONTENT) d = json_pack("{s:o}", "content", txt), j->content_sent += j->dtext.len;
         else d = json_pack("{s:[{s:i, s:{s:o}}]}", "tool_calls", "index", j->dindex, "function", "arguments", txt);
         rc = d ? emit_chunk(j, d, NULL, 0, NULL) : -1;
     }
@@ -245,11 +261,22 @@ static int cargs_at(job *j, int i) {
 /* Parser events -> deltas (stream) or accumulated message (non-stream). */
 static int on_event(void *user, const cp_event *ev) {
     job *j = user;
+    /* tool_choice required / named: the constrained text is held back and
+     * becomes the tool calls when the request ends (so_tools_finish) */
+    if ((j->req.so_kind == SO_TOOLS || j->req.so_kind == SO_TOOL) && ev->kind == CP_CONTENT)
+        return sb_add(&j->content, ev->text, ev->len) ? TD_ERR_NOMEM : 0;
     /* parallel_tool_calls: false: the first call only, as vLLM */
     if (j->req.no_parallel_tools && ev->index > 0 && (ev->kind == CP_TOOL_START || ev->kind == CP_TOOL_ARGS)) return 0;
+    /* A streamed chat holds everything from its first tool call to the end,
+     * where invalid arguments fall back to content (release_tools). */
+    bool live = j->req.stream && (j->dialect || !(j->tc_hold || ev->kind == CP_TOOL_START));
+    if (j->req.stream && !live && !j->tc_hold) {
+        if (flush_delta(j)) return TD_ERR_NOMEM;
+        j->tc_hold = true;
+    }
     if (ev->kind == CP_TOOL_START) {
         j->n_calls++;
-        if (j->req.stream) {
+        if (live) {
             if (flush_delta(j)) return TD_ERR_NOMEM;
             if (j->dialect) return api_stream_tool(j, ev) ? TD_ERR_NOMEM : 0;
             json_t *d = json_pack("{s:[{s:i, s:s, s:s, s:{s:s, s:s}}]}", "tool_calls", "index", ev->index, "id", ev->id, "type", "function",
@@ -260,7 +287,7 @@ static int on_event(void *user, const cp_event *ev) {
         json_t *c = json_pack("{s:s, s:s, s:{s:s, s:s}}", "id", ev->id, "type", "function", "function", "name", ev->name, "arguments", "");
         return c && !json_array_append_new(j->calls, c) ? 0 : TD_ERR_NOMEM;
     }
-    if (j->req.stream) {
+    if (live) {
         if (j->dkind && (j->dkind != (int)ev->kind || j->dindex != ev->index) && flush_delta(j)) return TD_ERR_NOMEM;
         j->dkind = (int)ev->kind;
         j->dindex = ev->index;
@@ -274,6 +301,65 @@ static int on_event(void *user, const cp_event *ev) {
     return sb_add(b, ev->text, ev->len) ? TD_ERR_NOMEM : 0;
 }
 
+/* The chat parser's input is kept while tools are parsed: the content to
+ * fall back to when a call's arguments are not valid JSON. */
+static int feed_cp(job *j, const char *t, size_t n, td_err *err) {
+    if (j->req.parse_tools && sb_add(&j->raw, t, n)) return TD_FAIL(err, TD_ERR_NOMEM, "out of memory");
+    return cp_push(&j->cp, t, n, err);
+}
+
+/* Every parsed call's arguments are a JSON object (vLLM's tool parsers
+ * return the output as content otherwise). */
+static bool tools_valid(job *j) {
+    for (int i = 0; i < j->n_calls; i++) {
+        sbuf *a = i < j->cargs_cap ? &j->cargs[i] : NULL;
+        json_t *o = a && a->len ? json_loadb(a->p, a->len, 0, NULL) : NULL;
+        bool ok = json_is_object(o);
+        json_decref(o);
+        if (!ok) return false;
+    }
+    return true;
+}
+
+/* The output after the reasoning, as the parser saw it (tool markup included). */
+static const char *raw_content(job *j, size_t *len) {
+    const char *p = j->raw.p ? j->raw.p : "";
+    size_t n = j->raw.len;
+    const char *e = j->use_cp && j->cp.cfg.reasoning ? memmem(p, n, "</think>", 8) : NULL;
+    if (e) n -= (size_t)(e + 8 - p), p = e + 8;
+    while (n && (*p == '\n' || *p == '\r')) p++, n--;
+    *len = n;
+    return p;
+}
+
+/* Streamed tool calls, held since the first: sent now, or (invalid
+ * arguments) the rest of the output as content, finish_reason "stop". */
+static int release_tools(job *j) {
+    int rc = 0;
+    if (!tools_valid(j)) {
+        size_t n;
+        const char *p = raw_content(j, &n);
+        size_t skip = j->content_sent < n ? j->content_sent : n; /* content already sent is a prefix of it */
+        j->n_calls = 0;
+        if (n > skip) rc = emit_chunk(j, json_pack("{s:s%}", "content", p + skip, n - skip), NULL, 0, NULL);
+        return rc;
+    }
+    size_t i;
+    json_t *c;
+    json_array_foreach(j->calls, i, c) {
+        json_t *f = json_object_get(c, "function");
+        sbuf *a = (int)i < j->cargs_cap ? &j->cargs[i] : NULL;
+        json_t *d = json_pack("{s:[{s:i, s:O, s:s, s:{s:O, s:s}}]}", "tool_calls", "index", (int)i, "id", json_object_get(c, "id"), "type",
+                              "function", "function", "name", json_object_get(f, "name"), "arguments", "");
+        rc |= d ? emit_chunk(j, d, NULL, 0, NULL) : -1;
+        d = json_pack("{s:[{s:i, s:{s:s%}}]}", "tool_calls", "index", (int)i, "function", "arguments", a && a->p ? a->p : "{}",
+                      a && a->p ? a->len : 2);
+        rc |= d ? emit_chunk(j, d, NULL, 0, NULL) : -1;
+    }
+    if (j->content.len) rc |= emit_chunk(j, json_pack("{s:s%}", "content", j->content.p, j->content.len), NULL, 0, NULL);
+    return rc;
+}
+
 /* Text out of the detokenizer: stop strings, then the chat parser.
  * Returns 1 when a stop string matched, <0 on error. */
 static int process_text(job *j, const char *t, size_t n, td_err *err) {
@@ -282,7 +368,7 @@ static int process_text(job *j, const char *t, size_t n, td_err *err) {
     if (hit < 0) return hit;
     int rc = 0;
     if (j->scratch.len) {
-        if (j->use_cp) rc = cp_push(&j->cp, j->scratch.p, j->scratch.len, err);
+        if (j->use_cp) rc = feed_cp(j, j->scratch.p, j->scratch.len, err);
         else {
             cp_event ev = {.kind = CP_CONTENT, .text = j->scratch.p, .len = j->scratch.len};
             rc = on_event(j, &ev);
@@ -372,6 +458,7 @@ static void finish_stream(job *j) {
         rc |= sse(j, e);
     } else {
         rc |= flush_delta(j);
+        if (j->tc_hold) rc |= release_tools(j);
         rc |= emit_chunk(j, j->req.kind == OAI_CHAT ? json_object() : NULL, NULL, 0, finish_reason(j));
         if (j->req.include_usage && !j->group && !j->lead) {
             json_t *c = chunk(j, NULL);
@@ -401,11 +488,18 @@ static void finish_body(job *j) {
         j->body_status = 500;
     } else {
         json_t *lp = lp_object(j, j->lp_all), *choice;
+        if (j->req.kind == OAI_CHAT && j->n_calls && !tools_valid(j)) { /* plain content, as vLLM's parsers fall back */
+            size_t n;
+            const char *p = raw_content(j, &n);
+            sb_clear(&j->content);
+            sb_add(&j->content, p, n);
+            j->n_calls = 0;
+        }
         if (j->req.kind == OAI_CHAT) {
             json_t *msg = json_pack("{s:s}", "role", "assistant");
             if (j->content.len || !j->n_calls) json_object_set_new(msg, "content", json_stringn(j->content.p ? j->content.p : "", j->content.len));
             else json_object_set_new(msg, "content", json_null());
-            if (j->reasoning.len) json_object_set_new(msg, "reasoning_content", json_stringn(j->reasoning.p, j->reasoning.len));
+            if (j->reasoning.len) json_object_update_missing_new(msg, reasoning_json(j, json_stringn(j->reasoning.p, j->reasoning.len)));
             if (j->n_calls) {
                 size_t i;
                 json_t *c;
@@ -455,7 +549,7 @@ static void on_done(void *user, const td_gen_result *res, const char *error) {
             sb_clear(&j->scratch);
             rc = stop_flush(&j->stop, &j->scratch, &err);
             if (rc == 0 && j->scratch.len) {
-                if (j->use_cp) rc = cp_push(&j->cp, j->scratch.p, j->scratch.len, &err);
+                if (j->use_cp) rc = feed_cp(j, j->scratch.p, j->scratch.len, &err);
                 else {
                     cp_event ev = {.kind = CP_CONTENT, .text = j->scratch.p, .len = j->scratch.len};
                     rc = on_event(j, &ev);
@@ -463,6 +557,7 @@ static void on_done(void *user, const td_gen_result *res, const char *error) {
             }
         }
         if (rc >= 0 && j->use_cp) rc = cp_finish(&j->cp, &err);
+        if (rc >= 0 && so_tools_finish(j)) rc = TD_FAIL(&err, TD_ERR_NOMEM, "out of memory");
         if (rc < 0) snprintf(j->error, sizeof j->error, "output processing failed: %.400s", err.msg);
     }
     srv_finish_id f = j->error[0] ? F_ERROR : j->res.finish == TD_FINISH_LENGTH ? F_LENGTH : j->res.finish == TD_FINISH_CANCEL ? F_ABORT : F_STOP;
@@ -510,6 +605,7 @@ void job_sched_request(job *j, const int32_t *prompt, int n_prompt, td_request *
     r->gen.stop_ids = j->req.stop_ids;
     r->gen.n_stop = j->req.n_stop_ids;
     r->top_logprobs = j->req.logprobs;
+    r->gen.constraint = so_job_constraint(j);
     r->on_token = on_token;
     r->on_done = on_done;
     r->user = j;

@@ -91,6 +91,7 @@ enum MHD_Result srv_reply(srv *s, struct MHD_Connection *c, int status, const ch
     struct MHD_Response *r = MHD_create_response_from_buffer(len, (void *)body, MHD_RESPMEM_MUST_COPY);
     if (!r) return MHD_NO;
     if (ctype) MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
+    srv_cors_headers(s, c, r);
     enum MHD_Result rc = MHD_queue_response(c, (unsigned)status, r);
     MHD_destroy_response(r);
     metrics_http(&s->metrics, status);
@@ -139,6 +140,7 @@ enum MHD_Result srv_reply_error(srv *s, struct MHD_Connection *c, const http_err
     if (e->retry_after) MHD_add_response_header(r, MHD_HTTP_HEADER_RETRY_AFTER, "1");
     if (e->status == 401) MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
     if (e->allow) MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, e->allow);
+    srv_cors_headers(s, c, r);
     enum MHD_Result rc = MHD_queue_response(c, (unsigned)e->status, r);
     MHD_destroy_response(r);
     metrics_http(&s->metrics, e->status);
@@ -463,6 +465,7 @@ static bool is(const char *url, const char *a) { return !strcmp(url, a); }
 
 static enum MHD_Result route(srv *s, struct MHD_Connection *c, const char *url, const char *method, conn_ctx *ctx) {
     bool get = !strcmp(method, "GET") || !strcmp(method, "HEAD"), post = !strcmp(method, "POST");
+    if (srv_cors_is_preflight(s, c, method)) return srv_cors_preflight(s, c); /* any route, before auth */
     if (is(url, "/health") || is(url, "/v1/health")) {
         if (!get) return reply_405(s, c, "GET, HEAD");
         int r = atomic_load(&s->ready);
@@ -623,6 +626,7 @@ int srv_port(const srv *s) { return s->port; }
 
 static void srv_release(srv *s) {
     if (!s) return;
+    so_release(s);
     tpl_free(s->chat_tpl);
     free(s->host);
     free(s->api_key);
@@ -758,6 +762,8 @@ int srv_set_model(srv *s, const srv_model *m, td_err *err) {
     if (t && tpl_parse(t, strlen(t), &s->chat_tpl, err)) return err ? err->code : TD_ERR_FORMAT;
     if (tok_bos_token(m->tok) && !(s->bos = strdup(tok_bos_token(m->tok)))) return TD_FAIL(err, TD_ERR_NOMEM, "out of memory");
     if (tok_eos_token(m->tok) && !(s->eos = strdup(tok_eos_token(m->tok)))) return TD_FAIL(err, TD_ERR_NOMEM, "out of memory");
+    int src = so_init(s, err); /* structured outputs: the grammar vocabulary */
+    if (src) return src;
     pthread_rwlock_wrlock(&s->sched_lock);
     s->sched = m->sched;
     pthread_rwlock_unlock(&s->sched_lock);

@@ -233,8 +233,11 @@ int oai_chat_fields(const json_t *b, oai_req *r, http_err *e) {
         }
         json_object_set_new(nm, "content", content);
         if (!strcmp(role, "assistant") && norm_tool_calls(json_object_get(m, "tool_calls"), nm, e)) return -1;
-        const json_t *rc = json_object_get(m, "reasoning_content");
+        const json_t *rc = json_object_get(m, "reasoning_content"), *rn = json_object_get(m, "reasoning");
         if (!absent(rc) && !json_is_string(rc)) return BAD(e, "messages[%zu]: 'reasoning_content' must be a string", i);
+        if (!absent(rn) && !json_is_string(rn)) return BAD(e, "messages[%zu]: 'reasoning' must be a string", i);
+        /* vLLM's newer name: templates read reasoning_content */
+        if (absent(rc) && json_is_string(rn)) json_object_set(nm, "reasoning_content", (json_t *)rn);
     }
     const json_t *tools = json_object_get(b, "tools");
     if (!absent(tools)) {
@@ -271,6 +274,40 @@ int oai_chat_fields(const json_t *b, oai_req *r, http_err *e) {
     else if (!absent(th)) return BAD(e, "'chat_template_kwargs.enable_thinking' must be a boolean");
     r->add_generation_prompt = true;
     if (bool_field(b, "add_generation_prompt", &r->add_generation_prompt, e) < 0) return -1;
+    if (bool_field(b, "continue_final_message", &r->continue_final, e) < 0) return -1;
+    if (r->continue_final && r->add_generation_prompt) /* vLLM's rule; add_generation_prompt defaults to true */
+        return BADP(e, "continue_final_message", "'continue_final_message' and 'add_generation_prompt' cannot both be true");
+    if (r->continue_final &&
+        strcmp(json_string_value(json_object_get(json_array_get(r->messages, json_array_size(r->messages) - 1), "role")), "assistant"))
+        return BADP(e, "continue_final_message", "'continue_final_message' needs an assistant message last");
+    return 0;
+}
+
+/* Last occurrence of n bytes of needle in hay (h bytes), or NULL. */
+static const char *rfind(const char *hay, size_t h, const char *needle, size_t n) {
+    if (n > h) return NULL;
+    for (size_t i = h - n + 1; i-- > 0;)
+        if (!memcmp(hay + i, needle, n)) return hay + i;
+    return NULL;
+}
+
+/* continue_final_message: the rendered chat cut right after the final
+ * assistant content, as transformers does (rindex of the content, then of
+ * the content stripped: some templates trim messages), so the model
+ * continues that message instead of starting a new turn. */
+static int cut_after_final(const oai_req *r, char *text, size_t *len, http_err *e) {
+    const json_t *last = json_array_get(r->messages, json_array_size(r->messages) - 1);
+    const char *c = json_string_value(json_object_get(last, "content"));
+    size_t n = json_string_length(json_object_get(last, "content"));
+    const char *at = c ? rfind(text, *len, c, n) : NULL;
+    if (!at && c) {
+        while (n && strchr(" \t\r\n", *c)) c++, n--;
+        while (n && strchr(" \t\r\n", c[n - 1])) n--;
+        at = rfind(text, *len, c, n);
+    }
+    if (!at) return BADP(e, "continue_final_message", "the final message does not appear in the rendered chat; it cannot be continued");
+    *len = (size_t)(at - text) + n;
+    text[*len] = 0;
     return 0;
 }
 
@@ -385,13 +422,13 @@ int oai_parse(srv *s, const json_t *b, int kind, oai_req *r, http_err *e) {
         bool par = true;
         if (bool_field(b, "parallel_tool_calls", &par, e) < 0) return -1;
         r->no_parallel_tools = !par;
-        if (oai_chat_fields(b, r, e)) return -1;
+        if (oai_chat_fields(b, r, e) || so_parse(s, b, r, e)) return -1;
         return choices_check(s, r, 1, e);
     }
     if ((rc = int_field(b, "logprobs", 0, TD_MAX_TOP_LOGPROBS, &x, e)) < 0) return -1;
     if (rc) r->logprobs = (int)x;
     if (bool_field(b, "echo", &r->echo, e) < 0) return -1;
-    if (prompt_field(s, b, r, e)) return -1;
+    if (prompt_field(s, b, r, e) || so_parse(s, b, r, e)) return -1;
     return choices_check(s, r, r->prompt_list ? json_array_size(r->prompt_list) : 1, e);
 }
 
@@ -404,6 +441,7 @@ void oai_req_free(oai_req *r) {
     free(r->prompt_ids);
     free(r->logit_bias);
     json_decref(r->prompt_list);
+    so_req_free(r);
     memset(r, 0, sizeof *r);
 }
 
@@ -418,6 +456,11 @@ int oai_render_chat(srv *s, const oai_req *r, char **text, size_t *len, http_err
         const char *p = strstr(m, ": ");
         if (p && !strncmp(m, "src/", 4)) m = p + 2;
         return BAD(e, "chat template: %.400s", m);
+    }
+    if (r->continue_final && cut_after_final(r, *text, len, e)) {
+        free(*text);
+        *text = NULL;
+        return -1;
     }
     return 0;
 }

@@ -21,9 +21,12 @@
 #include "server/sbuf.h"
 #include "server/server.h"
 #include "template/template.h"
+#include "grammar/grammar.h"
 
 typedef struct job job;
 typedef struct task task;
+typedef struct so_cache so_cache;       /* structured.c */
+typedef struct so_grammar so_grammar;
 typedef struct job_group job_group;
 
 struct srv {
@@ -42,6 +45,7 @@ struct srv {
     tpl *chat_tpl;                  /* NULL: the model has no chat template */
     char *bos, *eos;                /* template special tokens */
     int n_ctx, vocab;
+    so_cache *so;                   /* compiled grammars + the grammar vocabulary (structured.c) */
     /* scheduler: read under rdlock (submit, cancel, stats), cleared under wrlock */
     pthread_rwlock_t sched_lock;
     td_sched *sched;
@@ -126,6 +130,11 @@ typedef struct oai_req {
     int n;                          /* choices per prompt, 1..SRV_MAX_N (group.c) */
     td_logit_bias *logit_bias;      /* owned; sampling.logit_bias points here */
     bool no_parallel_tools;         /* parallel_tool_calls: false: at most one tool call */
+    bool continue_final;            /* continue_final_message: the last assistant message is continued */
+    /* structured outputs (structured.c) */
+    int so_kind;                    /* SO_NONE, SO_TEXT (response_format etc.), SO_TOOLS (tool_choice required), SO_TOOL (named) */
+    so_grammar *so_g;               /* the compiled grammar (a cache reference) */
+    char so_tool[128];              /* SO_TOOL: the function's name */
     /* chat */
     json_t *messages;               /* normalized copy (owned) */
     json_t *tools;                  /* owned ref or NULL */
@@ -196,6 +205,12 @@ struct job {
     size_t text_offset;             /* completions logprobs text_offset */
     /* result */
     td_gen_result res;
+    /* structured outputs (structured.c; scheduler thread only) */
+    td_matcher *so_m;
+    td_constraint so_cons;
+    bool so_gate;                   /* output still inside <think>: unconstrained until so_think_end */
+    int32_t so_think_end;
+    uint32_t *so_all;               /* all-allowed mask for the gate */
     char error[512];
     char *body;                     /* non-stream: final JSON */
     int body_status;
@@ -207,6 +222,10 @@ struct job {
     job *lead;                      /* a follower's lead; NULL for the lead and single jobs */
     bool fan_pending;               /* first sample of a prompt: submit the others at its first token */
     json_t *gchoice;                /* non-stream: this choice's object, for the lead */
+    /* invalid tool-call arguments fall back to content (gen.c) */
+    sbuf raw;                       /* the chat parser's input, when tools are parsed */
+    bool tc_hold;                   /* stream: events since the first tool call held (in content/calls/cargs) */
+    size_t content_sent;            /* stream: content bytes sent */
     /* /v1/responses and /v1/messages: output in that dialect (api_common.c) */
     int dialect;                    /* DIALECT_*; 0: chat / completions */
     api_state *api;                 /* owned */
@@ -261,6 +280,13 @@ void group_conn_gone(srv *s, job *lead);
 /* The lead is freed: drop the followers. */
 void group_free(job *lead);
 
+/* ---- CORS (cors.c) ---- */
+/* Access-Control-* headers on r when the request's Origin is allowed. */
+void srv_cors_headers(srv *s, struct MHD_Connection *c, struct MHD_Response *r);
+/* OPTIONS with Origin and Access-Control-Request-Method, CORS configured. */
+bool srv_cors_is_preflight(srv *s, struct MHD_Connection *c, const char *method);
+enum MHD_Result srv_cors_preflight(srv *s, struct MHD_Connection *c);
+
 /* ---- http.c helpers used by the other files ---- */
 double srv_now(void);
 uint64_t srv_next_id(srv *s);
@@ -309,4 +335,23 @@ void api_store_free(srv *s);
 void ep_count_tokens(srv *s, task *t);
 /* Anthropic's error body for an HTTP status. */
 json_t *anth_error_body(int status, const char *msg);
+/* ---- structured outputs (structured.c) ---- */
+enum { SO_NONE = 0, SO_TEXT, SO_TOOLS, SO_TOOL };
+/* Grammar vocabulary from the tokenizer, at srv_set_model; so_release frees the cache. */
+int so_init(srv *s, td_err *err);
+void so_release(srv *s);
+/* response_format / structured_outputs / guided_* / tool_choice required or
+ * named: sets r->so_kind and compiles (or finds) r->so_g. */
+int so_parse(srv *s, const json_t *body, oai_req *r, http_err *e);
+void so_req_free(oai_req *r);
+void so_grammar_unref(so_grammar *g);
+void so_cache_stats(srv *s, uint64_t *hits, uint64_t *misses);
+/* The job's matcher (reasoning_mode 2: the grammar starts after </think>). */
+int so_job_init(job *j, int reasoning_mode, td_err *err);
+const td_constraint *so_job_constraint(job *j);
+void so_job_free(job *j);
+/* SO_TOOLS / SO_TOOL: the held-back text becomes tool calls (job lock held). */
+int so_tools_finish(job *j);
+/* gen.c: a chat-parser event into the job's output (job lock held). */
+int job_cp_event(job *j, const cp_event *ev);
 #endif

@@ -49,6 +49,7 @@ struct td_gen {
     int32_t *stop_ids;
     td_gen_emit_fn emit;
     void *user;
+    const td_constraint *cons; /* borrowed; NULL = unconstrained */
     td_gen_result res;
     int32_t *prompt;
     int n_prompt, fed;     /* prompt tokens whose state is held */
@@ -57,6 +58,8 @@ struct td_gen {
     int cap_out;
     int depth;
     bool track;            /* keep MTP entries in step with the target */
+    bool autod;            /* adaptive depth: depth is the maximum, ad_plan picks each step's k */
+    td_ad_state ad;
     gen_phase phase;
     int32_t x;             /* newest token: emitted, not fed */
     gen_buffers b;
@@ -165,16 +168,34 @@ static bool emit(td_gen *g, int32_t t, const float *row) {
     }
     g->out[g->res.n_generated] = t;
     g->res.n_generated++;
+    int c = g->cons ? g->cons->accept(g->cons->user, t) : 0; /* the grammar state follows the output */
     int r = g->emit ? g->emit(g->user, t, row) : 0;
     if (r) finish(g, r == 1 ? TD_FINISH_STOP : TD_FINISH_CANCEL);
+    else if (c) finish(g, c > 0 ? TD_FINISH_STOP : TD_FINISH_CANCEL);
     else if (is_stop(g, t)) finish(g, TD_FINISH_STOP);
     else if (g->res.n_generated >= g->o.max_tokens) finish(g, TD_FINISH_LENGTH);
     return g->phase != G_DONE;
 }
 
+/* The constraint's mask after the committed output and spec[0..n) (NULL:
+ * unconstrained, or spec is no valid continuation: see the callers). */
+static const uint32_t *cmask(td_gen *g, const int32_t *spec, int n) {
+    return g->cons ? g->cons->mask(g->cons->user, spec, n) : NULL;
+}
+
+/* True when the constraint leaves no token at all after the committed
+ * output and spec: the generation has to end there. */
+static bool dead_end(td_gen *g, const uint32_t *m) {
+    return g->cons && (!m || td_mask_empty(m, g->e->model->cfg.vocab_size));
+}
+
 /* Samples and emits the next token from a target logits row. */
 static void next_token(td_gen *g, const float *row) {
+    const uint32_t *m = cmask(g, NULL, 0);
+    if (dead_end(g, m)) { finish(g, TD_FINISH_STOP); return; }
+    td_sampler_set_mask(&g->sm, m);
     g->x = td_sampler_sample(&g->sm, row);
+    td_sampler_set_mask(&g->sm, NULL);
     td_sampler_accept(&g->sm, g->x);
     emit(g, g->x, row);
 }
@@ -197,16 +218,25 @@ static int32_t sample_residual(td_sampler *sm, float *p, const float *q, int32_t
     return td_sample_from(sm, p);
 }
 
+/* Draft j (0-based) from the MTP logits, under the constraint's mask after
+ * x and the drafts before it. Where the mask is empty (a dead end) the
+ * unmasked argmax is drafted: verify rejects it, since no token is allowed
+ * there, and the generation ends at that position. */
 static void choose_draft(td_gen *g, int j) {
     int V = g->e->model->cfg.vocab_size;
     const float *lg = g->b.mlogits;
+    const uint32_t *m = cmask(g, g->toks + 1, j);
+    if (dead_end(g, m)) m = NULL;
     if (g->o.draft_sampling && !td_sampler_is_greedy(&g->sm)) {
         float *qp = g->b.qprobs + (size_t)j * V;
+        td_sampler_set_mask(&g->sm, m);
         td_sampler_probs(&g->sm, lg, qp);
+        td_sampler_set_mask(&g->sm, NULL);
         g->toks[1 + j] = td_sample_from(&g->sm, qp);
     } else {
-        int32_t best = 0;
-        for (int i = 1; i < V; i++) if (lg[i] > lg[best]) best = i;
+        int32_t best = -1;
+        for (int i = 0; i < V; i++)
+            if (td_mask_allows(m, i) && (best < 0 || lg[i] > lg[best])) best = i;
         g->toks[1 + j] = best;
     }
 }
@@ -217,9 +247,19 @@ static int accept_verified(td_gen *g, td_err *err) {
     int V = g->e->model->cfg.vocab_size, H = g->e->model->cfg.hidden_size, k = g->k;
     int a = 0;
     int32_t next = -1;
-    for (; a < k; a++) {
+    bool dead = false; /* the constraint allows nothing after the accepted drafts */
+    for (; a <= k; a++) {
+        /* position a is checked under the mask after x, d1..da (all allowed) */
+        const uint32_t *m = cmask(g, g->toks + 1, a);
+        if (dead_end(g, m)) { dead = true; break; }
+        td_sampler_set_mask(&g->sm, m);
+        if (a == k) break; /* the bonus token, below, under this mask */
         const float *row = g->b.vlogits + (size_t)a * V;
         int32_t d = g->toks[1 + a];
+        if (!td_mask_allows(m, d)) { /* a draft from a dead end (choose_draft): rejected outright */
+            next = td_sampler_sample(&g->sm, row);
+            break;
+        }
         if (td_sampler_is_greedy(&g->sm)) {
             int32_t t = td_sampler_greedy(&g->sm, row);
             if (t != d) { next = t; break; }
@@ -232,7 +272,9 @@ static int accept_verified(td_gen *g, td_err *err) {
         }
         td_sampler_accept(&g->sm, d);
     }
-    if (next < 0) next = td_sampler_sample(&g->sm, g->b.vlogits + (size_t)k * V); /* bonus token */
+    if (a > k) a = k;
+    if (next < 0 && !dead) next = td_sampler_sample(&g->sm, g->b.vlogits + (size_t)k * V); /* bonus token */
+    td_sampler_set_mask(&g->sm, NULL);
     td_spec_counters *sc = &g->res.spec;
     sc->drafts++;
     sc->draft_tokens += (uint64_t)k;
@@ -250,7 +292,9 @@ static int accept_verified(td_gen *g, td_err *err) {
     if (rc) return rc;
     q->mtp_n = g->n0; /* entries >= n0 were drafted from h': rewrite from target states */
     memcpy(g->s->pend, g->b.vhidden, (size_t)(keep - g->n0) * H * sizeof(float));
-    if (going) {
+    if (going && dead) {
+        finish(g, TD_FINISH_STOP);
+    } else if (going) {
         g->x = next;
         td_sampler_accept(&g->sm, next);
         emit(g, next, g->b.vlogits + (size_t)a * V);
@@ -271,6 +315,53 @@ static void save_checkpoint(td_gen *g) {
     td_seq_state_save(q, state);
     td_kv_checkpoint(g->e->kv, q->tokens, q->n_past, q->blocks, state, s->pend, mtp_ok);
     free(state);
+}
+
+/* ---- adaptive depth (spec/autodepth.h) ----------------------------------- */
+
+/* A request at `auto` (or under the test hook's forced schedule) keeps
+ * track = true (its depth is the maximum), so its MTP entries follow the
+ * target at depth 0 too and it can draft again at any step. */
+static void ad_begin(td_gen *g) {
+    g->autod = true;
+    td_ad_state_init(&g->ad, &g->e->ad.global, g->o.spec_schedule_seed);
+}
+
+/* Chooses this step's depth for the auto requests among the active ones
+ * (on entry g->k holds each decode row's cap: max depth, max_tokens,
+ * context), counts every decode row's depth; returns the step's largest. */
+static int ad_plan(td_gen **active, int n) {
+    td_ad_req r[MAX_BATCH];
+    td_gen *dec[MAX_BATCH];
+    int nd = 0, extra = 0, n_auto = 0, max_k = 0;
+    td_ad_engine *ae = &active[0]->e->ad;
+    for (int i = 0; i < n; i++) {
+        td_gen *g = active[i];
+        if (g->phase != G_DECODE) { extra += g->chunk; continue; }
+        td_ad_req *q = &r[nd];
+        dec[nd++] = g;
+        q->kmax = q->k = g->k;
+        q->fixed = !g->autod || g->ad.force_seed;
+        if (g->autod && g->ad.force_seed) q->k = td_ad_forced(g->ad.force_seed, g->ad.steps++, g->k);
+        for (int j = 0; j < TD_MAX_SPEC_DEPTH; j++) q->p[j] = td_ad_p(g->autod ? &g->ad.acc : &ae->global, j);
+        n_auto += !q->fixed;
+    }
+    if (n_auto) td_ad_choose(&ae->costs, r, nd, extra);
+    for (int i = 0; i < nd; i++) {
+        td_gen *g = dec[i];
+        int k = r[i].k;
+        if (g->autod && !g->ad.force_seed) k = td_ad_probe(&g->ad, k, r[i].kmax);
+        g->k = k;
+        g->res.spec.chosen_depth[k]++;
+        if (k > max_k) max_k = k;
+    }
+    return max_k;
+}
+
+/* A verify drafted g->k tokens and accepted a. */
+static void ad_observe(td_gen *g, int a) {
+    td_ad_observe(&g->e->ad.global, g->k, a, TD_AD_GLOBAL_DECAY);
+    if (g->autod) td_ad_observe(&g->ad.acc, g->k, a, TD_AD_DECAY);
 }
 
 /* ---- lifecycle ---------------------------------------------------------- */
@@ -361,8 +452,10 @@ int td_gen_begin(td_session *s, const int32_t *prompt, int n_prompt, const td_sa
     g->o = *o;
     g->emit = emitfn;
     g->user = user;
+    g->cons = o->constraint;
     g->depth = e->model->has_mtp ? o->spec_depth : 0;
     g->track = g->depth > 0;
+    if (g->depth > 0 && (o->spec_auto || o->spec_schedule_seed)) ad_begin(g);
     g->prompt = TD_MALLOC(err, (size_t)n_prompt * sizeof(int32_t));
     g->stop_ids = TD_MALLOC(err, (size_t)(o->n_stop + 1) * sizeof(int32_t));
     int rc = (!g->prompt || !g->stop_ids) ? TD_ERR_NOMEM : alloc_buffers(g, err);
@@ -411,6 +504,7 @@ void td_gen_end(td_gen *g) {
     tot->draft_tokens += g->res.spec.draft_tokens;
     tot->accepted_tokens += g->res.spec.accepted_tokens;
     for (int i = 0; i < TD_MAX_SPEC_DEPTH; i++) tot->accepted_per_pos[i] += g->res.spec.accepted_per_pos[i];
+    for (int i = 0; i <= TD_MAX_SPEC_DEPTH; i++) tot->chosen_depth[i] += g->res.spec.chosen_depth[i];
     td_sampler_free(&g->sm);
     free(g->prompt);
     free(g->stop_ids);
@@ -533,6 +627,7 @@ static int step(td_gen **gens, int n, int prefill_budget, td_err *err) {
         active[n_active++] = g;
     }
     if (!n_active) return TD_OK;
+    max_k = ad_plan(active, n_active); /* each decode row's k this step (spec/autodepth.h) */
     /* 2. drafts: one batched MTP pass per depth */
     int32_t mtoks[MAX_BATCH][TD_MAX_SPEC_DEPTH + 8];
     for (int j = 0; j < max_k; j++) {
@@ -555,7 +650,9 @@ static int step(td_gen **gens, int n, int prefill_budget, td_err *err) {
             }
             drafting[m++] = g;
         }
+        double ad_t0 = now_s();
         if ((rc = td_mtp_forward(e->fwd, mitems, m, err))) return rc;
+        td_ad_costs_mtp(&e->ad.costs, m, now_s() - ad_t0); /* the draft cost table */
         for (int i = 0; i < m; i++) {
             td_gen *g = drafting[i];
             if (j == 0) { /* keep the last row's h' at row 0 */
@@ -584,7 +681,11 @@ static int step(td_gen **gens, int n, int prefill_budget, td_err *err) {
                                      .hidden = g->track ? g->b.vhidden : NULL};
         }
     }
+    int ad_tokens = 0;
+    for (int i = 0; i < n_active; i++) ad_tokens += items[i].n;
+    double ad_t0 = now_s();
     if ((rc = td_forward(e->fwd, items, n_active, err))) return rc;
+    td_ad_costs_fwd(&e->ad.costs, ad_tokens, now_s() - ad_t0); /* the step cost table */
     /* 4. per request: MTP bookkeeping, acceptance, tokens out */
     for (int i = 0; i < n_active; i++) {
         td_gen *g = active[i];
@@ -598,7 +699,9 @@ static int step(td_gen **gens, int n, int prefill_budget, td_err *err) {
                 next_token(g, s->logits);
             }
         } else if (g->k > 0) {
+            uint64_t ad_acc0 = g->res.spec.accepted_tokens;
             if ((rc = accept_verified(g, err))) return rc;
+            ad_observe(g, (int)(g->res.spec.accepted_tokens - ad_acc0));
         } else {
             if (g->track && (rc = pend_push(s, g->b.vhidden, 1, err))) return rc;
             next_token(g, s->logits);
