@@ -579,12 +579,15 @@ static void dfs_plain(td_matcher *m, const sset *s0, uint32_t *mask) {
     }
 }
 
+/* Tests set this to check the plain DFS against the brute force too. */
+int td_grammar_test_plain_dfs;
+
 static void compute_mask(td_matcher *m, sset *s0, uint32_t *mask) {
     const td_grammar_vocab *v = m->v;
     memset(mask, 0, (size_t)m->words * 4);
     if (ss_can_end(s0))
         for (int i = 0; i < v->n_end; i++) mask[v->end_ids[i] >> 5] |= 1u << (v->end_ids[i] & 31);
-    if (dfs_interned(m, s0, mask)) return;
+    if (!td_grammar_test_plain_dfs && dfs_interned(m, s0, mask)) return;
     ist_reset(m);
     memset(mask, 0, (size_t)m->words * 4);
     if (ss_can_end(s0))
