@@ -211,6 +211,7 @@ struct job {
     bool so_gate;                   /* output still inside <think>: unconstrained until so_think_end */
     int32_t so_think_end;
     uint32_t *so_all;               /* all-allowed mask for the gate */
+    uint32_t *so_noend;             /* ignore_eos: the mask without end ids (scratch) */
     char error[512];
     char *body;                     /* non-stream: final JSON */
     int body_status;

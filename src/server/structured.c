@@ -20,6 +20,9 @@
  * mode 2), the grammar applies after the </think> token, as vLLM's
  * reasoning-aware structured outputs do; until then every token is allowed.
  *
+ * ignore_eos: end ids are masked out while the grammar allows anything
+ * else, so the request runs to max_tokens unless the document is complete.
+ *
  * Threads: the cache is shared under so_cache.mu; a job's matcher is used
  * only by the scheduler thread (the constraint callbacks). */
 #include <stdlib.h>
@@ -45,6 +48,8 @@ struct so_cache {
     td_grammar_vocab *vocab;
     int vocab_n;
     int32_t think_end;            /* </think>, or -1 */
+    int32_t ends[16];             /* the vocabulary's end ids */
+    int n_end;
     so_grammar *e[SO_CACHE_MAX];
     int n;
     uint64_t clock, hits, misses;
@@ -81,6 +86,8 @@ int so_init(srv *s, td_err *err) {
         return rc;
     }
     c->vocab_n = V;
+    memcpy(c->ends, ends, sizeof ends);
+    c->n_end = n_end;
     c->think_end = tok_token_id(s->tok, "</think>");
     s->so = c;
     return TD_OK;
@@ -412,7 +419,18 @@ static const uint32_t *cb_mask(void *u, const int32_t *spec, int n) {
         spec += i + 1;
         n -= i + 1;
     }
-    return td_matcher_mask(j->so_m, spec, n);
+    const uint32_t *m = td_matcher_mask(j->so_m, spec, n);
+    if (!m || !j->so_noend) return m;
+    /* ignore_eos: no end token while the grammar can go on (only where
+     * nothing else is allowed, so a complete document still ends) */
+    so_cache *c = j->srv->so;
+    size_t words = ((size_t)c->vocab_n + 31) / 32;
+    memcpy(j->so_noend, m, words * sizeof *m);
+    for (int i = 0; i < c->n_end; i++)
+        if (c->ends[i] >= 0 && c->ends[i] < c->vocab_n) j->so_noend[c->ends[i] >> 5] &= ~(1u << (c->ends[i] & 31));
+    for (size_t w = 0; w < words; w++)
+        if (j->so_noend[w]) return j->so_noend;
+    return m;
 }
 
 static int cb_accept(void *u, int32_t t) {
@@ -432,6 +450,10 @@ int so_job_init(job *j, int reasoning_mode, td_err *err) {
     int rc = td_matcher_new(j->req.so_g->g, c->vocab, &j->so_m, err);
     if (rc) return rc;
     j->so_think_end = c->think_end;
+    if (j->req.ignore_eos) {
+        j->so_noend = TD_MALLOC(err, ((size_t)c->vocab_n + 31) / 32 * sizeof *j->so_noend);
+        if (!j->so_noend) return TD_ERR_NOMEM;
+    }
     if (reasoning_mode == 2 && c->think_end >= 0) {
         size_t words = ((size_t)c->vocab_n + 31) / 32;
         j->so_all = TD_MALLOC(err, words * sizeof *j->so_all);
@@ -450,6 +472,8 @@ void so_job_free(job *j) {
     j->so_m = NULL;
     free(j->so_all);
     j->so_all = NULL;
+    free(j->so_noend);
+    j->so_noend = NULL;
 }
 
 /* Called with the job lock held when a SO_TOOLS / SO_TOOL request ends: its

@@ -137,6 +137,16 @@ def test_structured_outputs_regex_choice(demo):
     assert json.loads(r.json()["choices"][0]["message"]["content"]) in ({"ok": True}, {"ok": False})
 
 
+def test_ignore_eos_under_a_constraint(demo):
+    """ignore_eos: the end token is masked while the grammar can go on; a complete document still ends."""
+    r = chat(demo, structured_outputs={"regex": "[a-z ]*"}, ignore_eos=True, max_tokens=40)
+    u = r.json()["usage"]
+    assert r.json()["choices"][0]["finish_reason"] == "length" and u["completion_tokens"] == 40, r.text
+    assert re.fullmatch("[a-z ]*", r.json()["choices"][0]["message"]["content"])
+    r = chat(demo, structured_outputs={"choice": ["yes", "no"]}, ignore_eos=True, max_tokens=40)
+    assert r.json()["choices"][0]["finish_reason"] == "stop" and r.json()["choices"][0]["message"]["content"] in ("yes", "no")
+
+
 def test_completions_structured(demo):
     r = requests.post(demo.url("/v1/completions"), json={"model": "demo", "prompt": "The answer is", "max_tokens": 20, "temperature": 0,
                                                          "structured_outputs": {"choice": ["alpha", "beta"]}}, timeout=60)
