@@ -17,6 +17,50 @@
 #include "server/server.h"
 #include "tokenizer/tokenizer.h"
 
+/* A JSON list of strings or a comma list -> strings (malloc'd, for the
+ * process's lifetime). Returns the count, -1 when malformed. */
+static int parse_list(const char *v, char ***out) {
+    int n = 0;
+    char **a = NULL;
+    json_t *j = *v == '[' ? json_loads(v, 0, NULL) : NULL;
+    if (*v == '[') {
+        size_t i;
+        json_t *x;
+        if (!json_is_array(j)) { json_decref(j); return -1; }
+        a = calloc(json_array_size(j) + 1, sizeof *a);
+        json_array_foreach(j, i, x) {
+            if (!a || !json_is_string(x)) { json_decref(j); free(a); return -1; }
+            a[n++] = strdup(json_string_value(x));
+        }
+        json_decref(j);
+    } else {
+        a = calloc(strlen(v) + 2, sizeof *a);
+        char *copy = strdup(v), *save = NULL;
+        for (char *t = copy ? strtok_r(copy, ",", &save) : NULL; a && t; t = strtok_r(NULL, ",", &save)) {
+            while (*t == ' ') t++;
+            size_t l = strlen(t);
+            while (l && t[l - 1] == ' ') t[--l] = 0;
+            if (l) a[n++] = strdup(t);
+        }
+        free(copy);
+    }
+    if (!a) return -1;
+    *out = a;
+    return n;
+}
+
+/* Joins a list with ", " (a CORS header value). */
+static char *join_list(char **a, int n) {
+    size_t len = 1;
+    for (int i = 0; i < n; i++) len += strlen(a[i]) + 2;
+    char *s = calloc(len, 1);
+    for (int i = 0; s && i < n; i++) {
+        if (i) strcat(s, ", ");
+        strcat(s, a[i]);
+    }
+    return s;
+}
+
 /* The scheduler's notable events (preemptions, failed steps), one line each. */
 static void sched_log_line(void *user, const char *line) {
     (void)user;
@@ -49,6 +93,13 @@ static const char *help =
     "  --shutdown-timeout S         on SIGTERM, seconds for requests in flight, 0..86400 (default 10)\n"
     "  --enforce-eager              accepted (GPU only; the CPU backend captures no graphs)\n"
     "  --quiet                      no per-request log lines (default: one line per request)\n"
+    "  --reasoning-field F          name of the reasoning output: reasoning (vLLM), reasoning_content\n"
+    "                               (llama.cpp, older vLLM) or both (default both; input takes either)\n"
+    "  --allowed-origins LIST       CORS: origins allowed, a JSON list or comma list, \"*\" = any\n"
+    "                               (default none: no CORS headers)\n"
+    "  --allowed-methods LIST       CORS: methods a preflight allows (default \"*\")\n"
+    "  --allowed-headers LIST       CORS: request headers a preflight allows (default \"*\")\n"
+    "  --allow-credentials          CORS: Access-Control-Allow-Credentials: true\n"
     "  -v, --verbose                errors with their source location\n"
     "  -h, --help                   this help\n"
     "common options (sampling flags set the defaults for requests that leave them out;\n"
@@ -144,6 +195,21 @@ int cmd_serve(int argc, char **argv) {
             }
         } else if (!strcmp(a, "--enforce-eager")) gpu_only[2] = "on";
         else if (!strcmp(a, "--quiet")) cfg.quiet = true;
+        else if (!strcmp(a, "--reasoning-field")) {
+            NEED();
+            if (!strcmp(v, "both")) cfg.reasoning_field = SRV_REASONING_BOTH;
+            else if (!strcmp(v, "reasoning")) cfg.reasoning_field = SRV_REASONING_NEW;
+            else if (!strcmp(v, "reasoning_content")) cfg.reasoning_field = SRV_REASONING_CONTENT;
+            else { fprintf(stderr, "tandem serve: --reasoning-field must be reasoning, reasoning_content or both, got \"%s\"\n", v); return 2; }
+        } else if (!strcmp(a, "--allowed-origins") || !strcmp(a, "--allowed-methods") || !strcmp(a, "--allowed-headers")) {
+            NEED();
+            char **l = NULL;
+            int k = parse_list(v, &l);
+            if (k < 0) { fprintf(stderr, "tandem serve: %s must be a JSON list of strings or a comma list, got \"%s\"\n", a, v); return 2; }
+            if (a[10] == 'o') cfg.allowed_origins = (const char *const *)l, cfg.n_allowed_origins = k;
+            else if (a[10] == 'm') cfg.allowed_methods = join_list(l, k);
+            else cfg.allowed_headers = join_list(l, k);
+        } else if (!strcmp(a, "--allow-credentials")) cfg.allow_credentials = true;
         else if (cli_is_verbose(a)) cli_verbose = true;
         else if (cli_is_help(a)) {
             printf("%s%s", help, common_opts_help());

@@ -295,6 +295,7 @@ enum MHD_Result ep_generate_respond(srv *s, struct MHD_Connection *c, job *j) {
         MHD_add_response_header(resp, MHD_HTTP_HEADER_CONTENT_TYPE, "text/event-stream");
         MHD_add_response_header(resp, MHD_HTTP_HEADER_CACHE_CONTROL, "no-cache");
         MHD_add_response_header(resp, "X-Accel-Buffering", "no");
+        srv_cors_headers(s, c, resp);
         enum MHD_Result q = MHD_queue_response(c, 200, resp);
         MHD_destroy_response(resp);
         metrics_http(&s->metrics, 200);

@@ -32,16 +32,26 @@ typedef struct srv_config {
     size_t max_stream_buffer;       /* SSE bytes buffered for a client that does not read before
                                        its request is cancelled; 0: no bound */
     int max_num_seqs, max_queue;    /* as given to the scheduler (reported) */
-    int spec_depth;                 /* draft tokens per step for every request */
+    int spec_depth;                 /* draft tokens per step for every request (the maximum with spec_auto) */
+    bool spec_auto;                 /* --spec-depth auto: each step picks 0..spec_depth (spec/autodepth.h) */
     bool draft_sampling;
     td_sampling sampling;           /* defaults for fields a request leaves out */
     bool sampling_seed_set;         /* sampling.seed was given: default seed */
     int default_max_tokens;         /* 0: up to the context */
     bool quiet;                     /* no per-request log lines */
+    int reasoning_field;            /* SRV_REASONING_*: the name(s) of the reasoning output field */
+    /* CORS (vLLM's flags): origins allowed (NULL or empty: no CORS headers;
+     * "*" any), and the methods / headers answered to a preflight */
+    const char *const *allowed_origins;
+    int n_allowed_origins;
+    const char *allowed_methods, *allowed_headers; /* NULL: "*" */
+    bool allow_credentials;
     int responses_store_max;        /* stored /v1/responses (previous_response_id, GET): at most this
                                        many, least recently used dropped first; 0: 1000, < 0: none */
     size_t responses_store_bytes;   /* and at most this many bytes (0: 64 MiB) */
 } srv_config;
+
+enum { SRV_REASONING_BOTH = 0, SRV_REASONING_NEW, SRV_REASONING_CONTENT }; /* reasoning, reasoning_content */
 
 typedef struct srv srv;
 

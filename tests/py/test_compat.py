@@ -281,3 +281,130 @@ def test_vllm_request_histograms(make_server):
     m = s.metrics()
     assert m["vllm:prompt_tokens_cached_total"] == sum(u["prompt_tokens_details"]["cached_tokens"] for u in usages)
     assert "# TYPE vllm:prompt_tokens_cached_total counter" in text
+
+
+# ---- CORS --------------------------------------------------------------------------
+
+def test_cors_off_by_default(server):
+    r = requests.options(server.url("/v1/chat/completions"), headers={"Origin": "http://a.example", "Access-Control-Request-Method": "POST"},
+                         timeout=10)
+    assert r.status_code == 405 and not any(k.lower().startswith("access-control") for k in r.headers)
+    r = requests.get(server.url("/v1/models"), headers={"Origin": "http://a.example"}, timeout=10)
+    assert "access-control-allow-origin" not in {k.lower() for k in r.headers}
+
+
+def test_cors_allowed_origins(make_server):
+    s = make_server("--allowed-origins", '["http://a.example", "http://b.example"]', "--allowed-methods", "GET,POST,OPTIONS",
+                    "--allowed-headers", "content-type, authorization", "--allow-credentials", "--api-key", "k")
+    pre = {"Origin": "http://a.example", "Access-Control-Request-Method": "POST", "Access-Control-Request-Headers": "Content-Type, Authorization"}
+    for path in ("/v1/chat/completions", "/v1/completions", "/v1/models", "/health", "/nowhere"):
+        r = requests.options(s.url(path), headers=pre, timeout=10)  # no API key: preflights carry none
+        assert r.status_code in (200, 204), (path, r.status_code, r.text)
+        h = r.headers
+        assert h["Access-Control-Allow-Origin"] == "http://a.example" and h["Access-Control-Allow-Credentials"] == "true"
+        assert "POST" in h["Access-Control-Allow-Methods"] and "authorization" in h["Access-Control-Allow-Headers"].lower()
+        assert "Origin" in h.get("Vary", "")
+    bad = requests.options(s.url("/v1/models"), headers=dict(pre, Origin="http://evil.example"), timeout=10)
+    assert bad.status_code == 400 and "access-control-allow-origin" not in {k.lower() for k in bad.headers}
+    assert requests.options(s.url("/v1/models"), headers=dict(pre, **{"Access-Control-Request-Method": "DELETE"}), timeout=10).status_code == 400
+    assert requests.options(s.url("/v1/models"), headers=dict(pre, **{"Access-Control-Request-Headers": "x-other"}), timeout=10).status_code == 400
+    auth = {"Authorization": "Bearer k", "Origin": "http://b.example"}
+    # every response for an allowed Origin: JSON, errors, streams
+    r = requests.get(s.url("/v1/models"), headers=auth, timeout=10)
+    assert r.status_code == 200 and r.headers["Access-Control-Allow-Origin"] == "http://b.example"
+    r = requests.get(s.url("/v1/models"), headers={"Origin": "http://b.example"}, timeout=10)
+    assert r.status_code == 401 and r.headers["Access-Control-Allow-Origin"] == "http://b.example"
+    r = requests.post(s.url("/v1/chat/completions"), headers=auth, json={"messages": MSG, "max_tokens": 3, "stream": True}, timeout=60)
+    assert r.status_code == 200 and r.headers["Access-Control-Allow-Origin"] == "http://b.example"
+    sse(r)
+    r = requests.get(s.url("/v1/models"), headers={"Authorization": "Bearer k", "Origin": "http://c.example"}, timeout=10)
+    assert "access-control-allow-origin" not in {k.lower() for k in r.headers}
+
+
+def test_cors_any_origin(make_server):
+    s = make_server("--allowed-origins", "*")
+    r = requests.options(s.url("/v1/chat/completions"), headers={"Origin": "http://x.example", "Access-Control-Request-Method": "POST",
+                                                                 "Access-Control-Request-Headers": "content-type"}, timeout=10)
+    assert r.status_code in (200, 204)
+    assert r.headers["Access-Control-Allow-Origin"] == "*"
+    assert r.headers["Access-Control-Allow-Headers"].lower() == "content-type"  # "*" echoes what was asked
+    assert "Access-Control-Allow-Credentials" not in r.headers
+    r = post(s, "/v1/completions", prompt="a", max_tokens=2)
+    assert "Access-Control-Allow-Origin" not in r.headers  # no Origin, no CORS headers
+    r = requests.post(s.url("/v1/completions"), json={"prompt": "a", "max_tokens": 2}, headers={"Origin": "http://y.example"}, timeout=60)
+    assert r.headers["Access-Control-Allow-Origin"] == "*"
+
+
+def test_cors_flag_errors():
+    import subprocess
+    from conftest import BIN
+    for args in (["--allowed-origins", "[1]"], ["--allowed-origins", "[\"a\""], ["--reasoning-field", "thoughts"]):
+        p = subprocess.run([BIN, "serve", "--port", "0"] + args, capture_output=True, text=True, timeout=30)
+        assert p.returncode == 2 and args[0] in p.stderr, (args, p.stderr)
+    h = subprocess.run([BIN, "serve", "--help"], capture_output=True, text=True, timeout=30).stdout
+    for flag in ("--allowed-origins", "--allowed-methods", "--allowed-headers", "--allow-credentials", "--reasoning-field"):
+        assert flag in h
+
+
+# ---- reasoning field names ---------------------------------------------------------
+
+@pytest.mark.parametrize("field", ["both", "reasoning", "reasoning_content"])
+def test_reasoning_field(make_server, field):
+    from conftest import THINK_TEMPLATE  # the generation prompt opens <think>: output starts as reasoning
+    import os, tempfile
+    from conftest import MODEL
+    d = tempfile.mkdtemp()
+    for f in os.listdir(MODEL):
+        if f != "tokenizer_config.json":
+            os.symlink(os.path.join(MODEL, f), os.path.join(d, f))
+    cfg = json.load(open(os.path.join(MODEL, "tokenizer_config.json")))
+    cfg["chat_template"] = THINK_TEMPLATE
+    json.dump(cfg, open(os.path.join(d, "tokenizer_config.json"), "w"))
+    s = make_server("-m", d, "--served-model-name", MODEL_NAME, "--reasoning-field", field)
+    body = dict(messages=MSG, max_tokens=8, temperature=0, ignore_eos=True)
+    m = post(s, "/v1/chat/completions", **body).json()["choices"][0]["message"]
+    want = {"both": {"reasoning", "reasoning_content"}, "reasoning": {"reasoning"}, "reasoning_content": {"reasoning_content"}}[field]
+    assert {k for k in ("reasoning", "reasoning_content") if m.get(k)} == want, m
+    text = m.get("reasoning") or m.get("reasoning_content")
+    chunks = sse(post(s, "/v1/chat/completions", **body, stream=True))
+    for k in ("reasoning", "reasoning_content"):
+        got = "".join(c["choices"][0]["delta"].get(k) or "" for c in chunks if c["choices"])
+        assert got == (text if k in want else ""), (k, got)
+
+
+def test_reasoning_accepted_on_input(server):
+    """An assistant message's reasoning (vLLM's name) reaches the template as reasoning_content."""
+    tpl_msgs = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "ok", "reasoning": "R1"}, {"role": "user", "content": "more"}]
+    a = requests.post(server.url("/tokenize"), json={"messages": tpl_msgs}, timeout=10).json()
+    alt = [dict(m) for m in tpl_msgs]
+    alt[1] = {"role": "assistant", "content": "ok", "reasoning_content": "R1"}
+    b = requests.post(server.url("/tokenize"), json={"messages": alt}, timeout=10).json()
+    assert a["tokens"] == b["tokens"]
+    r = post(server, "/v1/chat/completions", messages=tpl_msgs, max_tokens=2)
+    assert r.status_code == 200, r.text
+    bad = post(server, "/v1/chat/completions", messages=[tpl_msgs[0], dict(tpl_msgs[1], reasoning=5)], max_tokens=2)
+    assert bad.status_code == 400
+
+
+# ---- continue_final_message ------------------------------------------------------------
+
+def test_continue_final_message(server):
+    msgs = MSG + [{"role": "assistant", "content": "def add(a, b):"}]
+    body = dict(messages=msgs, continue_final_message=True, add_generation_prompt=False)
+    t = requests.post(server.url("/tokenize"), json=body, timeout=10).json()
+    text = requests.post(server.url("/detokenize"), json={"tokens": t["tokens"]}, timeout=10).json()["prompt"]
+    assert text.endswith("<|im_start|>assistant\ndef add(a, b):"), text[-80:]  # not closed with <|im_end|>
+    closed = requests.post(server.url("/tokenize"), json=dict(messages=msgs, add_generation_prompt=False), timeout=10).json()
+    assert closed["count"] > t["count"]
+    r = post(server, "/v1/chat/completions", **body, max_tokens=6, temperature=0, ignore_eos=True)
+    assert r.status_code == 200, r.text
+    u = r.json()["usage"]
+    assert u["prompt_tokens"] == t["count"]
+    # the same as a completion of that exact prompt
+    c = post(server, "/v1/completions", prompt=t["tokens"], max_tokens=6, temperature=0, ignore_eos=True).json()
+    assert r.json()["choices"][0]["message"]["content"] == c["choices"][0]["text"]
+    for bad in (dict(messages=msgs, continue_final_message=True),  # add_generation_prompt defaults to true
+                dict(messages=msgs, continue_final_message=True, add_generation_prompt=True),
+                dict(messages=MSG, continue_final_message=True, add_generation_prompt=False)):
+        r = post(server, "/v1/chat/completions", **bad, max_tokens=2)
+        assert r.status_code == 400 and r.json()["error"]["param"] == "continue_final_message", r.text
