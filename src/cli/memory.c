@@ -23,7 +23,7 @@ uint64_t cli_mem_total(void) {
 /* Plan options for this command line at spec depth d (the CPU mode of the
  * planner: the same byte counts the engine allocates with). */
 static void plan_opts(const common_opts *o, const td_config *cfg, const td_plan_weights *w, bool has_mtp, int max_seqs,
-                      int batch_tokens, uint64_t budget, td_plan_opts *po) {
+                      int batch_tokens, uint64_t budget, int depth, td_plan_opts *po) {
     td_plan_opts_default(po);
     po->backend = TD_PLAN_CPU;
     po->kv_dtype = (td_kv_dtype)o->kv_dtype;
@@ -31,7 +31,7 @@ static void plan_opts(const common_opts *o, const td_config *cfg, const td_plan_
     po->gpu_util = 1.0;
     po->cuda_graphs = false;
     po->runtime_bytes = 0;
-    po->spec_depth = o->spec_depth;
+    po->spec_depth = depth;
     po->max_num_seqs = max_seqs;
     po->max_num_batched_tokens = batch_tokens;
     po->block_size = TD_KV_BLOCK;
@@ -47,6 +47,15 @@ static void plan_opts(const common_opts *o, const td_config *cfg, const td_plan_
     (void)cfg;
 }
 
+int cli_engine_spec_depth(const common_opts *o) {
+    if (!o->spec_auto) return o->spec_depth;
+    td_err err = {0};
+    td_config cfg;
+    td_plan_weights w;
+    if (td_config_load(o->model, &cfg, &err) || td_plan_weights_from_dir(o->model, &w, &err)) return o->spec_depth; /* reported at load */
+    return w.mtp > 0 && cfg.mtp_layers > 0 ? o->spec_depth : 0;
+}
+
 int cli_engine_opts(const common_opts *o, int max_seqs, int batch_tokens, td_engine_opts *eo, FILE *log, char *summary, size_t cap_summary) {
     td_err err = {0};
     td_config cfg;
@@ -55,7 +64,8 @@ int cli_engine_opts(const common_opts *o, int max_seqs, int batch_tokens, td_eng
     if (td_plan_weights_from_dir(o->model, &w, &err)) { fprintf(log, "tandem: %s\n", cli_errmsg(&err)); return 2; }
     memset(eo, 0, sizeof *eo);
     eo->n_threads = o->threads;
-    eo->spec_depth = o->spec_depth;
+    bool has_mtp = w.mtp > 0 && cfg.mtp_layers > 0;
+    eo->spec_depth = o->spec_auto && !has_mtp ? 0 : o->spec_depth; /* auto without an MTP head: off */
     eo->kv_cache_dtype = o->kv_dtype;
     eo->quantize = o->quantize;
     eo->deltanet_chunk = o->deltanet_chunk;
@@ -69,7 +79,7 @@ int cli_engine_opts(const common_opts *o, int max_seqs, int batch_tokens, td_eng
     }
     eo->no_prefix_caching = !o->prefix_caching;
     eo->max_seqs = max_seqs;
-    int d = o->spec_depth;
+    int d = eo->spec_depth;
     uint64_t total = cli_mem_total();
     uint64_t budget = o->memory_budget ? o->memory_budget : (uint64_t)((double)total * o->mem_util);
     int64_t cap = cfg.max_position_embeddings;
@@ -78,7 +88,7 @@ int cli_engine_opts(const common_opts *o, int max_seqs, int batch_tokens, td_eng
         return 1;
     }
     td_plan_opts po;
-    plan_opts(o, &cfg, &w, w.mtp > 0 && cfg.mtp_layers > 0, max_seqs, batch_tokens, budget, &po);
+    plan_opts(o, &cfg, &w, has_mtp, max_seqs, batch_tokens, budget, d, &po);
     po.max_model_len = o->max_model_len > 0 ? o->max_model_len : o->max_model_len_auto ? 0 : (cap < 32768 ? cap : 32768);
     td_plan p;
     if (td_plan_compute(&cfg, &po, &p, &err)) { fprintf(log, "tandem: %s\n", cli_errmsg(&err)); return 1; }

@@ -19,6 +19,9 @@ void common_opts_init(common_opts *o) {
     o->prefix_caching = true;
     td_sampling_default(&o->sampling);
     o->generation_config = "auto";
+    o->spec_auto = true;
+    o->spec_depth_max = 4;
+    o->spec_depth = 4;
 }
 
 long parse_size_suffix(const char *s) {
@@ -70,6 +73,7 @@ static int speculative_config(common_opts *o, const char *val) {
         rc = bad("--speculative-config num_speculative_tokens", val, "an integer in [0, " TD_STR(TD_MAX_SPEC_DEPTH) "]");
     } else {
         o->spec_depth = (int)json_integer_value(n);
+        o->spec_auto = false;
     }
     json_decref(j);
     return rc;
@@ -117,7 +121,17 @@ int common_opts_parse(common_opts *o, int argc, char **argv, int *i) {
     if (!strcmp(a, "--gpu-memory-utilization")) { if (num(a, val, 0.01, 1, false, NULL, &v)) return -1; o->mem_util = v; TAKE(); return 1; }
     if (!strcmp(a, "--no-prefix-caching") || !strcmp(a, "--no-enable-prefix-caching")) { o->prefix_caching = false; return 1; }
     if (!strcmp(a, "--enable-prefix-caching")) { o->prefix_caching = true; return 1; }
-    if (!strcmp(a, "--spec-depth")) { if (num(a, val, 0, TD_MAX_SPEC_DEPTH, true, NULL, &v)) return -1; o->spec_depth = (int)v; TAKE(); return 1; }
+    if (!strcmp(a, "--spec-depth")) {
+        if (val && !strcmp(val, "auto")) { o->spec_auto = true; o->spec_depth = o->spec_depth_max; TAKE(); return 1; }
+        if (num(a, val, 0, TD_MAX_SPEC_DEPTH, true, "[0, " TD_STR(TD_MAX_SPEC_DEPTH) "] or auto", &v)) return -1;
+        o->spec_auto = false; o->spec_depth = (int)v; TAKE(); return 1;
+    }
+    if (!strcmp(a, "--spec-depth-max")) {
+        if (num(a, val, 1, TD_MAX_SPEC_DEPTH, true, NULL, &v)) return -1;
+        o->spec_depth_max = (int)v;
+        if (o->spec_auto) o->spec_depth = (int)v;
+        TAKE(); return 1;
+    }
     if (!strcmp(a, "--speculative-config")) { if (speculative_config(o, val)) return -1; TAKE(); return 1; }
     if (!strcmp(a, "--draft-sampling")) { o->draft_sampling = true; return 1; }
     if (!strcmp(a, "--generation-config")) { if (!val) return bad(a, val, "auto, none or a folder"); o->generation_config = val; TAKE(); return 1; }
@@ -148,7 +162,10 @@ const char *common_opts_help(void) {
            "  --gpu-memory-utilization F  fraction of RAM for the budget, 0.01..1 (default 0.9)\n"
            "  --no-prefix-caching       do not reuse exact prefixes across requests (default: on; --enable-prefix-caching,\n"
            "                            --no-enable-prefix-caching as in vLLM)\n"
-           "  --spec-depth N            MTP draft tokens per step, 0.." TD_STR(TD_MAX_SPEC_DEPTH) " (default 0 = off)\n"
+           "  --spec-depth auto|N       MTP draft tokens per step: auto = each step picks 0..--spec-depth-max for each\n"
+           "                            request from its live acceptance and the measured step costs (0 where drafting\n"
+           "                            does not pay); N = fixed, 0.." TD_STR(TD_MAX_SPEC_DEPTH) " (0 = off) (default auto; off without an MTP head)\n"
+           "  --spec-depth-max N        the largest depth auto picks, 1.." TD_STR(TD_MAX_SPEC_DEPTH) "; memory is planned for it (default 4)\n"
            "  --speculative-config JSON vLLM form: '{\"method\":\"mtp\",\"num_speculative_tokens\":N}'\n"
            "  --draft-sampling          sample drafts (keep q) instead of argmax drafts (default off)\n"
            "  --generation-config auto|none|DIR  sampling defaults (run, serve): auto = the model's generation_config.json,\n"

@@ -12,7 +12,9 @@ typedef struct common_opts {
     const char *model;
     int threads;
     int max_model_len;
-    int spec_depth;
+    int spec_depth;            /* draft depth; with spec_auto the maximum (= spec_depth_max) */
+    bool spec_auto;            /* --spec-depth auto (default): each step picks 0..spec_depth (spec/autodepth.h) */
+    int spec_depth_max;        /* --spec-depth-max (default 4) */
     bool draft_sampling;
     td_sampling sampling;
     /* memory (CPU): budget = --memory-budget, or MemTotal x --gpu-memory-utilization */

@@ -4,6 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "cli/cli.h"
+#include "spec/calibrate.h"
 #include "cli/memory.h"
 #include "cli/opts.h"
 #include "template/template.h"
@@ -25,13 +26,15 @@ static int on_token(void *u, int32_t t) {
     return 0;
 }
 
-static void print_stats(const td_gen_result *r, int depth) {
+static void print_stats(const td_gen_result *r, int depth, bool autod) {
     const td_spec_counters *s = &r->spec;
-    fprintf(stderr, "\nspeculative decoding (depth %d): drafts %llu, draft tokens %llu, accepted %llu", depth,
+    fprintf(stderr, "\nspeculative decoding (depth %s%d): drafts %llu, draft tokens %llu, accepted %llu", autod ? "auto, at most " : "", depth,
             (unsigned long long)s->drafts, (unsigned long long)s->draft_tokens, (unsigned long long)s->accepted_tokens);
-    if (!s->drafts) { fprintf(stderr, "\n"); return; }
-    fprintf(stderr, " (%.1f%%), mean acceptance length %.2f\n", 100.0 * (double)s->accepted_tokens / (double)s->draft_tokens,
-            1.0 + (double)s->accepted_tokens / (double)s->drafts);
+    if (s->drafts) fprintf(stderr, " (%.1f%%), mean acceptance length %.2f", 100.0 * (double)s->accepted_tokens / (double)s->draft_tokens,
+                           1.0 + (double)s->accepted_tokens / (double)s->drafts);
+    fprintf(stderr, "\nchosen depth (decode steps):");
+    for (int k = 0; k <= depth && k <= TD_MAX_SPEC_DEPTH; k++) fprintf(stderr, " %d: %llu%s", k, (unsigned long long)s->chosen_depth[k], k < depth ? "," : "\n");
+    if (!s->drafts) return;
     fprintf(stderr, "| position | accepted | rate |\n|---|---|---|\n");
     for (int i = 0; i < depth && i < TD_MAX_SPEC_DEPTH; i++)
         fprintf(stderr, "| %d | %llu | %.1f%% |\n", i + 1, (unsigned long long)s->accepted_per_pos[i],
@@ -123,6 +126,8 @@ int cmd_run(int argc, char **argv) {
     if (mrc) { tok_free(tok); return 1; }
     td_engine *eng = NULL;
     if (td_engine_load(o.model, &eo, &eng, &err)) { cli_error("tandem", &err); tok_free(tok); return 1; }
+    bool autod = o.spec_auto && eo.spec_depth > 0;
+    if (autod && td_engine_calibrate_spec(eng, eo.spec_depth, 1, 3, &err)) { cli_error("tandem", &err); td_engine_free(eng); tok_free(tok); return 1; }
     cli_print_sampling("tandem run", &o); /* after the load: a failed start stays one line */
     if (verbose) fprintf(stderr, "%s\n", kv_summary);
     int rc = 1;
@@ -136,7 +141,7 @@ int cmd_run(int argc, char **argv) {
     int32_t stop[2];
     int n_stop = 0;
     if (tok_eos_id(tok) >= 0) stop[n_stop++] = tok_eos_id(tok);
-    td_gen_opts go = {.max_tokens = n_predict, .spec_depth = o.spec_depth, .draft_sampling = o.draft_sampling,
+    td_gen_opts go = {.max_tokens = n_predict, .spec_depth = eo.spec_depth, .spec_auto = autod, .draft_sampling = o.draft_sampling,
                       .ignore_eos = ignore_eos, .stop_ids = ignore_eos ? NULL : stop, .n_stop = ignore_eos ? 0 : n_stop};
     stream_ctx sc = {0};
     tok_stream_init(&sc.ts, tok, true);
@@ -160,7 +165,7 @@ int cmd_run(int argc, char **argv) {
                             "-c / --max-model-len sets it\n",
                     mi.max_position_embeddings, res.n_prompt, res.n_generated);
         }
-        if (stats) print_stats(&res, o.spec_depth);
+        if (stats) print_stats(&res, eo.spec_depth, autod);
         rc = 0;
     }
     tok_stream_free(&sc.ts);

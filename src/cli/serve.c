@@ -12,6 +12,7 @@
 #include <string.h>
 #include "cli/cli.h"
 #include "cli/memory.h"
+#include "spec/calibrate.h"
 #include "cli/opts.h"
 #include "sched/sched.h"
 #include "server/server.h"
@@ -227,7 +228,8 @@ int cmd_serve(int argc, char **argv) {
     base = basename(dir_copy);
     cfg.served_model_name = cfg.served_model_name ? cfg.served_model_name : base;
     cfg.model_dir = o.model;
-    cfg.spec_depth = o.spec_depth;
+    cfg.spec_depth = cli_engine_spec_depth(&o);
+    cfg.spec_auto = o.spec_auto && cfg.spec_depth > 0;
     cfg.draft_sampling = o.draft_sampling;
     cfg.sampling = o.sampling;
     cfg.default_max_tokens = gen_max;
@@ -266,6 +268,7 @@ int cmd_serve(int argc, char **argv) {
     char kv_summary[512] = "";
     if (cli_engine_opts(&o, so.max_num_seqs, so.max_batch_tokens, &eo, stderr, kv_summary, sizeof kv_summary)) goto out;
     if (td_engine_load(o.model, &eo, &eng, &err)) { cli_error("tandem serve", &err); goto out; }
+    if (cfg.spec_auto && td_engine_calibrate_spec(eng, eo.spec_depth, so.max_num_seqs, 3, &err)) { cli_error("tandem serve", &err); goto out; }
     cli_print_sampling("tandem serve", &o);
     fprintf(stderr, "%s\n", kv_summary);
     td_model_info mi;
@@ -273,9 +276,9 @@ int cmd_serve(int argc, char **argv) {
     if (td_sched_new(eng, &so, &sched, &err)) { cli_error("tandem serve", &err); goto out; }
     srv_model m = {.tok = tok, .eng = eng, .sched = sched, .n_ctx = mi.max_position_embeddings};
     if (srv_set_model(s, &m, &err)) { cli_error("tandem serve", &err); goto out; }
-    fprintf(stderr, "tandem serve: ready on http://%s%s%s:%d: model \"%s\" (%s), max_model_len %d, spec depth %d, max_num_seqs %d, max_queue %d%s\n",
+    fprintf(stderr, "tandem serve: ready on http://%s%s%s:%d: model \"%s\" (%s), max_model_len %d, spec depth %s%d, max_num_seqs %d, max_queue %d%s\n",
             v6 ? "[" : "", cfg.host, v6 ? "]" : "", srv_port(s), cfg.served_model_name, mi.model_type ? mi.model_type : "?",
-            mi.max_position_embeddings, o.spec_depth, so.max_num_seqs, so.max_queue, cfg.api_key ? ", API key required" : "");
+            mi.max_position_embeddings, cfg.spec_auto ? "auto, at most " : "", cfg.spec_depth, so.max_num_seqs, so.max_queue, cfg.api_key ? ", API key required" : "");
     fflush(stderr);
 
     int sig = 0;

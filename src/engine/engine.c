@@ -54,6 +54,7 @@ int td_engine_load(const char *model_dir, const td_engine_opts *opts, td_engine 
     if (maxc <= 0) maxc = e->model->cfg.max_position_embeddings < 32768 ? e->model->cfg.max_position_embeddings : 32768;
     if (maxc > e->model->cfg.max_position_embeddings) maxc = e->model->cfg.max_position_embeddings;
     e->max_context = maxc;
+    td_ad_engine_init(&e->ad);
     if (e->opts.spec_depth < 0 || e->opts.spec_depth > 64) {
         rc = TD_FAIL(err, TD_ERR_ARG, "spec depth %d out of range 0..64", e->opts.spec_depth);
         goto fail;

@@ -6,6 +6,7 @@
 #include "model/forward.h"
 #include "model/model.h"
 #include "model/seq.h"
+#include "spec/autodepth.h"
 #include "tandem.h"
 
 struct td_engine {
@@ -16,6 +17,7 @@ struct td_engine {
     int max_context;
     td_kv *kv;                    /* paged KV cache + prefix cache */
     td_spec_counters spec_totals; /* over every generation */
+    td_ad_engine ad;              /* adaptive depth: step-cost table, engine-wide acceptance (spec/autodepth.h) */
     td_session *sessions;         /* live sessions, for td_engine_memory */
 };
 

@@ -4,11 +4,15 @@
  *  (b) sampled output at depth 3 follows the target distribution
  *      (chi-square, 20,000 samples, p > 0.01), argmax and sampled drafts;
  *      built with -DSPEC_MUTANT (a wrong residual), the same test must fail;
- *  (d) an agreeing MTP head is accepted ~100%, a disagreeing one 0%. */
+ *  (d) an agreeing MTP head is accepted ~100%, a disagreeing one 0%;
+ *  (issue 18) greedy output at `auto` and under a forced schedule that
+ *      changes depth every step identical to depth 0 (spec-partial, the demo
+ *      model), and the chi-square test under the forced schedule. */
 #include <math.h>
 #include "check.h"
 #include "engine/engine.h"
 #include "golden.h"
+#include "spec/calibrate.h"
 
 /* Under ASan/UBSan (make asan) the same checks run on smaller workloads:
  * the sanitizers make the engine ~20x slower, and memory errors do not need
@@ -35,10 +39,14 @@ static td_engine *load(const char *dir, int depth) {
     return e;
 }
 
+/* depth schedule for gen(): 0 = fixed, 1 = auto, other = the forced schedule's seed */
+static uint64_t g_schedule;
+
 static int gen(td_session *s, const int32_t *prompt, int n, int depth, int max_tokens, const td_sampling *sp, int32_t *out,
                td_gen_result *res, bool draft_sampling) {
     td_err err = {0};
-    td_gen_opts o = {.max_tokens = max_tokens, .spec_depth = depth, .ignore_eos = true, .draft_sampling = draft_sampling};
+    td_gen_opts o = {.max_tokens = max_tokens, .spec_depth = depth, .ignore_eos = true, .draft_sampling = draft_sampling,
+                     .spec_auto = g_schedule == 1, .spec_schedule_seed = g_schedule > 1 ? g_schedule + sp->seed : 0};
     tokvec v = {out, 0, max_tokens};
     int rc = td_session_generate(s, prompt, n, sp, &o, collect, &v, res, &err);
     if (rc) CHECK(rc == 0, "generate: %s", err.msg);
@@ -70,6 +78,54 @@ static void greedy_identity(const char *dir) {
         acc[d] = r.spec.draft_tokens ? (double)r.spec.accepted_tokens / (double)r.spec.draft_tokens : 0;
     }
     printf("%s: depths 1-8 identical to depth 0 over %d tokens: %d/8 (acceptance d1 %.2f d4 %.2f d8 %.2f)\n", dir, 512 / SCALE, identical, acc[1], acc[4], acc[8]);
+    td_session_free(s);
+    td_engine_free(e);
+}
+
+/* Issue 18: greedy at auto (calibrated cost table, then online) and under
+ * the forced schedule (a new depth in 0..4 every step) equals depth 0. */
+static void greedy_auto(const char *dir, int n_tokens) {
+    td_engine *e = load(dir, 4);
+    if (!e) return;
+    td_err err = {0};
+    CHECK(td_engine_calibrate_spec(e, 4, 4, 2, &err) == 0, "calibrate: %s", err.msg);
+    CHECK(e->ad.calibrated && e->ad.costs.n_fwd[1] && e->ad.costs.n_fwd[5], "calibration filled the table");
+    td_sampling sp;
+    td_sampling_default(&sp);
+    int32_t prompt[16], ref[512], out[512];
+    for (int i = 0; i < 16; i++) prompt[i] = (i * 7 + 3) % (e->model->cfg.vocab_size - 8);
+    td_session *s;
+    td_session_new(e, &s, &err);
+    td_gen_result r;
+    g_schedule = 0;
+    int n0 = gen(s, prompt, 16, 0, n_tokens, &sp, ref, &r, false);
+    const char *name[7] = {"auto", "forced", "1", "2", "3", "4", "auto again"};
+    uint64_t sched[7] = {1, 99, 0, 0, 0, 0, 1};
+    int depth[7] = {4, 4, 1, 2, 3, 4, 4}, identical = 0;
+    char hist[2][128] = {"", ""};
+    for (int v = 0; v < 7; v++) {
+        td_session_reset(s);
+        g_schedule = sched[v];
+        int n = gen(s, prompt, 16, depth[v], n_tokens, &sp, out, &r, false);
+        bool same = n == n0 && memcmp(out, ref, sizeof(int32_t) * (size_t)n) == 0;
+        CHECK(same, "%s: depth %s output differs from depth 0", dir, name[v]);
+        identical += same;
+        uint64_t steps = 0;
+        for (int k = 0; k <= 4; k++) steps += r.spec.chosen_depth[k];
+        CHECK(steps > 0 && r.spec.chosen_depth[5] == 0, "%s: %s: chosen-depth histogram", dir, name[v]);
+        if (v < 2)
+            snprintf(hist[v], sizeof hist[v], "%llu/%llu/%llu/%llu/%llu", (unsigned long long)r.spec.chosen_depth[0],
+                     (unsigned long long)r.spec.chosen_depth[1], (unsigned long long)r.spec.chosen_depth[2],
+                     (unsigned long long)r.spec.chosen_depth[3], (unsigned long long)r.spec.chosen_depth[4]);
+        if (v == 1) {
+            int used = 0;
+            for (int k = 0; k <= 4; k++) used += r.spec.chosen_depth[k] > 0;
+            CHECK(used == 5, "%s: the forced schedule ran every depth 0..4 (%s)", dir, hist[1]);
+        }
+    }
+    g_schedule = 0;
+    printf("%s: auto, forced, 1-4 identical to depth 0 over %d tokens: %d/7 (steps at depth 0/1/2/3/4: auto %s, forced %s)\n", dir, n0,
+           identical, hist[0], hist[1]);
     td_session_free(s);
     td_engine_free(e);
 }
@@ -220,7 +276,7 @@ static double distribution_test(const char *model, bool draft_sampling) {
     td_sampling sp;
     td_sampling_default(&sp);
     sp.temperature = 1.0f;
-    uint64_t drafted = 0, accepted = 0;
+    uint64_t drafted = 0, accepted = 0, sched_steps = 0;
     uint64_t seed_base = getenv("SPEC_SEED_BASE") ? strtoull(getenv("SPEC_SEED_BASE"), NULL, 10) : 7000;
     for (int i = 0; i < N; i++) {
         sp.seed = seed_base + (uint64_t)i;
@@ -228,6 +284,7 @@ static double distribution_test(const char *model, bool draft_sampling) {
         td_gen_result r;
         td_session_reset(s);
         int n = gen(s, &prompt, 1, 3, 4, &sp, out, &r, draft_sampling);
+        if (g_schedule) sched_steps += r.spec.chosen_depth[0] + r.spec.chosen_depth[1] + r.spec.chosen_depth[2] + r.spec.chosen_depth[3];
         if (n != 4) { CHECK(n == 4, "sample %d has %d tokens", i, n); break; }
         cnt_x2[out[1]]++;
         cnt_pair[out[2] * V + out[3]]++;
@@ -237,8 +294,9 @@ static double distribution_test(const char *model, bool draft_sampling) {
     double st1, st2;
     int dof1, dof2;
     double p_pair = chi2_p(pair, cnt_pair, V * V, N, &st1, &dof1), p_x2 = chi2_p(x2, cnt_x2, V, N, &st2, &dof2);
-    printf("%s: distribution at depth 3 (%s drafts, %d samples, acceptance %.2f): chi2 (x3,x4) %.1f dof %d p=%.3f; x2 %.1f dof %d p=%.3f\n",
-           model, draft_sampling ? "sampled" : "argmax", N, (double)accepted / (double)drafted, st1, dof1, p_pair, st2, dof2, p_x2);
+    if (g_schedule) CHECK(sched_steps > (uint64_t)N, "the forced schedule ran");
+    printf("%s: distribution at depth %s (%s drafts, %d samples, acceptance %.2f): chi2 (x3,x4) %.1f dof %d p=%.3f; x2 %.1f dof %d p=%.3f\n",
+           model, g_schedule ? "0..3, forced schedule changing it every step" : "3", draft_sampling ? "sampled" : "argmax", N, (double)accepted / (double)drafted, st1, dof1, p_pair, st2, dof2, p_x2);
     td_session_free(s);
     td_engine_free(e);
     return p_pair < p_x2 ? p_pair : p_x2;
@@ -278,6 +336,14 @@ int main(void) {
      * residual normalize(max(0, p - q)) decides the distribution */
     p = distribution_test("tests/models/spec-disagree", true);
     CHECK(p > 0.01, "sampled-draft residual fails chi-square: p = %.4f", p);
+    /* issue 18: the depth changes mid-request (a hash of the request's seed
+     * and the step picks 0..3 every step) */
+    greedy_auto("tests/models/spec-partial", 512 / SCALE);
+    greedy_auto("models/demo", 256 / SCALE);
+    g_schedule = 1000;
+    p = distribution_test("tests/models/spec-agree", false);
+    CHECK(p > 0.01, "rejection sampling under a changing depth fails chi-square: p = %.4f", p);
+    g_schedule = 0;
     TEST_MAIN_END("spec");
 #endif
 }

@@ -1,0 +1,217 @@
+/* Adaptive draft depth: the policy (see autodepth.h). */
+#include "spec/autodepth.h"
+#include <string.h>
+
+void td_ad_costs_init(td_ad_costs *c) {
+    memset(c, 0, sizeof *c);
+    c->dirty = true;
+}
+
+void td_ad_engine_init(td_ad_engine *e) {
+    memset(e, 0, sizeof *e);
+    td_ad_costs_init(&e->costs);
+}
+
+static void add(double *v, uint32_t *n, double x) {
+    if (!(x >= 0) || x > 1e6) return; /* NaN or absurd */
+    if (*n == 0) *v = x;
+    else *v += TD_AD_COST_ALPHA * (x - *v);
+    if (*n < 1000000) (*n)++;
+}
+
+void td_ad_costs_fwd(td_ad_costs *c, int tokens, double seconds) {
+    if (tokens < 1) return;
+    if (tokens > TD_AD_MAX_T) tokens = TD_AD_MAX_T;
+    add(&c->fwd[tokens], &c->n_fwd[tokens], seconds);
+    c->dirty = true;
+}
+
+void td_ad_costs_mtp(td_ad_costs *c, int m, double seconds) {
+    if (m < 1) return;
+    if (m > TD_AD_MAX_M) m = TD_AD_MAX_M;
+    add(&c->mtp[m], &c->n_mtp[m], seconds);
+    c->dirty = true;
+}
+
+/* Dense table d[1..max] from the measured entries: linear between them,
+ * flat-then-sloped outside; made non-decreasing (a noisy larger step does
+ * not read cheaper than a smaller one). */
+static void densify(const double *v, const uint32_t *n, int max, double empty1, double *d) {
+    int first = 0, last = 0, prev = 0;
+    for (int i = 1; i <= max; i++)
+        if (n[i]) { if (!first) first = i; last = i; }
+    if (!first) {
+        for (int i = 1; i <= max; i++) d[i] = empty1 * (1.0 + (i - 1) / 8.0);
+        d[0] = 0;
+        return;
+    }
+    for (int i = 1; i <= max; i++) {
+        if (n[i]) { d[i] = v[i]; prev = i; continue; }
+        if (i < first) { d[i] = v[first]; continue; }
+        if (i > last) break;
+        int nx = i + 1;
+        while (!n[nx]) nx++;
+        d[i] = v[prev] + (v[nx] - v[prev]) * (double)(i - prev) / (double)(nx - prev);
+    }
+    /* beyond the last measured: the slope of the last two measured entries
+     * (or 1/8 of the cost per token when only one is known) */
+    int p2 = 0;
+    for (int i = last - 1; i >= 1; i--)
+        if (n[i]) { p2 = i; break; }
+    double slope = p2 ? (v[last] - v[p2]) / (double)(last - p2) : v[last] / 8.0;
+    if (slope < 0) slope = 0;
+    for (int i = last + 1; i <= max; i++) d[i] = v[last] + slope * (double)(i - last);
+    for (int i = 2; i <= max; i++)
+        if (d[i] < d[i - 1]) d[i] = d[i - 1];
+    d[0] = 0;
+}
+
+static void rebuild(td_ad_costs *c) {
+    if (!c->dirty) return;
+    densify(c->fwd, c->n_fwd, TD_AD_MAX_T, 1e-3, c->fwd_d);
+    densify(c->mtp, c->n_mtp, TD_AD_MAX_M, 1e-4, c->mtp_d);
+    c->dirty = false;
+}
+
+double td_ad_fwd(td_ad_costs *c, int tokens) {
+    rebuild(c);
+    if (tokens <= 0) return 0;
+    if (tokens > TD_AD_MAX_T) { /* linear beyond the table */
+        double s = c->fwd_d[TD_AD_MAX_T] - c->fwd_d[TD_AD_MAX_T - 1];
+        return c->fwd_d[TD_AD_MAX_T] + s * (tokens - TD_AD_MAX_T);
+    }
+    return c->fwd_d[tokens];
+}
+
+double td_ad_mtp(td_ad_costs *c, int m) {
+    rebuild(c);
+    if (m <= 0) return 0;
+    if (m > TD_AD_MAX_M) m = TD_AD_MAX_M;
+    return c->mtp_d[m];
+}
+
+double td_ad_p(const td_ad_accept *a, int j) {
+    if (j < 0 || j >= TD_MAX_SPEC_DEPTH || a->n[j] < 1e-9) return 0.5;
+    double p = a->a[j] / a->n[j];
+    return p < 0 ? 0 : p > 1 ? 1 : p;
+}
+
+double td_ad_expected(const double *p, int k) {
+    double e = 1, prod = 1;
+    for (int i = 0; i < k && i < TD_MAX_SPEC_DEPTH; i++) {
+        prod *= p[i];
+        e += prod;
+    }
+    return e;
+}
+
+void td_ad_observe(td_ad_accept *acc, int k, int a, double decay) {
+    if (k > TD_MAX_SPEC_DEPTH) k = TD_MAX_SPEC_DEPTH;
+    for (int j = 0; j < k && j <= a; j++) {
+        acc->n[j] = acc->n[j] * decay + 1;
+        acc->a[j] = acc->a[j] * decay + (j < a ? 1 : 0);
+    }
+}
+
+void td_ad_state_init(td_ad_state *s, const td_ad_accept *global, uint64_t force_seed) {
+    memset(s, 0, sizeof *s);
+    for (int j = 0; j < TD_MAX_SPEC_DEPTH; j++) {
+        double p = global && global->n[j] > 0.5 ? td_ad_p(global, j) : 0.7;
+        s->acc.n[j] = TD_AD_PRIOR_WEIGHT;
+        s->acc.a[j] = TD_AD_PRIOR_WEIGHT * p;
+    }
+    s->probe = TD_AD_PROBE_MIN;
+    s->force_seed = force_seed;
+}
+
+/* The step's rate with the sums kept by the caller: E total, tokens, and
+ * rows per MTP pass. */
+static double rate_of(td_ad_costs *c, double e, int tokens, const int *pass_rows, int max_k) {
+    double t = td_ad_fwd(c, tokens);
+    for (int j = 0; j < max_k; j++) t += td_ad_mtp(c, pass_rows[j]);
+    return t > 0 ? e / t : 0;
+}
+
+double td_ad_rate(td_ad_costs *c, const td_ad_req *r, int n, int extra_tokens) {
+    int rows[TD_MAX_SPEC_DEPTH] = {0}, tokens = extra_tokens, max_k = 0;
+    double e = 0;
+    for (int i = 0; i < n; i++) {
+        e += td_ad_expected(r[i].p, r[i].k);
+        tokens += r[i].k + 1;
+        for (int j = 0; j < r[i].k; j++) rows[j]++;
+        if (r[i].k > max_k) max_k = r[i].k;
+    }
+    return rate_of(c, e, tokens, rows, max_k);
+}
+
+double td_ad_choose(td_ad_costs *c, td_ad_req *r, int n, int extra_tokens) {
+    rebuild(c);
+    int rows[TD_MAX_SPEC_DEPTH] = {0}, tokens = extra_tokens;
+    double e = 0;
+    for (int i = 0; i < n; i++) { /* start: fixed ones as given, auto ones at 0 */
+        if (r[i].kmax < 0) r[i].kmax = 0;
+        if (r[i].kmax > TD_MAX_SPEC_DEPTH) r[i].kmax = TD_MAX_SPEC_DEPTH;
+        if (!r[i].fixed) r[i].k = 0;
+        if (r[i].k > r[i].kmax) r[i].k = r[i].kmax;
+        e += td_ad_expected(r[i].p, r[i].k);
+        tokens += r[i].k + 1;
+        for (int j = 0; j < r[i].k; j++) rows[j]++;
+    }
+    double best_rate = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        bool changed = false;
+        for (int i = 0; i < n; i++) {
+            if (r[i].fixed || r[i].kmax == 0) continue;
+            int k0 = r[i].k;
+            /* take request i out */
+            double e0 = e - td_ad_expected(r[i].p, k0);
+            int t0 = tokens - (k0 + 1);
+            for (int j = 0; j < k0; j++) rows[j]--;
+            int others_max = 0;
+            for (int j = 0; j < TD_MAX_SPEC_DEPTH; j++)
+                if (rows[j] > 0) others_max = j + 1;
+            int best = 0;
+            double br = -1;
+            for (int k = 0; k <= r[i].kmax; k++) {
+                if (k > 0) rows[k - 1]++;
+                int mk = k > others_max ? k : others_max;
+                double rt = rate_of(c, e0 + td_ad_expected(r[i].p, k), t0 + k + 1, rows, mk);
+                if (rt > br * (1 + 1e-9)) { br = rt; best = k; }
+            }
+            for (int k = r[i].kmax; k > best; k--) rows[k - 1]--;
+            r[i].k = best;
+            e = e0 + td_ad_expected(r[i].p, best);
+            tokens = t0 + best + 1;
+            best_rate = br;
+            if (best != k0) changed = true;
+        }
+        if (!changed) break;
+    }
+    return best_rate > 0 ? best_rate : td_ad_rate(c, r, n, extra_tokens);
+}
+
+int td_ad_probe(td_ad_state *s, int choice, int kmax) {
+    s->steps++;
+    s->probing = false;
+    if (choice > 0) {
+        s->since_draft = 0;
+        s->probe = TD_AD_PROBE_MIN;
+        return choice;
+    }
+    if (kmax < 1) return 0;
+    if (++s->since_draft >= s->probe) {
+        s->since_draft = 0;
+        s->probe = s->probe * 2 > TD_AD_PROBE_MAX ? TD_AD_PROBE_MAX : s->probe * 2;
+        s->probing = true;
+        return 1;
+    }
+    return 0;
+}
+
+int td_ad_forced(uint64_t seed, uint64_t step, int kmax) {
+    uint64_t x = seed ^ (step * 0x9E3779B97F4A7C15ull);
+    x ^= x >> 30; x *= 0xBF58476D1CE4E5B9ull;
+    x ^= x >> 27; x *= 0x94D049BB133111EBull;
+    x ^= x >> 31;
+    return kmax > 0 ? (int)(x % (uint64_t)(kmax + 1)) : 0;
+}

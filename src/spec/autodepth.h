@@ -1,0 +1,136 @@
+/* Adaptive draft depth (`--spec-depth auto`, issue 18): each engine step
+ * picks, for every request that runs at `auto`, the MTP draft depth k in
+ * 0..its maximum that maximises the step's expected tokens per second
+ *
+ *     sum_i E[accepted_i + 1 | k_i]  /  (t_draft(k) + t_fwd(tokens in the step))
+ *
+ * where E[accepted + 1 | k] = 1 + sum_{i=1..k} prod_{j<=i} p_j from the
+ * request's live per-position conditional acceptance p_j (exponentially
+ * decayed, seeded from the engine-wide figures), t_fwd(T) the measured cost
+ * of a target forward over T tokens (the cost table, by tokens in the step:
+ * prefill chunks + every decode row's k+1) and t_draft the measured cost of
+ * the batched MTP passes (pass j runs over the requests with k > j). With
+ * one request this is E[acc+1|k] / (t_draft(k) + t_verify(k+1)); with more,
+ * each request's choice is made against the others' rows (coordinate ascent
+ * on the batch's tokens/s), so depth falls as a verify row costs more.
+ *
+ * Everything here is plain data and pure functions (tests/c/test_autodepth.c
+ * runs them on synthetic tables); src/spec/gen.c feeds it the step's
+ * measured costs and each verify's outcome, src/spec/calibrate.c seeds the
+ * cost table at start-up.
+ *
+ * Losslessness does not depend on the schedule: every step is an ordinary
+ * speculative step at the k it was given (greedy: identical to depth 0;
+ * sampled: the same distribution), k being chosen from the past only. The
+ * choice uses wall-clock costs, so a seeded *sampled* request at `auto` is
+ * not reproducible run to run (its distribution is); fix --spec-depth N for
+ * that.
+ *
+ * Depth 0: a request at `auto` keeps its MTP entries in step with the
+ * target (gen.c's `track`: one hidden-row copy per token and one batched MTP
+ * pass over the pending rows every TD_SESSION_PEND_CAP - 1 tokens, without
+ * the lm_head), so it can draft again at any step without a gap in the MTP
+ * layer's KV. And it probes: after `probe` steps at 0 it drafts one token,
+ * so p_1 keeps being measured; a probe that does not change the choice
+ * doubles the interval (16 .. 256 steps), so on a model where drafting never
+ * pays the probes cost at most 1/16 of a depth-1 step's extra, and less
+ * after. */
+#ifndef TANDEM_SPEC_AUTODEPTH_H
+#define TANDEM_SPEC_AUTODEPTH_H
+#include <stdbool.h>
+#include <stdint.h>
+#include "tandem.h"
+
+#define TD_AD_MAX_T 1024      /* tokens per step the cost table keeps */
+#define TD_AD_MAX_M 256       /* requests per MTP pass the draft table keeps */
+#define TD_AD_PROBE_MIN 16
+#define TD_AD_PROBE_MAX 256
+#define TD_AD_DECAY 0.9       /* per-request weight of older outcomes, per verify */
+#define TD_AD_GLOBAL_DECAY 0.995
+#define TD_AD_PRIOR_WEIGHT 4.0 /* pseudo-observations a request starts with from the engine-wide figures */
+#define TD_AD_COST_ALPHA 0.2  /* weight of a new measurement in a cost entry */
+
+/* Decayed conditional acceptance per position: p_j = a[j] / n[j]
+ * (j = 0 is the first draft). */
+typedef struct td_ad_accept {
+    double n[TD_MAX_SPEC_DEPTH], a[TD_MAX_SPEC_DEPTH];
+} td_ad_accept;
+
+/* Measured step costs, seconds. fwd[T]: a target forward over T tokens;
+ * mtp[m]: one MTP pass over m requests (with their lm_head rows). n*: how
+ * many measurements an entry holds (0 = unknown: interpolated). */
+typedef struct td_ad_costs {
+    double fwd[TD_AD_MAX_T + 1];
+    uint32_t n_fwd[TD_AD_MAX_T + 1];
+    double mtp[TD_AD_MAX_M + 1];
+    uint32_t n_mtp[TD_AD_MAX_M + 1];
+    /* dense interpolated copies, rebuilt when a measurement came in */
+    double fwd_d[TD_AD_MAX_T + 1], mtp_d[TD_AD_MAX_M + 1];
+    bool dirty;
+} td_ad_costs;
+
+/* Engine-wide state (td_engine.ad): the cost table, the server-wide
+ * acceptance every new request is seeded from, and the chosen-depth totals. */
+typedef struct td_ad_engine {
+    td_ad_costs costs;
+    td_ad_accept global;
+    bool calibrated;
+} td_ad_engine;
+
+/* Per request. */
+typedef struct td_ad_state {
+    td_ad_accept acc;
+    int since_draft;     /* steps at depth 0 since the last draft */
+    int probe;           /* probe interval now */
+    bool probing;        /* the last step was a probe */
+    int probe_base;      /* the choice before that probe */
+    uint64_t steps;      /* decode steps so far (forced schedule) */
+    uint64_t force_seed; /* test hook: non-zero = depth from a hash of (seed, step) */
+} td_ad_state;
+
+/* One request's input to the batch choice. */
+typedef struct td_ad_req {
+    double p[TD_MAX_SPEC_DEPTH]; /* conditional acceptance per position */
+    int kmax;            /* largest depth allowed this step (cap by max_tokens, context) */
+    bool fixed;          /* not auto: k is given */
+    int k;               /* in: the fixed depth; out: the choice */
+} td_ad_req;
+
+void td_ad_engine_init(td_ad_engine *e);
+void td_ad_costs_init(td_ad_costs *c);
+/* Adds a measurement (EMA after the first; the first replaces a seeded one
+ * only through the average). T or m out of range are clamped to the table. */
+void td_ad_costs_fwd(td_ad_costs *c, int tokens, double seconds);
+void td_ad_costs_mtp(td_ad_costs *c, int m, double seconds);
+/* Interpolated cost (linear between measured entries; beyond the largest,
+ * extrapolated with the last measured slope, never decreasing; an empty
+ * table reads 1e-3 s per forward and 1e-4 s per MTP pass, with a slope of
+ * 1/8 per token). Rebuilds the dense copies when dirty. */
+double td_ad_fwd(td_ad_costs *c, int tokens);
+double td_ad_mtp(td_ad_costs *c, int m);
+
+/* p_j of a, with n < 1e-9 reading 0.5. */
+double td_ad_p(const td_ad_accept *a, int j);
+/* E[accepted + 1 | k] = 1 + sum_{i=1..k} prod_{j<i+1} p_j. */
+double td_ad_expected(const double *p, int k);
+/* A verify drafted k and accepted a: updates positions 0..min(a, k-1)
+ * with decay `decay`. */
+void td_ad_observe(td_ad_accept *acc, int k, int a, double decay);
+/* A new request's state: prior = the engine-wide figures at
+ * TD_AD_PRIOR_WEIGHT observations per position (0.7 where none yet). */
+void td_ad_state_init(td_ad_state *s, const td_ad_accept *global, uint64_t force_seed);
+
+/* Chooses k for every non-fixed request of the step (in place), given
+ * `extra_tokens` prefill tokens in the same target forward. Coordinate
+ * ascent on the step's expected tokens/s, two passes, ties to the lower
+ * depth. Returns the predicted tokens/s. */
+double td_ad_choose(td_ad_costs *c, td_ad_req *r, int n, int extra_tokens);
+/* The objective itself (tests, reports): sum E / (draft + forward). */
+double td_ad_rate(td_ad_costs *c, const td_ad_req *r, int n, int extra_tokens);
+
+/* After td_ad_choose: the probe rule for one request (returns the k to run).
+ * choice: what td_ad_choose gave; kmax as in td_ad_req. */
+int td_ad_probe(td_ad_state *s, int choice, int kmax);
+/* Test hook: the forced depth for step `step` (0..kmax). */
+int td_ad_forced(uint64_t seed, uint64_t step, int kmax);
+#endif

@@ -1,0 +1,130 @@
+/* Adaptive draft depth (issue 18, src/spec/autodepth.c): the policy on
+ * synthetic cost and acceptance tables. Depth 0 where verify cost grows
+ * fast, the maximum where verify is nearly flat and acceptance high, fewer
+ * as batch rows grow or acceptance falls (temperature); the cost table's
+ * interpolation; the probe schedule; the decayed acceptance; the forced
+ * schedule of the test hook. */
+#include <math.h>
+#include "check.h"
+#include "spec/autodepth.h"
+
+/* cost(T) in ms: a + b * T, or a roofline max(a, b * T) */
+static void table(td_ad_costs *c, double a, double b, bool roof, double draft_ms) {
+    td_ad_costs_init(c);
+    for (int t = 1; t <= 64; t++) td_ad_costs_fwd(c, t, 1e-3 * (roof ? fmax(a, b * t) : a + b * t));
+    for (int m = 1; m <= 16; m++) td_ad_costs_mtp(c, m, 1e-3 * draft_ms * (1 + 0.1 * (m - 1)));
+}
+
+static int choose1(td_ad_costs *c, double p, int kmax) {
+    td_ad_req r = {.kmax = kmax};
+    for (int j = 0; j < TD_MAX_SPEC_DEPTH; j++) r.p[j] = p;
+    td_ad_choose(c, &r, 1, 0);
+    return r.k;
+}
+
+/* every request of n alike: the depths chosen (min and max over the batch) */
+static void choose_n(td_ad_costs *c, double p, int kmax, int n, int *kmin_out, int *kmax_out) {
+    td_ad_req r[16];
+    for (int i = 0; i < n; i++) {
+        r[i] = (td_ad_req){.kmax = kmax};
+        for (int j = 0; j < TD_MAX_SPEC_DEPTH; j++) r[i].p[j] = p;
+    }
+    td_ad_choose(c, r, n, 0);
+    *kmin_out = 99, *kmax_out = -1;
+    for (int i = 0; i < n; i++) {
+        if (r[i].k < *kmin_out) *kmin_out = r[i].k;
+        if (r[i].k > *kmax_out) *kmax_out = r[i].k;
+    }
+}
+
+int main(void) {
+    td_ad_costs c;
+    /* compute-bound (a model in cache, the demo on a CPU): verify cost grows
+     * with every token, drafting does not pay even at 90% acceptance */
+    table(&c, 0.0, 1.0, false, 0.2);
+    CHECK(choose1(&c, 0.9, 4) == 0, "verify t(T) = T: depth %d, want 0", choose1(&c, 0.9, 4));
+    CHECK(choose1(&c, 0.99, 4) == 0, "verify t(T) = T, 99%%: depth %d, want 0", choose1(&c, 0.99, 4));
+    /* memory-bound: verify nearly flat, acceptance high: the maximum */
+    table(&c, 1.0, 0.02, false, 0.02);
+    CHECK(choose1(&c, 0.9, 4) == 4, "flat verify, 90%%: depth %d, want 4", choose1(&c, 0.9, 4));
+    CHECK(choose1(&c, 0.9, 2) == 2, "flat verify, kmax 2: depth %d", choose1(&c, 0.9, 2));
+    CHECK(choose1(&c, 0.9, 0) == 0, "kmax 0: depth %d", choose1(&c, 0.9, 0));
+    /* lower acceptance (a higher temperature): fewer */
+    int k_hi = choose1(&c, 0.9, 4), k_lo = choose1(&c, 0.3, 4), k_0 = choose1(&c, 0.0, 4);
+    CHECK(k_lo < k_hi && k_lo >= 1, "acceptance 0.3: depth %d (0.9: %d)", k_lo, k_hi);
+    CHECK(k_0 == 0, "acceptance 0: depth %d", k_0);
+    /* a roofline (flat up to 4 tokens, then linear): fewer as rows grow */
+    table(&c, 1.0, 0.25, true, 0.02);
+    int a1, b1, a2, b2, a4, b4, a8, b8;
+    choose_n(&c, 0.8, 4, 1, &a1, &b1);
+    choose_n(&c, 0.8, 4, 2, &a2, &b2);
+    choose_n(&c, 0.8, 4, 4, &a4, &b4);
+    choose_n(&c, 0.8, 4, 8, &a8, &b8);
+    printf("roofline, 80%%: depth %d (1 row), %d-%d (2), %d-%d (4), %d-%d (8)\n", a1, a2, b2, a4, b4, a8, b8);
+    CHECK(a1 == 3, "1 row: depth %d, want 3", a1);
+    CHECK(b2 < a1 && b2 >= 1, "2 rows: depth %d-%d, want fewer than %d", a2, b2, a1);
+    CHECK(b4 <= a2 && b8 == 0, "4 rows: %d-%d, 8 rows: %d-%d", a4, b4, a8, b8);
+    /* the rate matches the formula with one request */
+    {
+        td_ad_req r = {.kmax = 4, .k = 2, .fixed = true};
+        for (int j = 0; j < TD_MAX_SPEC_DEPTH; j++) r.p[j] = 0.5;
+        double want = (1 + 0.5 + 0.25) / (td_ad_fwd(&c, 3) + 2 * td_ad_mtp(&c, 1));
+        CHECK(fabs(td_ad_rate(&c, &r, 1, 0) - want) < 1e-9 * want, "rate %g want %g", td_ad_rate(&c, &r, 1, 0), want);
+        td_ad_choose(&c, &r, 1, 0);
+        CHECK(r.k == 2, "a fixed request keeps its depth: %d", r.k);
+    }
+    /* a prefill chunk in the same forward: the marginal verify token is cheap
+     * (compute-bound linear part), so a request drafts */
+    table(&c, 0.0, 1.0, false, 0.01);
+    {
+        td_ad_req r = {.kmax = 4};
+        for (int j = 0; j < TD_MAX_SPEC_DEPTH; j++) r.p[j] = 0.9;
+        td_ad_choose(&c, &r, 1, 0);
+        int alone = r.k;
+        td_ad_choose(&c, &r, 1, 200);
+        CHECK(alone == 0 && r.k >= 1, "with 200 prefill tokens: depth %d (alone %d)", r.k, alone);
+    }
+    /* cost table: interpolation, extrapolation, monotone, empty */
+    td_ad_costs_init(&c);
+    CHECK(td_ad_fwd(&c, 1) > 0 && td_ad_fwd(&c, 9) > td_ad_fwd(&c, 1), "empty table: %g %g", td_ad_fwd(&c, 1), td_ad_fwd(&c, 9));
+    td_ad_costs_fwd(&c, 1, 1.0);
+    td_ad_costs_fwd(&c, 5, 2.0);
+    CHECK(fabs(td_ad_fwd(&c, 3) - 1.5) < 1e-12, "interpolated t(3) = %g", td_ad_fwd(&c, 3));
+    CHECK(fabs(td_ad_fwd(&c, 9) - 3.0) < 1e-12, "extrapolated t(9) = %g", td_ad_fwd(&c, 9));
+    td_ad_costs_fwd(&c, 3, 0.5); /* noise: a cheaper t(3) reads no cheaper than t(1) */
+    CHECK(td_ad_fwd(&c, 3) >= td_ad_fwd(&c, 2) && td_ad_fwd(&c, 2) >= td_ad_fwd(&c, 1), "monotone: %g %g %g", td_ad_fwd(&c, 1),
+          td_ad_fwd(&c, 2), td_ad_fwd(&c, 3));
+    td_ad_costs_fwd(&c, 5, 4.0); /* EMA */
+    CHECK(fabs(td_ad_fwd(&c, 5) - (2.0 + TD_AD_COST_ALPHA * 2.0)) < 1e-12, "EMA t(5) = %g", td_ad_fwd(&c, 5));
+    /* acceptance: decayed conditional rates, seeded from the engine-wide ones */
+    td_ad_accept g = {{0}, {0}};
+    for (int i = 0; i < 200; i++) td_ad_observe(&g, 3, i % 4 == 0 ? 0 : 3, TD_AD_GLOBAL_DECAY); /* 75% take all 3, 25% none */
+    CHECK(fabs(td_ad_p(&g, 0) - 0.75) < 0.03 && td_ad_p(&g, 1) > 0.99 && td_ad_p(&g, 3) == 0.5, "global p %g %g %g", td_ad_p(&g, 0),
+          td_ad_p(&g, 1), td_ad_p(&g, 3));
+    td_ad_state st;
+    td_ad_state_init(&st, &g, 0);
+    CHECK(fabs(td_ad_p(&st.acc, 0) - td_ad_p(&g, 0)) < 1e-12 && fabs(td_ad_p(&st.acc, 5) - 0.7) < 1e-12, "seeded %g %g",
+          td_ad_p(&st.acc, 0), td_ad_p(&st.acc, 5));
+    for (int i = 0; i < 30; i++) td_ad_observe(&st.acc, 2, 0, TD_AD_DECAY); /* now every first draft is rejected */
+    CHECK(td_ad_p(&st.acc, 0) < 0.05, "decayed p_1 %g", td_ad_p(&st.acc, 0));
+    double p3[3] = {0.5, 0.5, 1.0};
+    CHECK(fabs(td_ad_expected(p3, 3) - 2.0) < 1e-12 && td_ad_expected(p3, 0) == 1, "E %g", td_ad_expected(p3, 3));
+    /* probes: at depth 0 one depth-1 step after 16, then 32, 64, ... 256 steps */
+    td_ad_state_init(&st, NULL, 0);
+    int probes[8], np = 0;
+    for (int s = 1; s <= 16 + 32 + 64 + 128 + 256 + 256 && np < 8; s++)
+        if (td_ad_probe(&st, 0, 4) == 1) probes[np++] = s;
+    CHECK(np == 6 && probes[0] == 16 && probes[1] == 48 && probes[2] == 112 && probes[5] == 752, "probes at %d %d %d .. %d (%d)",
+          probes[0], probes[1], probes[2], probes[np - 1], np);
+    CHECK(td_ad_probe(&st, 3, 4) == 3 && st.probe == TD_AD_PROBE_MIN, "a draft resets the interval: %d", st.probe);
+    CHECK(td_ad_probe(&st, 0, 0) == 0, "no probe when kmax is 0");
+    /* the forced schedule covers 0..kmax */
+    int seen[5] = {0};
+    for (uint64_t s = 0; s < 200; s++) {
+        int k = td_ad_forced(42, s, 4);
+        if (k >= 0 && k <= 4) seen[k]++;
+        else CHECK(0, "forced depth %d out of range", k);
+    }
+    CHECK(seen[0] && seen[1] && seen[2] && seen[3] && seen[4], "forced schedule %d %d %d %d %d", seen[0], seen[1], seen[2], seen[3], seen[4]);
+    TEST_MAIN_END("autodepth");
+}
