@@ -408,3 +408,89 @@ def test_continue_final_message(server):
                 dict(messages=MSG, continue_final_message=True, add_generation_prompt=False)):
         r = post(server, "/v1/chat/completions", **bad, max_tokens=2)
         assert r.status_code == 400 and r.json()["error"]["param"] == "continue_final_message", r.text
+
+
+# ---- invalid tool-call arguments: plain content, as vLLM's parsers fall back --------------
+
+WEATHER = [{"type": "function", "function": {"name": "get_weather", "description": "Get the weather for a city",
+                                             "parameters": {"type": "object", "properties": {"city": {"type": "string"}},
+                                                            "required": ["city"]}}}]
+
+
+@pytest.fixture(scope="module")
+def demo(request):
+    """models/demo: trained on hermes tool calls (it answers the weather question with one)."""
+    from conftest import Server
+    s = Server("-m", "models/demo", "--served-model-name", MODEL_NAME, "--quiet")
+    yield s
+    s.stop()
+    s.check_clean_exit()
+
+
+def weather(server, **kw):
+    body = dict(messages=[{"role": "user", "content": "What is the weather in Paris?"}], tools=WEATHER, temperature=0, max_tokens=64)
+    body.update(kw)
+    return post(server, "/v1/chat/completions", **body)
+
+
+def test_tool_call_valid_streamed_held(demo):
+    from openai import OpenAI
+    ref = weather(demo).json()["choices"][0]
+    assert ref["finish_reason"] == "tool_calls", ref
+    call = ref["message"]["tool_calls"][0]
+    assert json.loads(call["function"]["arguments"]) == {"city": "Paris"}
+    client = OpenAI(base_url=demo.url("/v1"), api_key="x", max_retries=0)
+    stream = client.chat.completions.create(model=MODEL_NAME, messages=[{"role": "user", "content": "What is the weather in Paris?"}],
+                                            tools=WEATHER, temperature=0, max_tokens=64, stream=True)
+    name, args, finish = None, "", None
+    for c in stream:
+        for tc in c.choices[0].delta.tool_calls or []:
+            name = tc.function.name or name
+            args += tc.function.arguments or ""
+        finish = c.choices[0].finish_reason or finish
+    assert (name, args, finish) == ("get_weather", call["function"]["arguments"], "tool_calls")
+
+
+def test_tool_call_invalid_arguments_become_content(demo):
+    # a stop string cuts the call inside its arguments: {"city": " is no JSON
+    r = weather(demo, stop=["Paris"]).json()["choices"][0]
+    assert r["finish_reason"] == "stop" and not r["message"].get("tool_calls"), r
+    content = r["message"]["content"]
+    assert content.startswith("<tool_call>") and '"arguments": {"city": "' in content, content
+    chunks = sse(weather(demo, stop=["Paris"], stream=True))
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c["choices"])
+    assert not any(c["choices"][0]["delta"].get("tool_calls") for c in chunks if c["choices"])
+    assert text == content
+    assert [c["choices"][0]["finish_reason"] for c in chunks if c["choices"] and c["choices"][0]["finish_reason"]] == ["stop"]
+    # cut by max_tokens: the same fallback, finish "length"
+    r = weather(demo, max_tokens=16).json()["choices"][0]
+    assert r["finish_reason"] == "length" and not r["message"].get("tool_calls") and r["message"]["content"].startswith("<tool_call>")
+
+
+def test_parallel_tool_calls_false_accepted(demo):
+    r = weather(demo, parallel_tool_calls=False).json()["choices"][0]
+    assert r["finish_reason"] == "tool_calls" and len(r["message"]["tool_calls"]) == 1
+    assert weather(demo, parallel_tool_calls="no").status_code == 400
+
+
+# ---- streamed chat logprobs ------------------------------------------------------------
+
+def test_stream_chat_logprobs_equal_nonstream(server, client):
+    kw = dict(model=MODEL_NAME, messages=MSG, max_tokens=6, temperature=0, logprobs=True, top_logprobs=3)
+    ref = client.chat.completions.create(**kw).choices[0].logprobs.content
+    got = []
+    for c in client.chat.completions.create(**kw, stream=True):
+        if c.choices and c.choices[0].logprobs and c.choices[0].logprobs.content:
+            got += c.choices[0].logprobs.content
+    assert len(got) == len(ref) == 6
+    for a, b in zip(got, ref):
+        assert (a.token, a.bytes) == (b.token, b.bytes) and a.logprob == pytest.approx(b.logprob, abs=1e-6)
+        assert [(t.token, round(t.logprob, 5)) for t in a.top_logprobs] == [(t.token, round(t.logprob, 5)) for t in b.top_logprobs]
+    # n > 1: each choice its own entries
+    chunks = sse(post(server, "/v1/chat/completions", messages=MSG, max_tokens=4, temperature=0, logprobs=True, n=2, stream=True))
+    per = {}
+    for c in chunks:
+        for ch in c["choices"]:
+            if ch.get("logprobs"):
+                per.setdefault(ch["index"], []).extend(e["token"] for e in ch["logprobs"]["content"])
+    assert per[0] == per[1] == [e.token for e in ref[:4]]
