@@ -323,3 +323,31 @@ def test_openai_agents_function_tool(demo):
     assert "tool_call_item" in types and "tool_call_output_item" in types
     assert isinstance(run.final_output, str)
     assert run.raw_responses and run.raw_responses[-1].usage.input_tokens > 0
+
+
+# ---- reasoning items --------------------------------------------------------------
+
+def test_reasoning_items(server_think):
+    """tiny-b with a template that opens <think>: its output is reasoning."""
+    c = openai.OpenAI(base_url=server_think.url("/v1"), api_key="x", max_retries=0, timeout=60)
+    r = c.responses.create(model="think", input="Hi", max_output_tokens=8, temperature=0)
+    rs = r.output[0]
+    assert rs.type == "reasoning" and rs.id.startswith("rs_") and rs.content[0].type == "reasoning_text" and rs.content[0].text
+    assert r.usage.output_tokens_details.reasoning_tokens > 0
+    assert r.usage.output_tokens_details.reasoning_tokens <= r.usage.output_tokens
+    events = list(c.responses.create(model="think", input="Hi", max_output_tokens=8, temperature=0, stream=True))
+    check_sequence(events)
+    deltas = [e.delta for e in events if e.type == "response.reasoning_text.delta"]
+    done = [e for e in events if e.type == "response.reasoning_text.done"]
+    assert deltas and len(done) == 1 and "".join(deltas) == done[0].text == rs.content[0].text
+    parts = [e.part.type for e in events if e.type == "response.content_part.added"]
+    assert parts[0] == "reasoning_text"
+    assert events[-1].response.output[0].content[0].text == rs.content[0].text
+    # the item goes back as input (the next turn's reasoning_content)
+    r2 = c.responses.create(model="think", input=[{"role": "user", "content": "Hi"}, rs.model_dump(exclude_none=True),
+                                                  {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": "Hello"}]},
+                                                  {"role": "user", "content": "Again"}], max_output_tokens=2)
+    assert r2.status == "incomplete"
+    # reasoning effort none: the template's thinking switch off
+    r3 = c.responses.create(model="think", input="Hi", max_output_tokens=8, temperature=0, reasoning={"effort": "none"})
+    assert all(o.type != "reasoning" for o in r3.output) and r3.usage.output_tokens_details.reasoning_tokens == 0
