@@ -95,7 +95,7 @@ uint32_t gb_set(gr_builder *b, const uint32_t set[8]) {
     if (b->n_sets * 2 >= b->set_ht_cap) { /* grow + rehash */
         uint32_t nc = b->set_ht_cap ? b->set_ht_cap * 2 : 256;
         uint32_t *nh = calloc(nc, sizeof *nh);
-        if (!nh) return (uint32_t)gb_fail(b, TD_ERR_NOMEM, "out of memory building grammar"), 0;
+        if (!nh) return (void)gb_fail(b, TD_ERR_NOMEM, "out of memory building grammar"), 0;
         for (uint32_t i = 0; i < b->n_sets; i++) {
             uint32_t h = set_hash(b->sets[i]) & (nc - 1);
             while (nh[h]) h = (h + 1) & (nc - 1);
@@ -111,11 +111,11 @@ uint32_t gb_set(gr_builder *b, const uint32_t set[8]) {
         if (!memcmp(b->sets[i], set, 32)) return i;
         h = (h + 1) & (b->set_ht_cap - 1);
     }
-    if (b->n_sets >= GR_MAX_SETS) return (uint32_t)gb_fail(b, TD_ERR_LIMIT, "grammar has too many byte sets"), 0;
+    if (b->n_sets >= GR_MAX_SETS) return (void)gb_fail(b, TD_ERR_LIMIT, "grammar has too many byte sets"), 0;
     if (b->n_sets == b->cap_sets) {
         uint32_t nc = b->cap_sets ? b->cap_sets * 2 : 64;
         void *ns = realloc(b->sets, nc * sizeof *b->sets);
-        if (!ns) return (uint32_t)gb_fail(b, TD_ERR_NOMEM, "out of memory building grammar"), 0;
+        if (!ns) return (void)gb_fail(b, TD_ERR_NOMEM, "out of memory building grammar"), 0;
         b->sets = ns;
         b->cap_sets = nc;
     }

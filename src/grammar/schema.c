@@ -3,6 +3,7 @@
  * refused names the keyword and its JSON pointer; nothing is silently
  * loosened (some things are tightened: property order, canonical forms). */
 #include <jansson.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -191,11 +192,12 @@ int td_grammar_choice(const char *const *choices, const size_t *lens, int n, con
 /* ---- JSON Schema ---- */
 enum {
     K_TYPE, K_ENUM, K_CONST, K_PROPS, K_REQ, K_ADDL, K_ITEMS, K_PREFIX, K_MINI, K_MAXI,
-    K_ANYOF, K_ONEOF, K_ALLOF, K_REF, K_MINL, K_MAXL, K_PATTERN, K_MIN, K_N
+    K_ANYOF, K_ONEOF, K_ALLOF, K_REF, K_MINL, K_MAXL, K_PATTERN, K_MIN, K_MAX, K_XMIN, K_XMAX, K_N
 };
 static const char *const kw_names[K_N] = {
     "type", "enum", "const", "properties", "required", "additionalProperties", "items", "prefixItems", "minItems",
-    "maxItems", "anyOf", "oneOf", "allOf", "$ref", "minLength", "maxLength", "pattern", "minimum"};
+    "maxItems", "anyOf", "oneOf", "allOf", "$ref", "minLength", "maxLength", "pattern", "minimum", "maximum",
+    "exclusiveMinimum", "exclusiveMaximum"};
 static const char *const annotations[] = {"title", "description", "default", "examples", "$schema", "$id", "$comment",
                                           "deprecated", "readOnly", "writeOnly", "$defs", "definitions", NULL};
 
@@ -408,15 +410,97 @@ static int32_t sc_string(sc *c, json_t *n, const char *ptr) {
     return str_rule(c->b, lo, hi);
 }
 
-static int32_t sc_number(sc *c, json_t *n, const char *ptr, bool integer) {
-    json_t *mn = json_object_get(n, "minimum");
-    bool nonneg = false;
-    if (mn) {
-        if (!json_is_number(mn) || json_number_value(mn) != 0)
-            return sc_fail(c, TD_ERR_UNSUPPORTED, ptr, "unsupported value (only 0) of", "minimum");
-        nonneg = true;
+/* Digit strings of length L from a to z (same length, a <= z), O(L^2) rules. */
+static int32_t same_len(gr_builder *b, const char *a, const char *z, int L) {
+    int32_t r = gb_rule(b);
+    if (L == 0) return r;
+    bool lo0 = true, hi9 = true;
+    for (int i = 1; i < L; i++) lo0 &= a[i] == '0', hi9 &= z[i] == '9';
+    char nines[24], zeros[24];
+    memset(nines, '9', sizeof nines), memset(zeros, '0', sizeof zeros);
+    if (lo0 && hi9) {
+        gb_byte_range(b, r, a[0], z[0]);
+        for (int i = 1; i < L; i++) gb_byte_range(b, r, '0', '9');
+    } else if (a[0] == z[0]) {
+        gb_lit(b, r, a, 1), gb_ref(b, r, same_len(b, a + 1, z + 1, L - 1));
+    } else {
+        gb_lit(b, r, a, 1), gb_ref(b, r, same_len(b, a + 1, nines, L - 1));
+        if (a[0] + 1 <= z[0] - 1) {
+            gb_alt(b, r), gb_byte_range(b, r, a[0] + 1, z[0] - 1);
+            for (int i = 1; i < L; i++) gb_byte_range(b, r, '0', '9');
+        }
+        gb_alt(b, r), gb_lit(b, r, z, 1), gb_ref(b, r, same_len(b, zeros, z + 1, L - 1));
     }
-    return num_rule(c->b, integer, nonneg);
+    return r;
+}
+
+/* Alternatives of r: the decimal forms (no leading zeros) of a..z (z NULL: up to INT_DIGITS digits). */
+static void mag_range(gr_builder *b, int32_t r, bool *first, unsigned long long a, const unsigned long long *z) {
+    char as[24], zs[24], lo[24], hi[24];
+    int la = snprintf(as, sizeof as, "%llu", a), lz = z ? snprintf(zs, sizeof zs, "%llu", *z) : INT_DIGITS;
+    for (int L = la; L <= lz; L++) {
+        if (L == la) memcpy(lo, as, (size_t)L + 1);
+        else memset(lo, '0', (size_t)L), lo[0] = '1', lo[L] = 0;
+        if (z && L == lz) memcpy(hi, zs, (size_t)L + 1);
+        else memset(hi, '9', (size_t)L), hi[L] = 0;
+        if (!*first) gb_alt(b, r);
+        *first = false;
+        gb_ref(b, r, same_len(b, lo, hi, L));
+    }
+}
+
+/* Integers in [lo, hi] (either side may be open: then up to INT_DIGITS digits). */
+static int32_t int_range(gr_builder *b, bool has_lo, long long lo, bool has_hi, long long hi) {
+    int32_t r = gb_rule(b);
+    bool first = true;
+    if (!has_lo || lo < 0) { /* negatives: "-" then magnitudes |min(hi,-1)| .. |lo| */
+        long long nh = has_hi && hi < -1 ? hi : -1;
+        {
+            int32_t neg = gb_rule(b);
+            bool f2 = true;
+            unsigned long long top = has_lo ? (unsigned long long)(-lo) : 0;
+            mag_range(b, neg, &f2, (unsigned long long)(-nh), has_lo ? &top : NULL);
+            first = false;
+            gb_lit(b, r, "-", 1), gb_ref(b, r, neg);
+        }
+    }
+    long long pl = has_lo && lo > 0 ? lo : 0;
+    if (!has_hi || hi >= pl) {
+        unsigned long long top = has_hi ? (unsigned long long)hi : 0;
+        mag_range(b, r, &first, (unsigned long long)pl, has_hi ? &top : NULL);
+    }
+    if (first) gb_ref(b, r, gb_never(b));
+    return r;
+}
+
+/* number: minimum 0 (no minus sign) only. integer: minimum, maximum,
+ * exclusiveMinimum, exclusiveMaximum within +-1e18. */
+static int32_t sc_number(sc *c, json_t *n, const char *ptr, bool integer) {
+    static const char *const kws[4] = {"minimum", "exclusiveMinimum", "maximum", "exclusiveMaximum"};
+    bool has[4] = {0};
+    double val[4] = {0};
+    for (int i = 0; i < 4; i++) {
+        json_t *x = json_object_get(n, kws[i]);
+        if (!x) continue;
+        if (!json_is_number(x)) return sc_fail(c, TD_ERR_ARG, ptr, "bad value of", kws[i]);
+        has[i] = true, val[i] = json_number_value(x);
+        if (fabs(val[i]) > 1e18) return sc_fail(c, TD_ERR_UNSUPPORTED, ptr, "unsupported: bound beyond 1e18 in", kws[i]);
+    }
+    if (!integer) {
+        for (int i = 1; i < 4; i++)
+            if (has[i]) return sc_fail(c, TD_ERR_UNSUPPORTED, ptr, "unsupported on type number:", kws[i]);
+        if (has[0] && val[0] != 0) return sc_fail(c, TD_ERR_UNSUPPORTED, ptr, "unsupported on type number (only 0):", "minimum");
+        return num_rule(c->b, false, has[0]);
+    }
+    if (!has[0] && !has[1] && !has[2] && !has[3]) return num_rule(c->b, true, false);
+    bool hl = has[0] || has[1], hh = has[2] || has[3];
+    long long lo = LLONG_MIN, hi = LLONG_MAX;
+    if (has[0]) lo = (long long)ceil(val[0]);
+    if (has[1] && (long long)floor(val[1]) + 1 > lo) lo = (long long)floor(val[1]) + 1;
+    if (has[2]) hi = (long long)floor(val[2]);
+    if (has[3] && (long long)ceil(val[3]) - 1 < hi) hi = (long long)ceil(val[3]) - 1;
+    if (hl && hh && lo > hi) return gb_never(c->b);
+    return int_range(c->b, hl, lo, hh, hi);
 }
 
 /* Extra-property keys: raw (unescaped) strings other than the declared

@@ -302,11 +302,33 @@ static void test_json(void) {
         walks(g, "pattern", 10, 20);
         td_grammar_free(g);
     }
+    /* integer ranges against the arithmetic */
+    struct { const char *kw; long lo, hi; } rg[] = {
+        {"\"minimum\":-123,\"maximum\":4567", -123, 4567}, {"\"minimum\":7", 7, 1L << 40},
+        {"\"maximum\":-20", -(1L << 40), -20}, {"\"exclusiveMinimum\":-1,\"exclusiveMaximum\":10", 0, 9},
+        {"\"minimum\":0,\"maximum\":0", 0, 0}, {"\"minimum\":100,\"maximum\":99", 1, 0},
+        {"\"minimum\":1.5,\"maximum\":1000", 2, 1000}, {"\"minimum\":-999,\"maximum\":-100", -999, -100}};
+    for (size_t i = 0; i < sizeof rg / sizeof *rg; i++) {
+        char sch[200], num[32];
+        snprintf(sch, sizeof sch, "{\"type\":\"integer\",%s}", rg[i].kw);
+        g = schema(sch, NULL);
+        if (!g) continue;
+        int bad = 0;
+        for (long v = -1100; v <= 5000; v++) {
+            snprintf(num, sizeof num, "%ld", v);
+            if (matchs(g, num) != (v >= rg[i].lo && v <= rg[i].hi)) bad++;
+        }
+        CHECK(matchs(g, "-0") == 0 && matchs(g, "007") == 0, "%s: no -0, no leading zeros", sch);
+        if (rg[i].hi == 1L << 40) CHECK(matchs(g, "99999999999999999999") == 1 && matchs(g, "100000000000000000000") == 0, "20 digits");
+        CHECK(bad == 0, "%s: %d values wrong", sch, bad);
+        td_grammar_free(g);
+    }
     /* unsupported and bad schemas */
     struct { const char *s; int rc; const char *msg; } bad[] = {
         {"{\"type\":\"string\",\"format\":\"date\"}", TD_ERR_UNSUPPORTED, "'format' at /"},
         {"{\"properties\":{\"when\":{\"format\":\"date\"}}}", TD_ERR_UNSUPPORTED, "'format' at /properties/when"},
-        {"{\"type\":\"integer\",\"maximum\":3}", TD_ERR_UNSUPPORTED, "maximum"},
+        {"{\"type\":\"number\",\"maximum\":3}", TD_ERR_UNSUPPORTED, "maximum"},
+        {"{\"type\":\"integer\",\"maximum\":1e19}", TD_ERR_UNSUPPORTED, "maximum"},
         {"{\"allOf\":[{},{}]}", TD_ERR_UNSUPPORTED, "allOf"},
         {"{\"type\":\"object\",\"anyOf\":[{}]}", TD_ERR_UNSUPPORTED, "anyOf"},
         {"{\"$ref\":\"http://x/y\"}", TD_ERR_UNSUPPORTED, "$ref"},
