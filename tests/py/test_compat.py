@@ -494,3 +494,30 @@ def test_stream_chat_logprobs_equal_nonstream(server, client):
             if ch.get("logprobs"):
                 per.setdefault(ch["index"], []).extend(e["token"] for e in ch["logprobs"]["content"])
     assert per[0] == per[1] == [e.token for e in ref[:4]]
+
+
+# ---- n > 1 under cancellation ---------------------------------------------------------
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_n_cancel_on_disconnect(make_server, stream):
+    import socket
+    import time
+    s = make_server()
+    before = s.metrics()
+    body = json.dumps({"model": MODEL_NAME, "prompt": "one two three", "max_tokens": 3000, "ignore_eos": True, "n": 4,
+                       "stream": stream}).encode()
+    sock = socket.create_connection(("127.0.0.1", s.port), timeout=10)
+    sock.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body)
+    deadline = time.time() + 30
+    while time.time() < deadline and s.metrics()["vllm:num_requests_running"] < 4:
+        time.sleep(0.05)
+    assert s.metrics()["vllm:num_requests_running"] == 4  # every choice runs
+    sock.close()
+    while time.time() < deadline and s.metrics()["vllm:num_requests_running"] > 0:
+        time.sleep(0.05)
+    after = s.metrics()
+    assert after["vllm:num_requests_running"] == 0
+    assert after["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"] < 4 * 3000
+    assert after['vllm:request_success_total{finished_reason="abort"}'] - before.get('vllm:request_success_total{finished_reason="abort"}', 0) == 4
+    r = post(s, "/v1/completions", prompt="a", max_tokens=2, n=2)  # still serving
+    assert r.status_code == 200 and len(r.json()["choices"]) == 2
