@@ -29,6 +29,8 @@ enum { E_END = 0, E_ALT = 1, E_BYTES = 2, E_REF = 3 };
 #define GR_MAX_DEPTH 256          /* frames in one parse stack */
 #define GR_MAX_STACKS 4096        /* stacks in one matcher state */
 #define GR_MAX_MEMO 65536         /* rule expansions per byte step */
+#define GR_MAX_STATE_WORDS (1u << 16) /* frames of all stacks of one state (256 KiB) */
+#define GR_MAX_MEMO_WORDS (1u << 20)  /* frames in one step's expansion memo (4 MiB) */
 #define GR_MAX_NEST 64            /* schema / regex nesting */
 #define GR_MAX_REPEAT 1000        /* {m,n}, minItems/maxItems, minLength/maxLength */
 #define GR_MAX_WS 16

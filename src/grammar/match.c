@@ -76,6 +76,7 @@ static int ss_add(sset *s, const uint32_t *st, uint32_t len, uint32_t limit) {
         if (!no) return s->over = true, -1;
         s->off = no, s->cap = nc;
     }
+    if (s->nb + len + 1 > (limit == GR_MAX_MEMO ? GR_MAX_MEMO_WORDS : GR_MAX_STATE_WORDS)) return s->over = true, -1;
     if (s->nb + len + 1 > s->cb) {
         size_t nc = s->cb ? s->cb * 2 : 256;
         while (nc < s->nb + len + 1) nc *= 2;
@@ -708,7 +709,11 @@ fail:
 
 const uint32_t *td_matcher_mask(td_matcher *m, const int32_t *spec, int n) {
     const td_grammar_vocab *v = m->v;
-    if (n < 0 || n > 16 || (n && !spec) || m->dead) return NULL;
+    if (n < 0 || n > 16 || (n && !spec)) return NULL;
+    if (m->dead) { /* the start state was already over a bound: nothing is allowed */
+        memset(m->mask, 0, (size_t)m->words * 4);
+        return n ? NULL : m->mask;
+    }
     bool fin = m->finished;
     sset *s = &m->cur;
     for (int i = 0; i < n; i++) {
