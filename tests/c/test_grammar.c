@@ -302,6 +302,57 @@ static void test_json(void) {
         walks(g, "pattern", 10, 20);
         td_grammar_free(g);
     }
+    /* recursion through $ref is bounded by the stack depth: deep input is refused, never a crash */
+    g = schema("{\"type\":\"array\",\"items\":{\"$ref\":\"#\"}}", NULL);
+    if (g) {
+        td_matcher *m;
+        td_matcher_new(g, fake, &m, &err);
+        int depth = 0;
+        while (depth < 10000 && td_matcher_accept(m, '[') == 0) depth++;
+        printf("recursive $ref array: nesting accepted up to %d\n", depth);
+        CHECK(depth >= 40 && depth < 10000, "recursion bound %d", depth);
+        const uint32_t *mk = td_matcher_mask(m, NULL, 0);
+        CHECK(mk && (mk[']' >> 5] >> (']' & 31) & 1) && !(mk['[' >> 5] >> ('[' & 31) & 1), "at the bound: ']' allowed, '[' not");
+        for (int i = 0; i < depth; i++) CHECK(td_matcher_accept(m, ']') == 0, "close %d", i);
+        CHECK(td_matcher_must_end(m), "must end");
+        td_matcher_free(m);
+        td_grammar_free(g);
+    }
+    /* spec masks: an end id, an invalid token */
+    g = schema("{\"enum\":[\"ab\",\"abc\"]}", NULL);
+    if (g) {
+        td_matcher *m;
+        td_matcher_new(g, fake, &m, &err);
+        int32_t sp[3] = {'"', 256 + 8 /* "ab" */, '"'};
+        const uint32_t *mk = td_matcher_mask(m, sp, 3);
+        CHECK(mk && (mk[V_EOS >> 5] >> (V_EOS & 31) & 1), "EOS after \"ab\"");
+        int32_t sp2[4] = {'"', 256 + 8, '"', V_EOS};
+        mk = td_matcher_mask(m, sp2, 4);
+        int nz = 0;
+        for (int i = 0; mk && i < (V_N + 31) / 32; i++) nz += mk[i] != 0;
+        CHECK(mk && nz == 0, "all-zero after an end id");
+        int32_t sp3[2] = {'"', 'x'};
+        CHECK(td_matcher_mask(m, sp3, 2) == NULL, "invalid spec: NULL");
+        CHECK(td_matcher_accept(m, V_EOS) != 0, "cannot end at start");
+        CHECK(td_matcher_accept_bytes(m, (const uint8_t *)"\"abc\"", 5) == 0 && td_matcher_must_end(m), "abc");
+        CHECK(td_matcher_accept(m, V_EOS) == 0 && td_matcher_finished(m) && td_matcher_accept(m, 'a') != 0, "end");
+        td_matcher_free(m);
+        td_grammar_free(g);
+    }
+    /* strict: additionalProperties absent means false */
+    {
+        td_grammar_opts so = td_grammar_opts_default();
+        so.strict = true;
+        const char *sch = "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}}}";
+        td_grammar *gs = schema(sch, &so), *gl = schema(sch, NULL);
+        if (gs && gl) {
+            CHECK(matchs(gs, "{\"a\":1}") == 1 && matchs(gs, "{\"a\":1,\"b\":2}") == 0 && matchs(gs, "{}") == 1, "strict");
+            CHECK(matchs(gl, "{\"a\":1,\"b\":2}") == 1 && matchs(gl, "{\"b\":2}") == 1 && matchs(gl, "{\"a\":1,\"a\":2}") == 0,
+                  "non-strict: extra keys other than a");
+            CHECK(matchs(gl, "{ \"a\" : 1 }") == 1 && matchs(gl, "{\"a\":  1}") == 0, "max_ws 1");
+        }
+        td_grammar_free(gs), td_grammar_free(gl);
+    }
     /* integer ranges against the arithmetic */
     struct { const char *kw; long lo, hi; } rg[] = {
         {"\"minimum\":-123,\"maximum\":4567", -123, 4567}, {"\"minimum\":7", 7, 1L << 40},
