@@ -24,6 +24,8 @@
 #define BENCH_MAX_DEPTHS (TD_MAX_SPEC_DEPTH + 1)
 #define BENCH_MAX_TASKS 8
 #define BENCH_NAME 64
+/* `auto` in a depth list (--spec-depth auto, spec/autodepth.h): sorts after every fixed depth */
+#define BENCH_DEPTH_AUTO 1000
 
 /* ---- statistics --------------------------------------------------------- */
 

@@ -66,7 +66,8 @@ static int on_token(void *u, int32_t t) {
 }
 
 static int generate(bench_local *L, const int32_t *ids, int n, int depth, const bench_params *p, bench_sample *out, td_err *err) {
-    td_gen_opts go = {.max_tokens = p->max_tokens, .spec_depth = depth, .draft_sampling = p->draft_sampling,
+    bool autod = depth == BENCH_DEPTH_AUTO;
+    td_gen_opts go = {.max_tokens = p->max_tokens, .spec_depth = autod ? L->auto_max : depth, .spec_auto = autod, .draft_sampling = p->draft_sampling,
                       .ignore_eos = p->ignore_eos, .stop_ids = p->ignore_eos ? NULL : L->stop, .n_stop = p->ignore_eos ? 0 : L->n_stop};
     out->cond.load1 = bench_load1();
     first_tok ft = {bench_now(), 0};

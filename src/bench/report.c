@@ -8,6 +8,7 @@ static const bench_cell *cell(const bench_report *r, int t, int d) { return &r->
 
 static void depth_label(char *b, size_t n, int depth) {
     if (depth == 0) snprintf(b, n, "none");
+    else if (depth == BENCH_DEPTH_AUTO) snprintf(b, n, "auto");
     else snprintf(b, n, "%d", depth);
 }
 
@@ -20,6 +21,7 @@ static td_spec_counters depth_counters(const bench_report *r, int d) {
         s.draft_tokens += c->draft_tokens;
         s.accepted_tokens += c->accepted_tokens;
         for (int i = 0; i < TD_MAX_SPEC_DEPTH; i++) s.accepted_per_pos[i] += c->accepted_per_pos[i];
+        for (int i = 0; i <= TD_MAX_SPEC_DEPTH; i++) s.chosen_depth[i] += c->chosen_depth[i];
     }
     return s;
 }
@@ -63,22 +65,34 @@ static void md_speedup_table(FILE *f, const bench_report *r) {
     for (int d = 0; d < su->n_depths; d++) {
         int k = su->depths[d];
         if (k == 0) continue;
-        fprintf(f, "| %d |", k);
+        char dl[16];
+        depth_label(dl, sizeof dl, k);
+        fprintf(f, "| %s |", dl);
         for (int t = 0; t < su->n_tasks; t++) {
             const bench_cell *c = cell(r, t, d);
             if (c->speedup > 0 && c->predicted > 0) fprintf(f, " %.2fx / %.2fx |", c->speedup, c->predicted);
             else if (c->speedup > 0) fprintf(f, " %.2fx / - |", c->speedup);
             else fprintf(f, " - |");
         }
-        fprintf(f, " %dx |\n", k + 1);
+        if (k == BENCH_DEPTH_AUTO) fprintf(f, " - |\n");
+        else fprintf(f, " %dx |\n", k + 1);
     }
 }
 
 static void md_accept_table(FILE *f, const bench_report *r) {
     const bench_suite *su = r->su;
     int kmax = 0;
+    bool autod = false;
     for (int d = 0; d < su->n_depths; d++)
-        if (su->depths[d] > kmax) kmax = su->depths[d];
+        if (su->depths[d] == BENCH_DEPTH_AUTO) autod = true;
+        else if (su->depths[d] > kmax) kmax = su->depths[d];
+    if (autod) /* the deepest position auto drafted */
+        for (int d = 0; d < su->n_depths; d++)
+            if (su->depths[d] == BENCH_DEPTH_AUTO) {
+                td_spec_counters s = depth_counters(r, d);
+                for (int i = TD_MAX_SPEC_DEPTH; i > kmax; i--)
+                    if (s.chosen_depth[i]) { kmax = i; break; }
+            }
     if (kmax == 0) return;
     if (kmax > TD_MAX_SPEC_DEPTH) kmax = TD_MAX_SPEC_DEPTH;
     fprintf(f, "\n## Acceptance per position\n\nP(accepted >= i) = accepted_per_pos[i-1] / drafts; "
@@ -92,12 +106,39 @@ static void md_accept_table(FILE *f, const bench_report *r) {
         if (k == 0) continue;
         for (int t = 0; t <= su->n_tasks; t++) {
             td_spec_counters s = t < su->n_tasks ? cell(r, t, d)->spec : depth_counters(r, d);
-            fprintf(f, "| %d | %s | %llu |", k, t < su->n_tasks ? su->tasks[t] : "**all**", (unsigned long long)s.drafts);
+            char dl[16];
+            depth_label(dl, sizeof dl, k);
+            fprintf(f, "| %s | %s | %llu |", dl, t < su->n_tasks ? su->tasks[t] : "**all**", (unsigned long long)s.drafts);
             for (int i = 0; i < kmax; i++) {
                 if (i < k) fprintf(f, " %.1f%% |", 100 * bench_accept_pos(&s, i));
                 else fprintf(f, " |");
             }
             fprintf(f, " %.2f |\n", bench_mean_accept_len(&s));
+        }
+    }
+}
+
+/* The depth each decode step ran at, for `auto` (spec/autodepth.h). */
+static void md_chosen_table(FILE *f, const bench_report *r) {
+    const bench_suite *su = r->su;
+    for (int d = 0; d < su->n_depths; d++) {
+        if (su->depths[d] != BENCH_DEPTH_AUTO) continue;
+        int kmax = 0;
+        td_spec_counters all = depth_counters(r, d);
+        for (int i = 0; i <= TD_MAX_SPEC_DEPTH; i++)
+            if (all.chosen_depth[i]) kmax = i;
+        fprintf(f, "\n## Chosen depth (auto)\n\nDecode steps at each draft depth (%% of the task's steps); mean depth.\n\n| task |");
+        for (int i = 0; i <= kmax; i++) fprintf(f, " %d |", i);
+        fprintf(f, " mean |\n|---|");
+        for (int i = 0; i <= kmax + 1; i++) fprintf(f, "---|");
+        fprintf(f, "\n");
+        for (int t = 0; t <= su->n_tasks; t++) {
+            td_spec_counters s = t < su->n_tasks ? cell(r, t, d)->spec : all;
+            uint64_t n = 0, sum = 0;
+            for (int i = 0; i <= TD_MAX_SPEC_DEPTH; i++) n += s.chosen_depth[i], sum += (uint64_t)i * s.chosen_depth[i];
+            fprintf(f, "| %s |", t < su->n_tasks ? su->tasks[t] : "**all**");
+            for (int i = 0; i <= kmax; i++) fprintf(f, " %llu (%.0f%%) |", (unsigned long long)s.chosen_depth[i], n ? 100.0 * s.chosen_depth[i] / n : 0.0);
+            fprintf(f, " %.2f |\n", n ? (double)sum / n : 0.0);
         }
     }
 }
@@ -157,6 +198,7 @@ void bench_write_markdown(FILE *f, const bench_report *r) {
     for (int i = 0; i < r->n_flags; i++) fprintf(f, "- %s\n", r->flags[i].text);
     md_speedup_table(f, r);
     md_accept_table(f, r);
+    md_chosen_table(f, r);
     md_prefill_table(f, r);
     if (r->costs) md_costs(f, r->costs);
     md_conditions(f, r);

@@ -58,6 +58,7 @@ typedef struct bench_local {
     bench_chat chat;
     td_session *s;
     int threads, engine_depth;
+    int auto_max;               /* the largest depth `auto` picks (BENCH_DEPTH_AUTO) */
     bool prefix_caching;
     int32_t stop[TD_MAX_SPEC_DEPTH];
     int n_stop;

@@ -9,6 +9,8 @@
 #include "bench/runner.h"
 #include "cli/cli.h"
 #include "cli/opts.h"
+#include "engine/engine.h"
+#include "spec/calibrate.h"
 
 typedef struct bench_cli {
     common_opts co;
@@ -23,8 +25,9 @@ typedef struct bench_cli {
 static void usage(FILE *f) {
     fprintf(f, "usage: tandem bench [-m DIR] [--depths 0,1,2,3,4,5,6] [--tasks edit,code,prose] [--runs 3] [--max-tokens N]\n"
                "                    [--temperature T] [--out DIR] [--server URL] [--agent-trace FILE] [--memory]\n"
-               "  --depths LIST          MTP draft depths to compare, distinct, 0..%d (default 0,1,2,3,4,5,6; 0 = no drafting,\n"
-               "                         the baseline; --spec-depth N = just N)\n"
+               "  --depths LIST          MTP draft depths to compare, distinct, 0..%d or auto (default 0,1,2,3,4,auto; 0 = no\n"
+               "                         drafting, the baseline; auto = each step picks 0..--spec-depth-max; --spec-depth N|auto\n"
+               "                         = just that)\n"
                "  --tasks LIST           prompt sets under --prompts (default edit,code,prose)\n"
                "  --runs N               runs of the whole suite, 1..64; median, min and max over runs (default 3)\n"
                "  -n, --max-tokens N     tokens generated per request at most, 1..1000000 (default 128)\n"
@@ -69,7 +72,8 @@ static int parse_depths(const char *s, bench_suite *su) {
     for (int i = 0; i < n; i++) {
         char *end;
         long v = strtol(items[i], &end, 10);
-        if (*end || v < 0 || v > TD_MAX_SPEC_DEPTH) return -1;
+        if (!strcmp(items[i], "auto")) v = BENCH_DEPTH_AUTO, end = items[i] + 4;
+        else if (*end || v < 0 || v > TD_MAX_SPEC_DEPTH) return -1;
         for (int j = 0; j < i; j++)
             if (su->depths[j] == v) return -1;
         su->depths[i] = (int)v;
@@ -81,12 +85,13 @@ static int parse_depths(const char *s, bench_suite *su) {
 static int parse_args(bench_cli *c, int argc, char **argv) {
     memset(c, 0, sizeof *c);
     common_opts_init(&c->co);
-    c->co.spec_depth = -1;
+    c->co.spec_depth = -1; /* not given: the --depths list */
+    c->co.spec_auto = false;
     c->max_tokens = 128;
     c->cost_reps = 9;
     c->su.n_runs = 3;
     c->prompts = "bench/prompts";
-    parse_depths("0,1,2,3,4,5,6", &c->su);
+    parse_depths("0,1,2,3,4,auto", &c->su);
     parse_list("edit,code,prose", c->su.tasks, BENCH_MAX_TASKS, &c->su.n_tasks);
     for (int i = 1; i < argc; i++) {
         int r = common_opts_parse(&c->co, argc, argv, &i);
@@ -210,16 +215,25 @@ static int write_outputs(const bench_cli *c, const bench_report *r, const bench_
     return bad ? 1 : 0;
 }
 
-static int max_depth(const bench_suite *su) {
+/* The engine's depth: the largest fixed depth, or auto's maximum. */
+static int max_depth(const bench_suite *su, int auto_max) {
     int m = 0;
-    for (int d = 0; d < su->n_depths; d++)
-        if (su->depths[d] > m) m = su->depths[d];
+    for (int d = 0; d < su->n_depths; d++) {
+        int k = su->depths[d] == BENCH_DEPTH_AUTO ? auto_max : su->depths[d];
+        if (k > m) m = k;
+    }
     return m;
+}
+
+static bool has_auto(const bench_suite *su) {
+    for (int d = 0; d < su->n_depths; d++)
+        if (su->depths[d] == BENCH_DEPTH_AUTO) return true;
+    return false;
 }
 
 static int run_trace(bench_cli *c, bench_params *p) {
     td_err err = {0};
-    int depth = c->co.spec_depth >= 0 ? c->co.spec_depth : max_depth(&c->su);
+    int depth = c->co.spec_depth >= 0 ? c->co.spec_depth : max_depth(&c->su, c->co.spec_depth_max);
     bench_local L;
     bench_remote R;
     bool local = !c->server;
@@ -268,7 +282,7 @@ int cmd_bench(int argc, char **argv) {
     if (!c.server && cli_check_model_dir("tandem bench", c.co.model)) return 1;
     if (c.co.spec_depth >= 0 && !c.trace) {
         c.su.n_depths = 1;
-        c.su.depths[0] = c.co.spec_depth;
+        c.su.depths[0] = c.co.spec_auto ? BENCH_DEPTH_AUTO : c.co.spec_depth;
         c.depths_given = true;
     }
     bench_params p = {.max_tokens = c.max_tokens, .sampling = c.co.sampling, .ignore_eos = c.ignore_eos, .draft_sampling = c.co.draft_sampling};
@@ -280,8 +294,20 @@ int cmd_bench(int argc, char **argv) {
     bench_local L;
     bench_remote R;
     bool local = !c.server;
-    int rc = local ? bench_local_open(c.co.model, c.co.threads, c.co.max_model_len, max_depth(&c.su), c.prefix_caching, c.co.quantize, &L, &err)
+    int rc = local ? bench_local_open(c.co.model, c.co.threads, c.co.max_model_len, max_depth(&c.su, c.co.spec_depth_max), c.prefix_caching,
+                                      c.co.quantize, &L, &err)
                    : bench_remote_open(c.server, c.api_key, c.served_model, &R, &err);
+    if (!rc && local) {
+        L.auto_max = c.co.spec_depth_max;
+        if (has_auto(&c.su) && !L.eng->model->has_mtp) { /* auto without an MTP head: off */
+            for (int d = 0; d < c.su.n_depths; d++)
+                if (c.su.depths[d] == BENCH_DEPTH_AUTO) L.auto_max = 0;
+        }
+        if (has_auto(&c.su) && L.auto_max > 0) {
+            fprintf(stderr, "calibrating the step costs for auto...\n");
+            rc = td_engine_calibrate_spec(L.eng, L.auto_max, 1, 3, &err);
+        }
+    }
     if (rc) { fprintf(stderr, "tandem bench: %s\n", cli_errmsg(&err)); bench_prompts_free(&pset); return 1; }
     if (!local) {
         if (c.depths_given && c.su.n_depths != 1) rc = -1, fprintf(stderr, "tandem bench: with --server give one --depths value: the depth the server runs at\n");
@@ -327,7 +353,8 @@ int cmd_bench(int argc, char **argv) {
         }
         done = k + 1;
         char what[96];
-        snprintf(what, sizeof what, "%s/%s d%d", c.su.tasks[sl->task], pset.p[sl->task][sl->prompt].name, depth);
+        if (depth == BENCH_DEPTH_AUTO) snprintf(what, sizeof what, "%s/%s auto", c.su.tasks[sl->task], pset.p[sl->task][sl->prompt].name);
+        else snprintf(what, sizeof what, "%s/%s d%d", c.su.tasks[sl->task], pset.p[sl->task][sl->prompt].name, depth);
         progress(done, total, t0, what, s->decode_s > 0 && s->n_generated > 1 ? (s->n_generated - 1) / s->decode_s : 0);
     }
     if (rc) fprintf(stderr, "\ntandem bench: %s\n", cli_errmsg(&err));
@@ -337,7 +364,7 @@ int cmd_bench(int argc, char **argv) {
         const int32_t *ctx = ids[0][0];
         int n_ctx = (int)nids[0][0];
         fprintf(stderr, "timing verify and draft cost...\n");
-        if (bench_local_costs(&L, ctx, n_ctx, max_depth(&c.su) + 1, c.cost_reps, &costs, &err))
+        if (bench_local_costs(&L, ctx, n_ctx, max_depth(&c.su, c.co.spec_depth_max) + 1, c.cost_reps, &costs, &err))
             fprintf(stderr, "tandem bench: cost timing failed: %s\n", cli_errmsg(&err));
         else have_costs = true;
     }

@@ -4,7 +4,8 @@
 
 void td_ad_costs_init(td_ad_costs *c) {
     memset(c, 0, sizeof *c);
-    c->dirty = true;
+    c->dirty = c->cal_dirty = true;
+    c->rho_fwd = c->rho_mtp = 1.0;
 }
 
 void td_ad_engine_init(td_ad_engine *e) {
@@ -19,10 +20,22 @@ static void add(double *v, uint32_t *n, double x) {
     if (*n < 1000000) (*n)++;
 }
 
+static void densify(const double *v, const uint32_t *n, int max, double empty1, double *d);
+
+/* rho: the running ratio of a real measurement to the calibration at its size */
+static void track_rho(double *rho, double *cal_d, const double *cal, const uint32_t *n_cal, bool *cal_dirty, int max, int i, double x) {
+    bool any = false;
+    for (int j = 1; j <= max && !any; j++) any = n_cal[j] > 0;
+    if (!any) return;
+    if (*cal_dirty) { densify(cal, n_cal, max, 1, cal_d); *cal_dirty = false; }
+    if (cal_d[i] > 0 && x >= 0 && x < 1e6) *rho += TD_AD_COST_ALPHA * (x / cal_d[i] - *rho);
+}
+
 void td_ad_costs_fwd(td_ad_costs *c, int tokens, double seconds) {
     if (tokens < 1) return;
     if (tokens > TD_AD_MAX_T) tokens = TD_AD_MAX_T;
     add(&c->fwd[tokens], &c->n_fwd[tokens], seconds);
+    track_rho(&c->rho_fwd, c->cal_fwd_d, c->cal_fwd, c->n_cal_fwd, &c->cal_dirty, TD_AD_MAX_T, tokens, seconds);
     c->dirty = true;
 }
 
@@ -30,7 +43,20 @@ void td_ad_costs_mtp(td_ad_costs *c, int m, double seconds) {
     if (m < 1) return;
     if (m > TD_AD_MAX_M) m = TD_AD_MAX_M;
     add(&c->mtp[m], &c->n_mtp[m], seconds);
+    track_rho(&c->rho_mtp, c->cal_mtp_d, c->cal_mtp, c->n_cal_mtp, &c->cal_dirty, TD_AD_MAX_M, m, seconds);
     c->dirty = true;
+}
+
+void td_ad_costs_cal_fwd(td_ad_costs *c, int tokens, double seconds) {
+    if (tokens < 1 || tokens > TD_AD_MAX_T) return;
+    add(&c->cal_fwd[tokens], &c->n_cal_fwd[tokens], seconds);
+    c->dirty = c->cal_dirty = true;
+}
+
+void td_ad_costs_cal_mtp(td_ad_costs *c, int m, double seconds) {
+    if (m < 1 || m > TD_AD_MAX_M) return;
+    add(&c->cal_mtp[m], &c->n_cal_mtp[m], seconds);
+    c->dirty = c->cal_dirty = true;
 }
 
 /* Dense table d[1..max] from the measured entries: linear between them,
@@ -66,10 +92,28 @@ static void densify(const double *v, const uint32_t *n, int max, double empty1, 
     d[0] = 0;
 }
 
+/* Online entries measured at least twice win; elsewhere calibration x rho
+ * when there is a calibration, else the online entries interpolated. */
+static void merge(double *d, const double *v, const uint32_t *n, const uint32_t *n_cal, const double *cal_d, double rho, int max) {
+    bool cal = false;
+    for (int i = 1; i <= max && !cal; i++) cal = n_cal[i] > 0;
+    if (!cal) return;
+    for (int i = 1; i <= max; i++) d[i] = n[i] >= 2 ? v[i] : cal_d[i] * rho;
+    for (int i = 2; i <= max; i++)
+        if (d[i] < d[i - 1]) d[i] = d[i - 1];
+}
+
 static void rebuild(td_ad_costs *c) {
     if (!c->dirty) return;
+    if (c->cal_dirty) {
+        densify(c->cal_fwd, c->n_cal_fwd, TD_AD_MAX_T, 1, c->cal_fwd_d);
+        densify(c->cal_mtp, c->n_cal_mtp, TD_AD_MAX_M, 1, c->cal_mtp_d);
+        c->cal_dirty = false;
+    }
     densify(c->fwd, c->n_fwd, TD_AD_MAX_T, 1e-3, c->fwd_d);
     densify(c->mtp, c->n_mtp, TD_AD_MAX_M, 1e-4, c->mtp_d);
+    merge(c->fwd_d, c->fwd, c->n_fwd, c->n_cal_fwd, c->cal_fwd_d, c->rho_fwd, TD_AD_MAX_T);
+    merge(c->mtp_d, c->mtp, c->n_mtp, c->n_cal_mtp, c->cal_mtp_d, c->rho_mtp, TD_AD_MAX_M);
     c->dirty = false;
 }
 
@@ -188,6 +232,17 @@ double td_ad_choose(td_ad_costs *c, td_ad_req *r, int n, int extra_tokens) {
         if (!changed) break;
     }
     return best_rate > 0 ? best_rate : td_ad_rate(c, r, n, extra_tokens);
+}
+
+bool td_ad_worth_tracking(td_ad_costs *c, const td_ad_accept *global, int kmax, double margin) {
+    td_ad_req r = {.kmax = 0, .fixed = true};
+    for (int j = 0; j < TD_MAX_SPEC_DEPTH; j++) r.p[j] = global && global->n[j] > 0.5 ? td_ad_p(global, j) : 0.7;
+    double base = td_ad_rate(c, &r, 1, 0);
+    for (int k = 1; k <= kmax && k <= TD_MAX_SPEC_DEPTH; k++) {
+        r.k = k;
+        if (td_ad_rate(c, &r, 1, 0) > base * margin) return true;
+    }
+    return false;
 }
 
 int td_ad_probe(td_ad_state *s, int choice, int kmax) {

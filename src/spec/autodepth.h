@@ -56,14 +56,25 @@ typedef struct td_ad_accept {
     double n[TD_MAX_SPEC_DEPTH], a[TD_MAX_SPEC_DEPTH];
 } td_ad_accept;
 
-/* Measured step costs, seconds. fwd[T]: a target forward over T tokens;
- * mtp[m]: one MTP pass over m requests (with their lm_head rows). n*: how
- * many measurements an entry holds (0 = unknown: interpolated). */
+/* Measured step costs, seconds. fwd[T]: a step whose target forward runs
+ * over T tokens, measured by gen.c from the forward to the last token out
+ * (acceptance, sampling, the emit callbacks: what a step really costs);
+ * mtp[m]: one MTP pass over m requests and choosing their drafts. n*: how
+ * many measurements an entry holds (0 = unknown). cal*: the start-up
+ * calibration (the forward alone); an entry real steps have not visited
+ * (yet) reads calibration x rho, rho = the running ratio of real steps to
+ * the calibration at their size, so the overhead outside the forward counts
+ * at every size. */
 typedef struct td_ad_costs {
     double fwd[TD_AD_MAX_T + 1];
     uint32_t n_fwd[TD_AD_MAX_T + 1];
     double mtp[TD_AD_MAX_M + 1];
     uint32_t n_mtp[TD_AD_MAX_M + 1];
+    double cal_fwd[TD_AD_MAX_T + 1], cal_mtp[TD_AD_MAX_M + 1];
+    uint32_t n_cal_fwd[TD_AD_MAX_T + 1], n_cal_mtp[TD_AD_MAX_M + 1];
+    double rho_fwd, rho_mtp;
+    double cal_fwd_d[TD_AD_MAX_T + 1], cal_mtp_d[TD_AD_MAX_M + 1];
+    bool cal_dirty;
     /* dense interpolated copies, rebuilt when a measurement came in */
     double fwd_d[TD_AD_MAX_T + 1], mtp_d[TD_AD_MAX_M + 1];
     bool dirty;
@@ -73,12 +84,21 @@ typedef struct td_ad_costs {
  * acceptance every new request is seeded from, and the chosen-depth totals. */
 typedef struct td_ad_engine {
     td_ad_costs costs;
-    td_ad_accept global;
+    td_ad_accept global[2];  /* [0] greedy, [1] sampled requests (acceptance falls with temperature) */
+    uint64_t n_auto;         /* auto requests begun (every TD_AD_TRACK_EVERY-th tracks) */
     bool calibrated;
 } td_ad_engine;
 
+/* Every this many auto requests one keeps MTP tracking and probes even
+ * where drafting does not pay (td_ad_worth_tracking), so the engine-wide
+ * acceptance and costs keep being measured. */
+#define TD_AD_TRACK_EVERY 8
+/* Tracking must buy at least this much predicted speedup (its own cost). */
+#define TD_AD_TRACK_MARGIN 1.05
+
 /* Per request. */
 typedef struct td_ad_state {
+    int bucket;          /* global[bucket]: 0 greedy, 1 sampled */
     td_ad_accept acc;
     int since_draft;     /* steps at depth 0 since the last draft */
     int probe;           /* probe interval now */
@@ -102,6 +122,9 @@ void td_ad_costs_init(td_ad_costs *c);
  * only through the average). T or m out of range are clamped to the table. */
 void td_ad_costs_fwd(td_ad_costs *c, int tokens, double seconds);
 void td_ad_costs_mtp(td_ad_costs *c, int m, double seconds);
+/* Calibration entries (spec/calibrate.c). */
+void td_ad_costs_cal_fwd(td_ad_costs *c, int tokens, double seconds);
+void td_ad_costs_cal_mtp(td_ad_costs *c, int m, double seconds);
 /* Interpolated cost (linear between measured entries; beyond the largest,
  * extrapolated with the last measured slope, never decreasing; an empty
  * table reads 1e-3 s per forward and 1e-4 s per MTP pass, with a slope of
@@ -119,6 +142,14 @@ void td_ad_observe(td_ad_accept *acc, int k, int a, double decay);
 /* A new request's state: prior = the engine-wide figures at
  * TD_AD_PRIOR_WEIGHT observations per position (0.7 where none yet). */
 void td_ad_state_init(td_ad_state *s, const td_ad_accept *global, uint64_t force_seed);
+/* Whether a new request should keep MTP tracking (and so be able to
+ * draft): some depth 1..kmax is predicted at least `margin` times faster
+ * than depth 0 for one request with the engine-wide acceptance `global`
+ * (0.7 per position where nothing was measured). A request that does not
+ * track runs exactly as a fixed depth-0 one (no MTP work at all): on a model
+ * where drafting does not pay, tracking itself (one MTP-layer pass per
+ * token, batched) is the largest cost of `auto`. */
+bool td_ad_worth_tracking(td_ad_costs *c, const td_ad_accept *global, int kmax, double margin);
 
 /* Chooses k for every non-fixed request of the step (in place), given
  * `extra_tokens` prefill tokens in the same target forward. Coordinate

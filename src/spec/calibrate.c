@@ -88,8 +88,8 @@ int td_engine_calibrate_spec(td_engine *e, int max_k, int rows, int reps, td_err
             double *v = times + (size_t)p * reps;
             qsort(v, (size_t)reps, sizeof *v, cmp_d);
             double med = v[reps / 2];
-            if (p < np) td_ad_costs_fwd(&e->ad.costs, pts[p], med);
-            else td_ad_costs_mtp(&e->ad.costs, 1, med);
+            if (p < np) td_ad_costs_cal_fwd(&e->ad.costs, pts[p], med);
+            else td_ad_costs_cal_mtp(&e->ad.costs, 1, med);
         }
         e->ad.calibrated = true;
     }

@@ -321,10 +321,18 @@ static void save_checkpoint(td_gen *g) {
 
 /* A request at `auto` (or under the test hook's forced schedule) keeps
  * track = true (its depth is the maximum), so its MTP entries follow the
- * target at depth 0 too and it can draft again at any step. */
-static void ad_begin(td_gen *g) {
+ * target at depth 0 too and it can draft again at any step; unless
+ * drafting is not predicted to pay at all (td_ad_worth_tracking), then it
+ * runs as depth 0 without MTP work, except every TD_AD_TRACK_EVERY-th. */
+static void ad_begin(td_gen *g, const td_sampling *sp) {
+    td_ad_engine *ae = &g->e->ad;
+    int b = sp && sp->temperature > 0 ? 1 : 0;
     g->autod = true;
-    td_ad_state_init(&g->ad, &g->e->ad.global, g->o.spec_schedule_seed);
+    td_ad_state_init(&g->ad, &ae->global[b], g->o.spec_schedule_seed);
+    g->ad.bucket = b;
+    if (!g->ad.force_seed && ae->n_auto++ % TD_AD_TRACK_EVERY != 0 &&
+        !td_ad_worth_tracking(&ae->costs, &ae->global[b], g->depth, TD_AD_TRACK_MARGIN))
+        g->track = false;
 }
 
 /* Chooses this step's depth for the auto requests among the active ones
@@ -341,16 +349,18 @@ static int ad_plan(td_gen **active, int n) {
         td_ad_req *q = &r[nd];
         dec[nd++] = g;
         q->kmax = q->k = g->k;
-        q->fixed = !g->autod || g->ad.force_seed;
+        q->fixed = !g->autod || g->ad.force_seed || !g->track;
         if (g->autod && g->ad.force_seed) q->k = td_ad_forced(g->ad.force_seed, g->ad.steps++, g->k);
-        for (int j = 0; j < TD_MAX_SPEC_DEPTH; j++) q->p[j] = td_ad_p(g->autod ? &g->ad.acc : &ae->global, j);
+        if (g->autod && !g->track) q->k = 0; /* not tracking: depth 0 throughout */
+        for (int j = 0; j < TD_MAX_SPEC_DEPTH; j++)
+            q->p[j] = td_ad_p(g->autod ? &g->ad.acc : &ae->global[td_sampler_is_greedy(&g->sm) ? 0 : 1], j);
         n_auto += !q->fixed;
     }
     if (n_auto) td_ad_choose(&ae->costs, r, nd, extra);
     for (int i = 0; i < nd; i++) {
         td_gen *g = dec[i];
         int k = r[i].k;
-        if (g->autod && !g->ad.force_seed) k = td_ad_probe(&g->ad, k, r[i].kmax);
+        if (g->autod && !g->ad.force_seed && g->track) k = td_ad_probe(&g->ad, k, r[i].kmax);
         g->k = k;
         g->res.spec.chosen_depth[k]++;
         if (k > max_k) max_k = k;
@@ -360,7 +370,7 @@ static int ad_plan(td_gen **active, int n) {
 
 /* A verify drafted g->k tokens and accepted a. */
 static void ad_observe(td_gen *g, int a) {
-    td_ad_observe(&g->e->ad.global, g->k, a, TD_AD_GLOBAL_DECAY);
+    td_ad_observe(&g->e->ad.global[g->autod ? g->ad.bucket : td_sampler_is_greedy(&g->sm) ? 0 : 1], g->k, a, TD_AD_GLOBAL_DECAY);
     if (g->autod) td_ad_observe(&g->ad.acc, g->k, a, TD_AD_DECAY);
 }
 
@@ -455,7 +465,7 @@ int td_gen_begin(td_session *s, const int32_t *prompt, int n_prompt, const td_sa
     g->cons = o->constraint;
     g->depth = e->model->has_mtp ? o->spec_depth : 0;
     g->track = g->depth > 0;
-    if (g->depth > 0 && (o->spec_auto || o->spec_schedule_seed)) ad_begin(g);
+    if (g->depth > 0 && (o->spec_auto || o->spec_schedule_seed)) ad_begin(g, sp);
     g->prompt = TD_MALLOC(err, (size_t)n_prompt * sizeof(int32_t));
     g->stop_ids = TD_MALLOC(err, (size_t)(o->n_stop + 1) * sizeof(int32_t));
     int rc = (!g->prompt || !g->stop_ids) ? TD_ERR_NOMEM : alloc_buffers(g, err);
@@ -652,7 +662,6 @@ static int step(td_gen **gens, int n, int prefill_budget, td_err *err) {
         }
         double ad_t0 = now_s();
         if ((rc = td_mtp_forward(e->fwd, mitems, m, err))) return rc;
-        td_ad_costs_mtp(&e->ad.costs, m, now_s() - ad_t0); /* the draft cost table */
         for (int i = 0; i < m; i++) {
             td_gen *g = drafting[i];
             if (j == 0) { /* keep the last row's h' at row 0 */
@@ -662,6 +671,7 @@ static int step(td_gen **gens, int n, int prefill_budget, td_err *err) {
             g->h = g->b.mhidden;
             choose_draft(g, j);
         }
+        td_ad_costs_mtp(&e->ad.costs, m, now_s() - ad_t0); /* the draft cost table: MTP pass + choosing the drafts */
     }
     /* 3. one target forward for everything */
     for (int i = 0; i < n_active; i++) {
@@ -685,7 +695,6 @@ static int step(td_gen **gens, int n, int prefill_budget, td_err *err) {
     for (int i = 0; i < n_active; i++) ad_tokens += items[i].n;
     double ad_t0 = now_s();
     if ((rc = td_forward(e->fwd, items, n_active, err))) return rc;
-    td_ad_costs_fwd(&e->ad.costs, ad_tokens, now_s() - ad_t0); /* the step cost table */
     /* 4. per request: MTP bookkeeping, acceptance, tokens out */
     for (int i = 0; i < n_active; i++) {
         td_gen *g = active[i];
@@ -708,6 +717,7 @@ static int step(td_gen **gens, int n, int prefill_budget, td_err *err) {
         }
         update_times(g);
     }
+    td_ad_costs_fwd(&e->ad.costs, ad_tokens, now_s() - ad_t0); /* the step cost table: forward, acceptance, tokens out */
     return TD_OK;
 }
 

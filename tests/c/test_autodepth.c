@@ -73,6 +73,17 @@ int main(void) {
         td_ad_choose(&c, &r, 1, 0);
         CHECK(r.k == 2, "a fixed request keeps its depth: %d", r.k);
     }
+    /* tracking: only where some depth pays, with the engine-wide acceptance */
+    {
+        td_ad_accept hi = {{0}, {0}}, lo = {{0}, {0}};
+        for (int i = 0; i < 50; i++) td_ad_observe(&hi, 4, 4, 1.0), td_ad_observe(&lo, 4, 0, 1.0);
+        table(&c, 0.0, 1.0, false, 0.2);
+        CHECK(!td_ad_worth_tracking(&c, &hi, 4, TD_AD_TRACK_MARGIN), "compute-bound: no tracking");
+        table(&c, 1.0, 0.02, false, 0.02);
+        CHECK(td_ad_worth_tracking(&c, &hi, 4, TD_AD_TRACK_MARGIN), "memory-bound, high acceptance: tracking");
+        CHECK(td_ad_worth_tracking(&c, NULL, 4, TD_AD_TRACK_MARGIN), "memory-bound, no data yet: tracking");
+        CHECK(!td_ad_worth_tracking(&c, &lo, 4, TD_AD_TRACK_MARGIN), "memory-bound, nothing accepted: no tracking");
+    }
     /* a prefill chunk in the same forward: the marginal verify token is cheap
      * (compute-bound linear part), so a request drafts */
     table(&c, 0.0, 1.0, false, 0.01);
@@ -96,6 +107,17 @@ int main(void) {
           td_ad_fwd(&c, 2), td_ad_fwd(&c, 3));
     td_ad_costs_fwd(&c, 5, 4.0); /* EMA */
     CHECK(fabs(td_ad_fwd(&c, 5) - (2.0 + TD_AD_COST_ALPHA * 2.0)) < 1e-12, "EMA t(5) = %g", td_ad_fwd(&c, 5));
+    /* calibration x the ratio real steps show: a size real steps did not
+     * visit reads its calibration scaled by it */
+    td_ad_costs_init(&c);
+    for (int t = 1; t <= 5; t++) td_ad_costs_cal_fwd(&c, t, 1.0 + 0.1 * (t - 1));
+    CHECK(fabs(td_ad_fwd(&c, 5) - 1.4) < 1e-12, "calibrated t(5) = %g", td_ad_fwd(&c, 5));
+    for (int i = 0; i < 60; i++) td_ad_costs_fwd(&c, 1, 2.0); /* real steps at T=1 cost twice the calibration */
+    CHECK(fabs(td_ad_fwd(&c, 1) - 2.0) < 1e-9 && fabs(td_ad_fwd(&c, 5) - 2.8) < 1e-3, "t(1) %g, t(5) %g (want 2.8)", td_ad_fwd(&c, 1),
+          td_ad_fwd(&c, 5));
+    td_ad_costs_fwd(&c, 5, 3.0);
+    td_ad_costs_fwd(&c, 5, 3.0);
+    CHECK(fabs(td_ad_fwd(&c, 5) - 3.0) < 1e-9, "measured t(5) %g", td_ad_fwd(&c, 5));
     /* acceptance: decayed conditional rates, seeded from the engine-wide ones */
     td_ad_accept g = {{0}, {0}};
     for (int i = 0; i < 200; i++) td_ad_observe(&g, 3, i % 4 == 0 ? 0 : 3, TD_AD_GLOBAL_DECAY); /* 75% take all 3, 25% none */

@@ -89,7 +89,7 @@ static void greedy_auto(const char *dir, int n_tokens) {
     if (!e) return;
     td_err err = {0};
     CHECK(td_engine_calibrate_spec(e, 4, 4, 2, &err) == 0, "calibrate: %s", err.msg);
-    CHECK(e->ad.calibrated && e->ad.costs.n_fwd[1] && e->ad.costs.n_fwd[5], "calibration filled the table");
+    CHECK(e->ad.calibrated && e->ad.costs.n_cal_fwd[1] && e->ad.costs.n_cal_fwd[5], "calibration filled the table");
     td_sampling sp;
     td_sampling_default(&sp);
     int32_t prompt[16], ref[512], out[512];
