@@ -30,7 +30,12 @@ static int parse_list(const char *v, char ***out) {
         if (!json_is_array(j)) { json_decref(j); return -1; }
         a = calloc(json_array_size(j) + 1, sizeof *a);
         json_array_foreach(j, i, x) {
-            if (!a || !json_is_string(x)) { json_decref(j); free(a); return -1; }
+            if (!a || !json_is_string(x)) {
+                for (int k = 0; a && k < n; k++) free(a[k]);
+                json_decref(j);
+                free(a);
+                return -1;
+            }
             a[n++] = strdup(json_string_value(x));
         }
         json_decref(j);
@@ -48,6 +53,11 @@ static int parse_list(const char *v, char ***out) {
     if (!a) return -1;
     *out = a;
     return n;
+}
+
+static void free_list(char **a) {
+    for (char **p = a; p && *p; p++) free(*p);
+    free(a);
 }
 
 /* Joins a list with ", " (a CORS header value). */
@@ -207,9 +217,15 @@ int cmd_serve(int argc, char **argv) {
             char **l = NULL;
             int k = parse_list(v, &l);
             if (k < 0) { fprintf(stderr, "tandem serve: %s must be a JSON list of strings or a comma list, got \"%s\"\n", a, v); return 2; }
-            if (a[10] == 'o') cfg.allowed_origins = (const char *const *)l, cfg.n_allowed_origins = k;
-            else if (a[10] == 'm') cfg.allowed_methods = join_list(l, k);
-            else cfg.allowed_headers = join_list(l, k);
+            if (a[10] == 'o') {
+                free_list((char **)cfg.allowed_origins);
+                cfg.allowed_origins = (const char *const *)l, cfg.n_allowed_origins = k;
+                continue;
+            }
+            const char **dst = a[10] == 'm' ? &cfg.allowed_methods : &cfg.allowed_headers;
+            free((char *)*dst);
+            *dst = join_list(l, k);
+            free_list(l);
         } else if (!strcmp(a, "--allow-credentials")) cfg.allow_credentials = true;
         else if (cli_is_verbose(a)) cli_verbose = true;
         else if (cli_is_help(a)) {
@@ -296,6 +312,9 @@ out:
         td_engine_free(eng);
         tok_free(tok);
         free(dir_copy);
+        free_list((char **)cfg.allowed_origins);
+        free((char *)cfg.allowed_methods);
+        free((char *)cfg.allowed_headers);
     }
     return rc;
 }
