@@ -77,6 +77,8 @@ static double now_s(void) {
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+static bool ad_coupled(const td_gen *g); /* adaptive depth, below */
+
 static int chunk_cap(const td_engine *e) { return e->opts.max_prefill_chunk > 0 ? e->opts.max_prefill_chunk : PREFILL_CHUNK; }
 
 size_t td_gen_work_bytes_for(const td_config *c, int k, int pend_cap, int max_chunk) {
@@ -260,6 +262,7 @@ static int accept_verified(td_gen *g, td_err *err) {
             next = td_sampler_sample(&g->sm, row);
             break;
         }
+        if (ad_coupled(g)) { int32_t t = td_sampler_sample(&g->sm, row); if (t != d) { next = t; break; } td_sampler_accept(&g->sm, d); continue; }
         if (td_sampler_is_greedy(&g->sm)) {
             int32_t t = td_sampler_greedy(&g->sm, row);
             if (t != d) { next = t; break; }
@@ -367,6 +370,17 @@ static int ad_plan(td_gen **active, int n) {
     }
     return max_k;
 }
+
+/* Sampled verification at `auto` (argmax drafts): the position's token is
+ * drawn exactly as depth 0 draws it (td_sampler_sample, one per emitted
+ * token, in order) and the draft is accepted iff it equals that token. This
+ * is rejection sampling against a one-hot q (accepted with probability
+ * p(d), the correction distributed as the residual p restricted to != d)
+ * coupled to depth 0's random numbers: the output of a seeded sampled
+ * request is the depth-0 output byte for byte, whatever depths the
+ * (timing-dependent) schedule picks, so seeds stay reproducible. The
+ * forced test schedule and fixed depths keep the u < p/q test. */
+static bool ad_coupled(const td_gen *g) { return g->autod && !g->ad.force_seed && !g->o.draft_sampling && !td_sampler_is_greedy(&g->sm); }
 
 /* A verify drafted g->k tokens and accepted a. */
 static void ad_observe(td_gen *g, int a) {
