@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include "server/api.h"
 #include "server/srv_internal.h"
 #include "util/err.h"
 
@@ -232,6 +233,7 @@ void ep_generate(srv *s, task *t) {
     }
     j->dialect = ax ? t->dialect : DIALECT_CHAT;
     j->api = ax;
+    if (ax) snprintf(j->id, sizeof j->id, "%s", ax->id); /* resp_... / msg_... in the logs */
     j->conn = t->conn;
     j->fd = t->fd;
     j->http11 = t->http11;
