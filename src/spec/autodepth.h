@@ -20,21 +20,29 @@
  * cost table at start-up.
  *
  * Losslessness does not depend on the schedule: every step is an ordinary
- * speculative step at the k it was given (greedy: identical to depth 0;
- * sampled: the same distribution), k being chosen from the past only. The
- * choice uses wall-clock costs, so a seeded *sampled* request at `auto` is
- * not reproducible run to run (its distribution is); fix --spec-depth N for
- * that.
+ * speculative step at the k it was given (greedy: identical to depth 0),
+ * k being chosen from the past only. The choice uses wall-clock costs, so
+ * it differs run to run; a sampled request at `auto` (argmax drafts) is
+ * therefore verified *coupled* to depth 0 (gen.c ad_coupled: each position's
+ * token drawn as depth 0 draws it, the draft accepted iff equal), which makes
+ * a seeded sampled request's output the depth-0 output byte for byte under
+ * any schedule. Fixed depths keep the u < p/q rejection test.
  *
- * Depth 0: a request at `auto` keeps its MTP entries in step with the
- * target (gen.c's `track`: one hidden-row copy per token and one batched MTP
- * pass over the pending rows every TD_SESSION_PEND_CAP - 1 tokens, without
- * the lm_head), so it can draft again at any step without a gap in the MTP
- * layer's KV. And it probes: after `probe` steps at 0 it drafts one token,
- * so p_1 keeps being measured; a probe that does not change the choice
- * doubles the interval (16 .. 256 steps), so on a model where drafting never
- * pays the probes cost at most 1/16 of a depth-1 step's extra, and less
- * after. */
+ * What a depth-0 request costs: a request at `auto` that may draft keeps
+ * its MTP entries in step with the target (gen.c's `track`: one hidden-row
+ * copy per token and one batched MTP-layer pass over the pending rows every
+ * TD_SESSION_PEND_CAP - 1 tokens, without the lm_head), so it can draft
+ * again at any step without a gap in the MTP layer's KV. On a model in cache
+ * (the demo model on a CPU) that pass is ~1/7 of a forward per token: more
+ * than the whole gain drafting could bring. So a new request tracks only
+ * when some depth is predicted to pay with the engine-wide acceptance
+ * (td_ad_worth_tracking, with a 5% margin for the tracking itself); one in
+ * TD_AD_TRACK_EVERY tracks anyway, so the engine-wide acceptance and the
+ * cost table keep being measured. A request that does not track runs
+ * exactly as a fixed depth-0 one. A tracking request at depth 0 probes:
+ * after `probe` steps at 0 it drafts one token, so p_1 keeps being
+ * measured; a probe that does not change the choice doubles the interval
+ * (16 .. 256 steps). */
 #ifndef TANDEM_SPEC_AUTODEPTH_H
 #define TANDEM_SPEC_AUTODEPTH_H
 #include <stdbool.h>
