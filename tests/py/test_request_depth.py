@@ -32,3 +32,19 @@ def test_request_depth_is_lossless(server_spec):
             assert 0 < proposed <= d * 24
     bad = complete(server_spec, num_speculative_tokens=4)
     assert bad.status_code == 400 and "num_speculative_tokens" in bad.text
+
+
+def test_auto_depth_metrics(make_server):
+    """--spec-depth auto (issue 18): greedy output equals depth 0, /metrics has the chosen-depth
+    histogram (buckets 0..max) counting every decode step, and the auto gauge."""
+    s = make_server("--spec-depth", "auto", "--spec-depth-max", "3")
+    m0 = s.metrics()
+    assert m0["tandem_spec_decode_auto"] == 1 and m0["tandem_spec_decode_depth"] == 3
+    base = complete(s, num_speculative_tokens=0)
+    auto = complete(s)
+    assert auto.status_code == 200 and auto.json()["choices"][0]["text"] == base.json()["choices"][0]["text"]
+    m = s.metrics()
+    buckets = [m[f'tandem_spec_chosen_depth_bucket{{le="{k}"}}'] for k in range(4)]
+    assert buckets == sorted(buckets) and m['tandem_spec_chosen_depth_bucket{le="+Inf"}'] == buckets[-1]
+    assert m["tandem_spec_chosen_depth_count"] == buckets[-1] >= 23  # 24 tokens: at least one step per draft round
+    assert buckets[0] >= 23  # the depth-0 request's steps
