@@ -272,21 +272,22 @@ static int input_item(const json_t *it, size_t i, json_t *conv, sbuf *reasoning,
 static int translate_tools(const json_t *in, json_t *chat, http_err *e) {
     const json_t *tools = json_object_get(in, "tools"), *t;
     size_t i;
-    if (absent(tools)) return 0;
-    if (!json_is_array(tools) || json_array_size(tools) > API_MAX_TOOLS) return BAD(e, "'tools' must be an array of at most %d tools", API_MAX_TOOLS);
-    json_t *out = json_array();
-    if (!out) return NOMEM(e);
-    json_object_set_new(chat, "tools", out);
-    json_array_foreach(tools, i, t) {
-        const char *type = json_string_value(json_object_get(t, "type"));
-        if (!type || strcmp(type, "function"))
-            return BAD(e, "tools[%zu]: tool type '%.64s' is not supported (function tools only)", i, type ? type : "(none)");
-        const json_t *name = json_object_get(t, "name");
-        if (!json_is_string(name)) return BAD(e, "tools[%zu] needs a string 'name'", i);
-        json_t *f = json_pack("{s:O}", "name", name);
-        if (!f) return NOMEM(e);
-        api_pass(f, t, (const char *const[]){"description", "parameters", "strict", NULL});
-        if (json_array_append_new(out, json_pack("{s:s, s:o}", "type", "function", "function", f))) return NOMEM(e);
+    if (!absent(tools)) {
+        if (!json_is_array(tools) || json_array_size(tools) > API_MAX_TOOLS) return BAD(e, "'tools' must be an array of at most %d tools", API_MAX_TOOLS);
+        json_t *out = json_array();
+        if (!out) return NOMEM(e);
+        json_object_set_new(chat, "tools", out);
+        json_array_foreach(tools, i, t) {
+            const char *type = json_string_value(json_object_get(t, "type"));
+            if (!type || strcmp(type, "function"))
+                return BAD(e, "tools[%zu]: tool type '%.64s' is not supported (function tools only)", i, type ? type : "(none)");
+            const json_t *name = json_object_get(t, "name");
+            if (!json_is_string(name)) return BAD(e, "tools[%zu] needs a string 'name'", i);
+            json_t *f = json_pack("{s:O}", "name", name);
+            if (!f) return NOMEM(e);
+            api_pass(f, t, (const char *const[]){"description", "parameters", "strict", NULL});
+            if (json_array_append_new(out, json_pack("{s:s, s:o}", "type", "function", "function", f))) return NOMEM(e);
+        }
     }
     const json_t *tc = json_object_get(in, "tool_choice");
     if (json_is_string(tc)) {

@@ -351,3 +351,45 @@ def test_reasoning_items(server_think):
     # reasoning effort none: the template's thinking switch off
     r3 = c.responses.create(model="think", input="Hi", max_output_tokens=8, temperature=0, reasoning={"effort": "none"})
     assert all(o.type != "reasoning" for o in r3.output) and r3.usage.output_tokens_details.reasoning_tokens == 0
+
+
+def test_hostile_bodies(demo):
+    """Malformed Responses and Messages bodies: a 4xx in the route's shape, never a crash."""
+    bad_responses = [
+        {"input": 5}, {"input": [5]}, {"input": [{}]}, {"input": [{"type": "message", "role": "tool", "content": "x"}]},
+        {"input": [{"role": "user", "content": 5}]}, {"input": [{"role": "user", "content": [{"type": "input_text"}]}]},
+        {"input": [{"type": "function_call", "name": 1, "call_id": "c"}]},
+        {"input": [{"type": "function_call", "name": "f", "call_id": "c", "arguments": {}}]},
+        {"input": [{"type": "function_call_output", "output": "x"}]},
+        {"input": [{"type": "reasoning", "content": "x"}]}, {"input": [{"type": "reasoning", "summary": [{"text": 1}]}]},
+        {"input": [{"type": "item_reference", "id": "x"}]}, {"input": "x", "instructions": 5}, {"input": "x", "tools": {}},
+        {"input": "x", "tools": [{"type": "function"}]}, {"input": "x", "tool_choice": {"type": "file_search"}},
+        {"input": "x", "tool_choice": 3}, {"input": "x", "text": "json"}, {"input": "x", "text": {"format": {}}},
+        {"input": "x", "store": "yes"}, {"input": "x", "previous_response_id": 7}, {"input": "x", "reasoning": "high"},
+        {"input": "x", "max_output_tokens": "9"}, {"input": "x", "temperature": "hot"}, {}, {"input": []},
+        {"input": [{"role": "user", "content": [{"type": "input_text", "text": "x"}] * 10001}]},
+    ]
+    for b in bad_responses:
+        r = requests.post(demo.url("/v1/responses"), json=dict(b, model="demo", max_output_tokens=b.get("max_output_tokens", 2)), timeout=30)
+        assert 400 <= r.status_code < 500 and r.json()["error"]["message"], (b, r.text)
+    bad_messages = [
+        {"messages": 5}, {"messages": [5]}, {"messages": [{"role": "user"}]}, {"messages": [{"role": "user", "content": [5]}]},
+        {"messages": [{"role": "user", "content": [{"type": "text"}]}]},
+        {"messages": [{"role": "user", "content": [{"type": "tool_result"}]}]},
+        {"messages": [{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t", "content": [{"type": "image"}]}]}]},
+        {"messages": [{"role": "assistant", "content": [{"type": "tool_use", "id": "t", "name": "f", "input": []}]}]},
+        {"messages": [{"role": "assistant", "content": [{"type": "thinking"}]}]},
+        {"system": 5}, {"system": [{"type": "image"}]}, {"tools": [{}]}, {"tools": [{"name": "f", "input_schema": 3}]},
+        {"tool_choice": "auto"}, {"tool_choice": {"type": "tool"}}, {"tool_choice": {"type": "x"}}, {"thinking": {"type": "x"}},
+        {"stop_sequences": "x"}, {"max_tokens": 0}, {"max_tokens": "2"}, {"messages": []},
+    ]
+    for b in bad_messages:
+        body = {"model": "demo", "max_tokens": 2, "messages": [{"role": "user", "content": "x"}]}
+        body.update(b)
+        r = requests.post(demo.url("/v1/messages"), json=body, timeout=30)
+        j = r.json()
+        assert r.status_code == 400 and j["type"] == "error" and j["error"]["type"] == "invalid_request_error", (b, r.text)
+        if "max_tokens" not in b:
+            r = requests.post(demo.url("/v1/messages/count_tokens"), json=body, timeout=30)
+            assert r.status_code == 400 and r.json()["type"] == "error", (b, r.text)
+    assert requests.get(demo.url("/health"), timeout=10).status_code == 200
