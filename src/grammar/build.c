@@ -447,7 +447,7 @@ int gb_finish(gr_builder *b, int32_t root, const td_grammar_opts *o, td_grammar 
     uint32_t k = 0;
     for (uint32_t r = 0; r < b->n_rules; r++) {
         g->rule_start[r] = k;
-        memcpy(g->elems + k, b->rules[r].v, b->rules[r].n * sizeof(uint32_t));
+        if (b->rules[r].n) memcpy(g->elems + k, b->rules[r].v, b->rules[r].n * sizeof(uint32_t));
         k += b->rules[r].n;
         g->elems[k++] = EL(E_END, 0);
     }

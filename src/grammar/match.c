@@ -66,7 +66,7 @@ static int ss_add(sset *s, const uint32_t *st, uint32_t len, uint32_t limit) {
     uint32_t h = (uint32_t)XXH3_64bits(st, len * 4u) & (s->htc - 1);
     while (s->htgen[h] == s->gen) {
         uint32_t l2, *o = ss_stack(s, s->ht[h], &l2);
-        if (l2 == len && !memcmp(o, st, len * 4u)) return 0;
+        if (l2 == len && (!len || !memcmp(o, st, len * 4u))) return 0;
         h = (h + 1) & (s->htc - 1);
     }
     if (s->n >= limit) return s->over = true, -1;
@@ -86,7 +86,7 @@ static int ss_add(sset *s, const uint32_t *st, uint32_t len, uint32_t limit) {
     }
     s->off[s->n] = (uint32_t)s->nb;
     s->buf[s->nb] = len;
-    memcpy(s->buf + s->nb + 1, st, len * 4u);
+    if (len) memcpy(s->buf + s->nb + 1, st, len * 4u);
     s->nb += len + 1;
     s->htgen[h] = s->gen, s->ht[h] = s->n;
     s->n++;

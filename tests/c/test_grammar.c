@@ -243,7 +243,7 @@ static void test_json(void) {
     for (size_t i = 0; i < sizeof yes / sizeof *yes; i++) CHECK(matchs(g, yes[i]) == 1, "json_object accepts %s", yes[i]);
     for (size_t i = 0; i < sizeof no / sizeof *no; i++) CHECK(matchs(g, no[i]) == 0, "json_object rejects %s", no[i]);
     /* nesting bound 16 */
-    char deep[64] = {0};
+    char deep[128] = {0};
     for (int i = 0; i < 16; i++) strcat(deep, "{\"\":");
     CHECK(matches(g, deep, strlen(deep)) == 0, "prefix");
     {
