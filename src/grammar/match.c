@@ -186,6 +186,7 @@ int td_grammar_vocab_new(int n_vocab, const uint8_t *const *tok_bytes, const siz
     /* Byte trie of every non-special, non-end token; ids with equal bytes share a node. */
     v->trie[0].tok = -1;
     v->n_nodes = 1;
+    uint32_t root_kid[256] = {0};
     size_t pos = 0;
     for (int i = 0; i < n_vocab; i++) {
         v->tok_next[i] = -1;
@@ -197,14 +198,15 @@ int td_grammar_vocab_new(int n_vocab, const uint8_t *const *tok_bytes, const siz
         if (tok_len[i] > v->max_len) v->max_len = tok_len[i];
         uint32_t cur = 0;
         for (size_t k = 0; k < tok_len[i]; k++) {
-            uint32_t c = v->trie[cur].child;
-            while (c && v->trie[c].byte != tok_bytes[i][k]) c = v->trie[c].sib;
+            uint32_t c = k ? v->trie[cur].child : root_kid[tok_bytes[i][0]]; /* the root has up to 256 children */
+            if (k) while (c && v->trie[c].byte != tok_bytes[i][k]) c = v->trie[c].sib;
             if (!c) {
                 c = v->n_nodes++;
                 v->trie[c].byte = tok_bytes[i][k];
                 v->trie[c].tok = -1;
                 v->trie[c].sib = v->trie[cur].child;
                 v->trie[cur].child = c;
+                if (!k) root_kid[tok_bytes[i][0]] = c;
             }
             cur = c;
         }
