@@ -526,3 +526,27 @@ def test_n_cancel_on_disconnect(make_server, stream):
     assert after['vllm:request_success_total{finished_reason="abort"}'] - before.get('vllm:request_success_total{finished_reason="abort"}', 0) == 4
     r = post(s, "/v1/completions", prompt="a", max_tokens=2, n=2)  # still serving
     assert r.status_code == 200 and len(r.json()["choices"]) == 2
+
+
+def test_n_follower_refused_when_full(make_server):
+    """Samples 1..n-1 join the queue at sample 0's first token; a queue full by then is a 503
+    for the request (non-streamed) or that choice's error event (streamed)."""
+    import threading
+    s = make_server("--max-num-seqs", "2", "--max-queue", "0", "--spec-depth", "0")
+    hog = threading.Thread(target=lambda: post(s, "/v1/completions", prompt="hog", max_tokens=3000, ignore_eos=True))
+    hog.start()
+    import time
+    deadline = time.time() + 20
+    while time.time() < deadline and s.metrics()["vllm:num_requests_running"] < 1:
+        time.sleep(0.02)
+    try:
+        r = post(s, "/v1/completions", prompt="one two", max_tokens=4, n=2, ignore_eos=True)
+        assert r.status_code == 503 and "busy" in r.json()["error"]["message"], r.text
+        chunks = sse(post(s, "/v1/completions", prompt="one two", max_tokens=4, n=2, ignore_eos=True, stream=True))
+        assert any("error" in c for c in chunks)
+        assert any(c.get("choices") and c["choices"][0]["index"] == 0 and c["choices"][0]["finish_reason"] for c in chunks)
+        assert post(s, "/v1/completions", prompt="one two", max_tokens=4, n=3).status_code == 400  # over 2 + 0: never fits
+    finally:
+        hog.join()
+    r = post(s, "/v1/completions", prompt="one two", max_tokens=4, n=2, ignore_eos=True)
+    assert r.status_code == 200 and len(r.json()["choices"]) == 2
