@@ -209,7 +209,7 @@ static int blocks_from_job(job *j) {
     }
     size_t i;
     json_t *c;
-    json_array_foreach(j->calls, i, c) {
+    json_array_foreach(j->n_calls ? j->calls : NULL, i, c) { /* n_calls 0: the calls fell back to content */
         const json_t *f = json_object_get(c, "function");
         if (!(b = api_block_add(st, CP_TOOL_START)) ||
             set_call(st, b, (int)i, json_string_value(json_object_get(c, "id")), json_string_value(json_object_get(f, "name"))))

@@ -475,10 +475,22 @@ static void finish_stream(job *j) {
     j->out_done = true;
 }
 
+/* Tool calls whose arguments are not valid JSON: the output after the
+ * reasoning becomes plain content, as vLLM's parsers fall back. */
+static void tools_fallback(job *j) {
+    if (j->req.kind != OAI_CHAT || !j->n_calls || tools_valid(j)) return;
+    size_t n;
+    const char *p = raw_content(j, &n);
+    sb_clear(&j->content);
+    sb_add(&j->content, p, n);
+    j->n_calls = 0;
+}
+
 static void finish_body(job *j) {
     json_t *o;
     clean_error(j);
     if (j->dialect) { /* Responses / Anthropic body (api_common.c) */
+        if (!j->error[0]) tools_fallback(j);
         api_finish_body(j);
         return;
     }
@@ -488,13 +500,7 @@ static void finish_body(job *j) {
         j->body_status = 500;
     } else {
         json_t *lp = lp_object(j, j->lp_all), *choice;
-        if (j->req.kind == OAI_CHAT && j->n_calls && !tools_valid(j)) { /* plain content, as vLLM's parsers fall back */
-            size_t n;
-            const char *p = raw_content(j, &n);
-            sb_clear(&j->content);
-            sb_add(&j->content, p, n);
-            j->n_calls = 0;
-        }
+        tools_fallback(j);
         if (j->req.kind == OAI_CHAT) {
             json_t *msg = json_pack("{s:s}", "role", "assistant");
             if (j->content.len || !j->n_calls) json_object_set_new(msg, "content", json_stringn(j->content.p ? j->content.p : "", j->content.len));

@@ -141,6 +141,10 @@ def test_tool_use_round_trip(client):
         final = s.get_final_message()
     assert final.stop_reason == "tool_use" and [b.input for b in final.content if b.type == "tool_use"] == [tu[0].input]
     assert any(e.type == "input_json" for e in events)
+    # a call cut by a stop sequence has invalid arguments: the output is text, as the chat path falls back
+    cut = client.messages.create(model="demo", max_tokens=64, messages=WEATHER, tools=TOOLS, stop_sequences=["Paris"], extra_body=GREEDY)
+    assert cut.stop_reason == "stop_sequence" and cut.stop_sequence == "Paris"
+    assert [b.type for b in cut.content] == ["text"] and "get_weather" in cut.content[0].text
     # tool_choice: none never calls; any forces a call
     r3 = client.messages.create(model="demo", max_tokens=16, messages=WEATHER, tools=TOOLS, tool_choice={"type": "none"})
     assert all(b.type != "tool_use" for b in r3.content) and r3.stop_reason != "tool_use"

@@ -204,6 +204,10 @@ def test_function_call_round_trip(client):
              [{"type": "function_call_output", "call_id": c.call_id, "output": "Sunny, 22 C."}]
     r2 = client.responses.create(model="demo", input=follow, tools=TOOLS, max_output_tokens=16, temperature=0)
     assert r2.status in ("completed", "incomplete") and r2.usage.input_tokens > r.usage.input_tokens
+    # a call cut by a stop string has invalid arguments: a message instead, as the chat path falls back
+    cut = client.responses.create(model="demo", input="What is the weather in Paris?", tools=TOOLS, max_output_tokens=64,
+                                  temperature=0, extra_body={"stop": ["Paris"]})
+    assert [o.type for o in cut.output] == ["message"] and "get_weather" in cut.output_text
     # tool_choice none: no call
     r3 = client.responses.create(model="demo", input="What is the weather in Paris?", tools=TOOLS, tool_choice="none",
                                  max_output_tokens=16, temperature=0)
