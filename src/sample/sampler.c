@@ -110,6 +110,13 @@ static int32_t argmax(const float *x, int n) {
     return best;
 }
 
+const float *td_sampler_biased(td_sampler *s, const float *logits) {
+    if (!s->n_bias) return logits;
+    memcpy(s->work, logits, (size_t)s->vocab * sizeof(float));
+    for (int i = 0; i < s->n_bias; i++) s->work[s->bias[i].token] += s->bias[i].bias;
+    return s->work;
+}
+
 int32_t td_sampler_greedy(td_sampler *s, const float *logits) {
     if (!has_penalties(s) && !s->mask && !s->n_bias) return argmax(logits, s->vocab);
     penalize(s, logits);

@@ -35,6 +35,9 @@ void td_sampler_set_mask(td_sampler *s, const uint32_t *mask);
 static inline int td_mask_allows(const uint32_t *mask, int32_t t) { return !mask || ((mask[t >> 5] >> (t & 31)) & 1u); }
 /* Whether mask allows no token of [0, vocab). */
 int td_mask_empty(const uint32_t *mask, int vocab);
+/* logits + logit_bias (in the work buffer, valid until the next call), or
+ * logits itself without a bias: argmax drafts proposed under the bias. */
+const float *td_sampler_biased(td_sampler *s, const float *logits);
 /* Records a generated token (for penalties). */
 void td_sampler_accept(td_sampler *s, int32_t tok);
 /* True when sampling reduces to argmax (temperature 0). */

@@ -236,9 +236,10 @@ static void choose_draft(td_gen *g, int j) {
         td_sampler_set_mask(&g->sm, NULL);
         g->toks[1 + j] = td_sample_from(&g->sm, qp);
     } else {
+        const float *bl = td_sampler_biased(&g->sm, lg); /* logit_bias: drafts proposed under it too */
         int32_t best = -1;
         for (int i = 0; i < V; i++)
-            if (td_mask_allows(m, i) && (best < 0 || lg[i] > lg[best])) best = i;
+            if (td_mask_allows(m, i) && (best < 0 || bl[i] > bl[best])) best = i;
         g->toks[1 + j] = best;
     }
 }

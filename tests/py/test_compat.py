@@ -215,6 +215,19 @@ def test_logit_bias_lossless_with_mtp(server_spec):
     assert outs[2] == outs[0] and outs[3] == outs[0]
 
 
+def test_logit_bias_drafts_proposed_under_it(server_spec):
+    """MTP drafts are chosen with the bias too: a forced token is drafted and accepted."""
+    def counters():
+        m = server_spec.metrics()
+        return m["vllm:spec_decode_num_draft_tokens_total"], m["vllm:spec_decode_num_accepted_tokens_total"]
+    d0, a0 = counters()
+    r = post(server_spec, "/v1/completions", prompt="one two three", max_tokens=24, temperature=0, ignore_eos=True,
+             logit_bias={"42": 100}, num_speculative_tokens=3, return_tokens_as_token_ids=True, logprobs=0)
+    assert r.json()["choices"][0]["logprobs"]["tokens"] == ["token_id:42"] * 24
+    d1, a1 = counters()
+    assert d1 > d0 and (a1 - a0) / (d1 - d0) > 0.9, (d1 - d0, a1 - a0)
+
+
 def test_logit_bias_errors(server):
     for bad in ([1], {"x": 1}, {"1": 101}, {"-1": 1}, {"99999999": 1}, {"1": "a"}):
         r = post(server, "/v1/chat/completions", messages=MSG, max_tokens=2, logit_bias=bad)
