@@ -453,7 +453,7 @@ int gb_finish(gr_builder *b, int32_t root, const td_grammar_opts *o, td_grammar 
     }
     g->n_elems = k;
     g->n_rules = b->n_rules;
-    memcpy(g->sets, b->sets, (size_t)b->n_sets * sizeof *g->sets);
+    if (b->n_sets) memcpy(g->sets, b->sets, (size_t)b->n_sets * sizeof *g->sets); /* none: b->sets may be NULL */
     g->n_sets = b->n_sets;
     pthread_mutex_init(&g->mu, NULL);
     g->cap_bytes = o && o->cache_bytes ? o->cache_bytes : (size_t)64 << 20;
