@@ -71,8 +71,8 @@ int so_init(srv *s, td_err *err) {
         const uint8_t *b = tok_id_bytes(s->tok, i, &n);
         if (b && n) bytes[i] = b, lens[i] = n;
     }
-    td_model_info mi;
-    td_engine_info(s->eng, &mi);
+    td_model_info mi = {0};
+    if (s->eng) td_engine_info(s->eng, &mi); /* the request-path fuzz harness has no engine */
     int32_t ends[16];
     int n_end = 0;
     for (int i = 0; i < mi.n_eos && n_end < 15; i++) ends[n_end++] = mi.eos_token_ids[i];

@@ -62,6 +62,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     g_srv.bos = tok_bos_token(g_srv.tok) ? strdup(tok_bos_token(g_srv.tok)) : NULL;
     g_srv.eos = tok_eos_token(g_srv.tok) ? strdup(tok_eos_token(g_srv.tok)) : NULL;
     td_sampling_default(&g_srv.cfg.sampling);
+    if (so_init(&g_srv, &err)) { fprintf(stderr, "fuzz_oai_req: structured outputs: %s\n", err.msg); abort(); }
     atomic_store(&g_srv.ready, 1);
     return 0;
 }
