@@ -194,7 +194,7 @@ int api_stream_begin(job *j) {
 int api_finish_stream(job *j) {
     api_state *st = j->api;
     int rc = 0;
-    if (!j->error[0]) rc = close_current(j, j->res.finish != TD_FINISH_LENGTH);
+    if (!j->error[0]) rc = close_current(j, j->res.finish != TD_FINISH_LENGTH && j->res.finish != TD_FINISH_CANCEL);
     return rc | (st->dialect == DIALECT_RESPONSES ? resp_finish_stream(j) : anth_finish_stream(j));
 }
 

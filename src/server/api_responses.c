@@ -477,7 +477,8 @@ static json_t *response_json(job *j, const char *status, bool final) {
     json_t *out = json_object_get(o, "output");
     for (int i = 0; i < st->nb; i++)
         json_array_append_new(out, item_json(&st->b[i], true, i == st->nb - 1 ? item_status : "completed"));
-    if (!strcmp(status, "incomplete")) json_object_set_new(o, "incomplete_details", json_pack("{s:s}", "reason", "max_output_tokens"));
+    if (!strcmp(status, "incomplete") && j->res.finish == TD_FINISH_LENGTH)
+        json_object_set_new(o, "incomplete_details", json_pack("{s:s}", "reason", "max_output_tokens"));
     return o;
 }
 
@@ -583,7 +584,10 @@ static void store_response(job *j, const json_t *resp) {
     store_put(j->srv, st->id, json_dumps(resp, JSON_COMPACT), conv_with_output(st));
 }
 
-static const char *final_status(const job *j) { return j->res.finish == TD_FINISH_LENGTH ? "incomplete" : "completed"; }
+/* Cut by the length, or cancelled (the server shutting down): incomplete. */
+static const char *final_status(const job *j) {
+    return j->res.finish == TD_FINISH_LENGTH || j->res.finish == TD_FINISH_CANCEL ? "incomplete" : "completed";
+}
 
 static json_t *failed_json(job *j) {
     json_t *o = response_json(j, "failed", true);
