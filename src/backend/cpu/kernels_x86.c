@@ -475,12 +475,252 @@ DRIVER256(mm256_f8b, KF8B)
 DRIVER256(mm256_fp4, KFP4)
 DRIVER256(mm256_q8, KQ8)
 
+/* ---- AVX2, two rows and more: 8 lanes at a time ----
+ * A 16-lane accumulator is two independent 8-lane halves (lanes 0..7 sum the
+ * elements i mod 16 in 0..7, lanes 8..15 the rest), so a tile can run its K
+ * range twice, once per half, with one ymm per output instead of two: twice
+ * the outputs per register file, which is what lets one weight chunk be
+ * loaded and dequantized once for every activation row of a verify (up to
+ * 5 rows) or for 3 x 4 outputs of a prefill block. Each half still gets one
+ * FMA per element in increasing k, and the halves meet in the same reduce16:
+ * bit-identical to tile256 and to the AVX-512 kernels. */
+
+/* Values h*8 .. h*8+7 of the 16-chunk at i: the same as w16_256's lo / hi. */
+T256 INL __m256 f8x8_256(__m128i b /* 8 bytes in the low half */) {
+    __m128i h = _mm_and_si128(_mm_slli_epi16(_mm_cvtepi8_epi16(b), 7), _mm_set1_epi16((short)0xbfff));
+    return _mm256_cvtph_ps(h);
+}
+
+enum { KPAN = 7 }; /* an f32 panel row (prefill): element i at row + (i - kb) */
+
+T256 INL __m256 w8_256(const wd *d, const int kind, const uint8_t *row, int64_t n, int64_t i, int64_t kb, int h) {
+    const int64_t j = i + 8 * h;
+    switch (kind) {
+    case KPAN: return _mm256_loadu_ps((const float *)row + (j - kb));
+    case KF32: return _mm256_loadu_ps((const float *)row + j);
+    case KBF16:
+        return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + j))), 16));
+    case KF16: return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + j)));
+    case KF8: return f8x8_256(_mm_loadl_epi64((const __m128i *)(row + j)));
+    case KF8B:
+        return _mm256_mul_ps(f8x8_256(_mm_loadl_epi64((const __m128i *)(row + j))), _mm256_set1_ps(block_scale_val(d, n, i) * 256.0f));
+    case KQ8:
+        return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(row + j)))),
+                             _mm256_set1_ps(d->sq[n * (d->K / 32) + i / 32]));
+    default: {
+        int32_t b4;
+        memcpy(&b4, row + j / 2, 4);
+        __m128i w = _mm_cvtepu8_epi16(_mm_cvtsi32_si128(b4));
+        __m128i nib = _mm_or_si128(_mm_and_si128(w, _mm_set1_epi16(0x0f)), _mm_slli_epi16(_mm_srli_epi16(w, 4), 8));
+        return _mm256_mul_ps(fp4x8_256(nib), _mm256_set1_ps(fp8_lut[d->s4[n * (d->K / 16) + i / 16]]));
+    }
+    }
+}
+
+/* RN weight rows x RM activation rows over k in [k0, k1) (multiples of 16),
+ * both halves; acc: output (r, q) at acc + r * ar + q * 16 (16 floats, the
+ * running 16-lane sum). pf (may be NULL): rows to prefetch, at the same
+ * offsets from k0 as this tile reads. */
+T256 INL void htile256(const wd *d, const int kind, const int RN, const int RM, const uint8_t *const *row, int64_t n,
+                       const float *const *xr, int64_t k0, int64_t k1, int64_t kb, float *acc, int64_t ar,
+                       const uint8_t *const *pf, int64_t step) {
+    for (int h = 0; h < 2; h++) {
+        __m256 a[4][5];
+        for (int r = 0; r < RN; r++)
+            for (int q = 0; q < RM; q++) a[r][q] = _mm256_loadu_ps(acc + r * ar + q * 16 + 8 * h);
+        int64_t off = 0;
+        for (int64_t i = k0; i < k1; i += 16, off += step) {
+            if (pf && h == 0 && (off & 63) == 0)
+                for (int r = 0; r < RN; r++) _mm_prefetch((const char *)pf[r] + off, _MM_HINT_T0);
+            __m256 w[4];
+            for (int r = 0; r < RN; r++) w[r] = w8_256(d, kind, row[r], n + r, i, kb, h);
+            for (int q = 0; q < RM; q++) {
+                __m256 xv = _mm256_loadu_ps(xr[q] + i + 8 * h);
+                /* one load per activation chunk, not one per FMA (gcc folds it into every FMA, and the
+                   loads then outnumber the FMAs: 12 per 10 in a 2 x 5 tile) */
+                if (RN > 1) __asm__("" : "+x"(xv));
+                for (int r = 0; r < RN; r++) a[r][q] = _mm256_fmadd_ps(xv, w[r], a[r][q]);
+            }
+        }
+        for (int r = 0; r < RN; r++)
+            for (int q = 0; q < RM; q++) _mm256_storeu_ps(acc + r * ar + q * 16 + 8 * h, a[r][q]);
+    }
+}
+
+/* Weight rows per tile for RM (1..5) activation rows: RN * RM accumulators
+ * + RN weights + 1 activation within the 16 ymm registers (3 x 4 at 16 was
+ * measured slower than 2 x 4: spills). */
+static inline int rn_for(int rm) { return rm <= 2 ? 4 : rm == 3 ? 3 : 2; }
+
+#define HT(RN_, RM_) htile256(d, kind, RN_, RM_, row, n, xr, k0, k1, kb, acc, ar, pf, step)
+T256 INL void htile_any(const wd *d, const int kind, int rn, int rm, const uint8_t *const *row, int64_t n,
+                        const float *const *xr, int64_t k0, int64_t k1, int64_t kb, float *acc, int64_t ar,
+                        const uint8_t *const *pf, int64_t step) {
+#define HT_RN4(RM_) switch (rn) { case 4: HT(4, RM_); break; case 3: HT(3, RM_); break; case 2: HT(2, RM_); break; default: HT(1, RM_); }
+#define HT_RN3(RM_) switch (rn) { case 3: HT(3, RM_); break; case 2: HT(2, RM_); break; default: HT(1, RM_); }
+#define HT_RN2(RM_) switch (rn) { case 2: HT(2, RM_); break; default: HT(1, RM_); }
+    switch (rm) {
+    case 1: HT_RN4(1) break;
+    case 2: HT_RN4(2) break;
+    case 3: HT_RN3(3) break;
+    case 4: HT_RN3(4) break;
+    default: HT_RN2(5) break;
+    }
+#undef HT_RN4
+#undef HT_RN3
+#undef HT_RN2
+}
+#undef HT
+
+/* K % 16 tail of RN x RM outputs (zero padded, as tile256) and the final
+ * reduction into y. */
+T256 INL void finish256(const wd *d, const int kind, const float *x, int m, int rm, int64_t n, int rn, float *acc, int64_t ar,
+                        float *y, int64_t ldy) {
+    const int64_t K = d->K, Kfull = K & ~(int64_t)15;
+    if (Kfull < K) {
+        int rem = (int)(K - Kfull);
+        float wb[16], xb[16] = {0};
+        for (int r = 0; r < rn; r++) {
+            w_tail(d, kind, d->data + (n + r) * d->row_bytes, n + r, Kfull, rem, wb);
+            for (int q = 0; q < rm; q++) {
+                memcpy(xb, x + (int64_t)(m + q) * K + Kfull, (size_t)rem * sizeof(float));
+                float *ap = acc + r * ar + q * 16;
+                _mm256_storeu_ps(ap, _mm256_fmadd_ps(_mm256_loadu_ps(xb), _mm256_loadu_ps(wb), _mm256_loadu_ps(ap)));
+                _mm256_storeu_ps(ap + 8, _mm256_fmadd_ps(_mm256_loadu_ps(xb + 8), _mm256_loadu_ps(wb + 8), _mm256_loadu_ps(ap + 8)));
+            }
+        }
+    }
+    for (int r = 0; r < rn; r++)
+        for (int q = 0; q < rm; q++) {
+            float v = reduce16(acc + r * ar + q * 16);
+            if (kind == KF8 || kind == KFP4) v *= d->post;
+            y[(int64_t)(m + q) * ldy + n + r] = v;
+        }
+}
+
+/* Verify (2 .. PANEL_MIN_M - 1 activation rows): groups of VG weight rows;
+ * for each K slice of VK elements (its activation rows stay in L1) every
+ * tile of the group runs over the slice, so each weight chunk streams from
+ * memory once and is dequantized once per chunk of up to VM activation rows
+ * (a verify of 5 tokens: once). Measured on the 27B-shaped matrices (Zen 4,
+ * AVX2 forced): slicing K is worth 1.5x at M = 5 over full-K tiles (their
+ * activation rows come from L2); the tile PFD ahead is prefetched. */
+enum { VG = 16, VK = 512, VM = 5, PFD = 2 };
+
+T256 INL void verify256(const wd *d, const int kind, const float *x, int m0, int m1, int64_t n0, int64_t n1, float *y, int64_t ldy) {
+    const int64_t K = d->K, Kfull = K & ~(int64_t)15, rb = d->row_bytes;
+    const int64_t step = 16 * rb / K;
+    _Alignas(32) float acc[VG * VM * 16];
+    const int M = m1 - m0, nch = (M + VM - 1) / VM;
+    for (int64_t g = n0; g < n1; g += VG) {
+        const int gn = n1 - g < VG ? (int)(n1 - g) : VG;
+        for (int c = 0; c < nch; c++) {
+            const int cm0 = m0 + M * c / nch, cm1 = m0 + M * (c + 1) / nch, rm = cm1 - cm0, rn = rn_for(rm);
+            const float *xr[VM];
+            for (int q = 0; q < rm; q++) xr[q] = x + (int64_t)(cm0 + q) * K;
+            memset(acc, 0, sizeof(float) * (size_t)gn * VM * 16);
+            for (int64_t k0 = 0; k0 < Kfull; k0 += VK) {
+                const int64_t k1 = Kfull - k0 < VK ? Kfull : k0 + VK;
+                for (int r = 0; r < gn;) {
+                    const int t = gn - r < rn ? gn - r : rn;
+                    const uint8_t *row[4], *pf[4];
+                    /* prefetch the tile PFD tiles ahead: later rows of this slice, else the group's
+                       rows in the next slice, else the next group's */
+                    const int64_t ahead = r + (int64_t)PFD * t;
+                    int64_t pn = g + ahead % gn, pk = k0 + ahead / gn * VK;
+                    if (pk >= Kfull) { pn = g + gn + ahead % gn; pk = 0; }
+                    for (int j = 0; j < t; j++) {
+                        row[j] = d->data + (g + r + j) * rb;
+                        int64_t p = pn + j < n1 ? pn + j : n1 - 1;
+                        pf[j] = d->data + p * rb + pk / 16 * step;
+                    }
+                    htile_any(d, kind, t, rm, row, g + r, xr, k0, k1, 0, acc + (int64_t)r * VM * 16, VM * 16, pf, step);
+                    r += t;
+                }
+            }
+            finish256(d, kind, x, cm0, rm, g, gn, acc, VM * 16, y, ldy);
+        }
+    }
+}
+
+/* Prefill (PANEL_MIN_M rows and more): as panel_block512, a panel of PN
+ * weight rows x PK columns is dequantized once into f32 and used by every
+ * activation row of the block, in 3 x 4 tiles (12 accumulators, 3 weights,
+ * 1 activation). */
+enum { PN = 24, PK = 256, PM = 64, PSTR = PK + 16 };
+
+T256 INL void panel_block256(const wd *d, const int kind, const float *x, int m, int mm, int64_t n, int nn, float *y,
+                             int64_t ldy, float *wpan, float *acc) {
+    const int64_t K = d->K, Kfull = K & ~(int64_t)15;
+    memset(acc, 0, sizeof(float) * (size_t)nn * PM * 16);
+    const float *xr[PM];
+    for (int q = 0; q < mm; q++) xr[q] = x + (int64_t)(m + q) * K;
+    for (int64_t k0 = 0; k0 < Kfull; k0 += PK) {
+        const int64_t k1 = Kfull - k0 < PK ? Kfull : k0 + PK;
+        for (int r = 0; r < nn; r++) {
+            const uint8_t *row = d->data + (n + r) * d->row_bytes;
+            for (int64_t i = k0; i < k1; i += 16) {
+                v16 w = w16_256(d, kind, row, n + r, i);
+                _mm256_storeu_ps(wpan + r * PSTR + (i - k0), w.lo);
+                _mm256_storeu_ps(wpan + r * PSTR + (i - k0) + 8, w.hi);
+            }
+        }
+        for (int q = 0; q < mm;) {
+            const int rm = mm - q >= 4 ? 4 : mm - q, rn = rm == 4 ? 3 : rn_for(rm);
+            for (int r = 0; r < nn;) {
+                const int t = nn - r < rn ? nn - r : rn;
+                const uint8_t *row[4];
+                for (int j = 0; j < t; j++) row[j] = (const uint8_t *)(wpan + (r + j) * PSTR);
+                htile_any(d, KPAN, t, rm, row, n + r, xr + q, k0, k1, k0, acc + ((int64_t)r * PM + q) * 16, PM * 16, NULL, 0);
+                r += t;
+            }
+            q += rm;
+        }
+    }
+    finish256(d, kind, x, m, mm, n, nn, acc, PM * 16, y, ldy);
+}
+
+#define VERIFY256(NAME, KIND)                                                                                      \
+    T256 __attribute__((noinline)) static void NAME(const wd *d, const float *x, int m0, int m1, int64_t n0,        \
+                                                    int64_t n1, float *y, int64_t ldy) {                           \
+        verify256(d, KIND, x, m0, m1, n0, n1, y, ldy);                                                             \
+    }
+VERIFY256(ver256_f32, KF32)
+VERIFY256(ver256_bf16, KBF16)
+VERIFY256(ver256_f16, KF16)
+VERIFY256(ver256_f8, KF8)
+VERIFY256(ver256_f8b, KF8B)
+VERIFY256(ver256_fp4, KFP4)
+VERIFY256(ver256_q8, KQ8)
+
+/* Scratch on the stack: 26 KiB weight panel + 96 KiB accumulators. */
+#define PANEL256(NAME, KIND)                                                                                       \
+    T256 __attribute__((noinline)) static void NAME(const wd *d, const float *x, int m0, int m1, int64_t n0,        \
+                                                    int64_t n1, float *y, int64_t ldy) {                           \
+        _Alignas(32) float wpan[PN * PSTR];                                                                        \
+        _Alignas(32) float acc[PN * PM * 16];                                                                      \
+        for (int64_t n = n0; n < n1; n += PN)                                                                      \
+            for (int m = m0; m < m1; m += PM)                                                                      \
+                panel_block256(d, KIND, x, m, m1 - m < PM ? m1 - m : PM, n, n1 - n < PN ? (int)(n1 - n) : PN, y,   \
+                               ldy, wpan, acc);                                                                    \
+    }
+PANEL256(pan256_f32, KF32)
+PANEL256(pan256_bf16, KBF16)
+PANEL256(pan256_f16, KF16)
+PANEL256(pan256_f8, KF8)
+PANEL256(pan256_f8b, KF8B)
+PANEL256(pan256_fp4, KFP4)
+PANEL256(pan256_q8, KQ8)
+
 static const mm_fn tiles256[] = {mm256_f32, mm256_bf16, mm256_f16, mm256_f8, mm256_f8b, mm256_fp4, mm256_q8};
+static const mm_fn verify256s[] = {ver256_f32, ver256_bf16, ver256_f16, ver256_f8, ver256_f8b, ver256_fp4, ver256_q8};
+static const mm_fn panels256[] = {pan256_f32, pan256_bf16, pan256_f16, pan256_f8, pan256_f8b, pan256_fp4, pan256_q8};
 
 void td_mm_avx2(const td_tensor *W, const float *x, int m0, int m1, int64_t n0, int64_t n1, float *y, int64_t ldy) {
     wd d;
     int kind = setup(W, &d);
-    tiles256[kind](&d, x, m0, m1, n0, n1, y, ldy);
+    int M = m1 - m0;
+    (M >= PANEL_MIN_M ? panels256 : M >= 2 ? verify256s : tiles256)[kind](&d, x, m0, m1, n0, n1, y, ldy);
 }
 #else
 typedef int td_kernels_x86_unused;
