@@ -63,6 +63,9 @@ typedef struct td_engine_opts {
                               scheduler's max_num_batched_tokens so one chunk can use the whole budget */
     int deltanet_chunk;  /* 0 = prompt DeltaNet token by token (bit-exact across chunkings and prefix hits);
                             N > 1 = in chunks of N tokens (the chunked form: equal up to rounding) */
+    int isa;             /* CPU kernels of this engine: 0 = the best the CPU has, 1 = portable C, 2 = AVX2,
+                            3 = AVX-512 (TD_ERR_UNSUPPORTED when the CPU lacks it); all give the same
+                            tokens, AVX2 and AVX-512 the same bits */
 } td_engine_opts;
 
 /* KV cache figures (caller-owned copy). */

@@ -30,6 +30,8 @@ struct td_backend {
     const td_backend_ops *ops;
     void *impl;
     int n_threads;
+    int isa; /* CPU: the td_isa its matmul kernels use (backend/cpu/kernels.h); the best the CPU has at
+                creation, and one the CPU has whoever sets it (td_kernels_have_isa) */
 };
 
 int td_backend_cpu_create(int n_threads, td_backend **out, td_err *err);

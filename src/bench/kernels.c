@@ -87,9 +87,10 @@ static void bench_matmul(td_backend *b, const kbench_opts *o, double bw, FILE *o
             (double)wb / 1e6, b->n_threads, o->reps);
     fprintf(out, "| isa | M | ms | GB/s | %% of probe | t(M)/t(1) | vs c |\n|---|---|---|---|---|---|---|\n");
     double tc[5] = {0};
-    td_isa cur = td_kernels_isa();
+    int cur = b->isa;
     for (int isa = TD_ISA_C; isa <= TD_ISA_AVX512; isa++) {
-        if (!td_kernels_set_isa((td_isa)isa)) continue;
+        if (!td_kernels_have_isa((td_isa)isa)) continue;
+        b->isa = isa;
         double t1 = 0;
         for (int mi = 0; mi < 5; mi++) {
             double t[64];
@@ -107,7 +108,7 @@ static void bench_matmul(td_backend *b, const kbench_opts *o, double bw, FILE *o
                     100.0 * (double)wb / m / 1e9 / bw, m / t1, tc[mi] / m);
         }
     }
-    td_kernels_set_isa(cur);
+    b->isa = cur;
     free(x); free(y); free(own);
 }
 
@@ -119,7 +120,7 @@ static int bench_model(const kbench_opts *o, double bw, FILE *out) {
     int maxp = 0;
     for (int i = 0; i < o->n_prefill; i++) if (o->prefill[i] > maxp) maxp = o->prefill[i];
     td_engine_opts eo = {.n_threads = o->threads, .max_context = maxp + 512, .spec_depth = o->max_k, .no_prefix_caching = true, .max_seqs = 1,
-                          .quantize = o->quantize};
+                          .quantize = o->quantize, .isa = o->isa};
     td_engine *eng;
     if (td_engine_load(o->model_dir, &eo, &eng, &err)) { fprintf(stderr, "tandem kernels: %s\n", err.msg); return 1; }
     const td_model *m = eng->model;
@@ -133,7 +134,7 @@ static int bench_model(const kbench_opts *o, double bw, FILE *out) {
     float *lg = malloc(sizeof(float) * (size_t)V * (size_t)(o->max_k + 1));
     int reps = o->reps > 64 ? 64 : o->reps;
     fprintf(out, "\n## model %s: %.0f MB read per decode step (weights without the embedding table), %d threads, isa %s\n\n", o->model_dir,
-            (double)rb / 1e6, eng->backend->n_threads, td_isa_name(td_kernels_isa()));
+            (double)rb / 1e6, eng->backend->n_threads, td_isa_name((td_isa)eng->backend->isa));
     /* state: a short prompt */
     td_fwd_item it = {.seq = &s->seq, .tokens = toks, .n = 16, .logits_rows = 1, .logits = lg};
     int rc = td_forward(eng->fwd, &it, 1, &err);

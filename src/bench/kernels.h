@@ -17,6 +17,7 @@ typedef struct kbench_opts {
     int max_k;              /* verify k = 1..max_k */
     const char *mm_dtype;   /* bf16, f32, f16, fp8, nvfp4 */
     int quantize;           /* td_engine_opts.quantize for the model runs */
+    int isa;                /* td_engine_opts.isa for the model runs (0 = best) */
 } kbench_opts;
 
 int kbench_run(const kbench_opts *o, FILE *out);

@@ -72,7 +72,8 @@ int cmd_kernels(int argc, char **argv) {
         else if (!strcmp(a, "--isa")) { /* model-level runs only; the matmul table covers every ISA */
             td_isa want = !strcmp(v, "c") ? TD_ISA_C : !strcmp(v, "avx2") ? TD_ISA_AVX2 : !strcmp(v, "avx512") ? TD_ISA_AVX512 : TD_ISA_AUTO;
             if (want == TD_ISA_AUTO) { fprintf(stderr, "tandem kernels: --isa must be one of c, avx2, avx512, got \"%s\"\n", v); return 2; }
-            if (!td_kernels_set_isa(want)) { fprintf(stderr, "tandem kernels: this CPU has no %s\n", v); return 2; }
+            if (!td_kernels_have_isa(want)) { fprintf(stderr, "tandem kernels: this CPU has no %s\n", v); return 2; }
+            o.isa = (int)want + 1; /* td_engine_opts.isa */
         }
         else if (!strcmp(a, "--quantize")) {
             if (!strcmp(v, "q8")) o.quantize = 1;

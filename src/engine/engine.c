@@ -5,6 +5,7 @@
 #include "spec/gen.h"
 #include "model/quant.h"
 #include "util/err.h"
+#include "backend/cpu/kernels.h"
 
 td_kv_shape td_engine_kv_shape_for(const td_config *c, bool has_mtp, int kv_dtype) {
     td_kv_shape ks = {.n_layers = c->n_full_attn + (has_mtp ? 1 : 0), .kv_dim = c->n_kv_heads * c->head_dim,
@@ -44,6 +45,18 @@ int td_engine_load(const char *model_dir, const td_engine_opts *opts, td_engine 
         threads = n > 0 ? (int)n : 1;
     }
     if ((rc = td_backend_cpu_create(threads, &e->backend, err))) goto fail;
+    if (e->opts.isa < 0 || e->opts.isa > 3) {
+        rc = TD_FAIL(err, TD_ERR_ARG, "isa %d (0 best, 1 c, 2 avx2, 3 avx512)", e->opts.isa);
+        goto fail;
+    }
+    if (e->opts.isa) {
+        td_isa want = (td_isa)(e->opts.isa - 1);
+        if (!td_kernels_have_isa(want)) {
+            rc = TD_FAIL(err, TD_ERR_UNSUPPORTED, "this CPU has no %s (best %s)", td_isa_name(want), td_isa_name(td_kernels_best_isa()));
+            goto fail;
+        }
+        e->backend->isa = (int)want;
+    }
     if ((rc = td_fwd_ctx_new(e->model, e->backend, &e->fwd, err))) goto fail;
     if (e->opts.deltanet_chunk < 0 || e->opts.deltanet_chunk > 256) {
         rc = TD_FAIL(err, TD_ERR_ARG, "deltanet_chunk %d (0 = off, up to 256 tokens)", e->opts.deltanet_chunk);

@@ -21,7 +21,7 @@ typedef struct {
     const td_tensor *W;
     const float *x;
     float *y;
-    int M, mb, n_mblocks;
+    int M, mb, n_mblocks, isa;
     int64_t N, rows;
 } matmul_job;
 
@@ -32,20 +32,20 @@ static void matmul_task(void *ctx, int task) {
     if (n1 > j->N) n1 = j->N;
     int m0 = mbi * j->mb, m1 = m0 + j->mb;
     if (m1 > j->M) m1 = j->M;
-    td_matmul_block(j->W, j->x, m0, m1, n0, n1, j->y, j->N);
+    td_matmul_block((td_isa)j->isa, j->W, j->x, m0, m1, n0, n1, j->y, j->N);
 }
 
 static void cpu_matmul(td_backend *b, const td_tensor *W, const float *x, int M, float *y) {
     const char *why;
     if (!td_matmul_supported(W, &why)) TD_ASSERT(!"matmul: unsupported weight");
-    matmul_job j = {.W = W, .x = x, .y = y, .M = M, .N = W->shape[0]};
+    matmul_job j = {.W = W, .x = x, .y = y, .M = M, .N = W->shape[0], .isa = b->isa};
     int64_t K = W->shape[1];
     j.rows = M <= 16 ? ROWS_SMALL_M : ROWS_LARGE_M;
     j.mb = M <= 16 ? M : M_BLOCK;
     j.n_mblocks = (M + j.mb - 1) / j.mb;
     int tasks = (int)((j.N + j.rows - 1) / j.rows) * j.n_mblocks;
     if ((double)M * (double)j.N * (double)K < 32768.0) { /* too small to share */
-        td_matmul_block(W, x, 0, M, 0, j.N, y, j.N);
+        td_matmul_block((td_isa)b->isa, W, x, 0, M, 0, j.N, y, j.N);
         return;
     }
     td_pool_for(b->impl, tasks, matmul_task, &j);
@@ -89,6 +89,7 @@ int td_backend_cpu_create(int n_threads, td_backend **out, td_err *err) {
     b->ops = &cpu_ops;
     b->impl = p;
     b->n_threads = td_pool_threads(p);
+    b->isa = (int)td_kernels_best_isa();
     *out = b;
     return TD_OK;
 }

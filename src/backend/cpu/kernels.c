@@ -4,7 +4,6 @@
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <cpuid.h>
 #endif
-#include <stdatomic.h>
 #include <string.h>
 #include "model/tensor.h"
 #include "util/err.h"
@@ -160,8 +159,6 @@ static void mm_c(const td_tensor *W, const float *x, int m0, int m1, int64_t n0,
 
 /* ---- dispatch ---- */
 
-static _Atomic int cur_isa = -1;
-
 const char *td_isa_name(td_isa i) {
     switch (i) {
     case TD_ISA_C: return "c";
@@ -191,25 +188,10 @@ td_isa td_kernels_best_isa(void) {
     return TD_ISA_C;
 }
 
-td_isa td_kernels_isa(void) {
-    int i = atomic_load(&cur_isa);
-    if (i < 0) {
-        i = (int)td_kernels_best_isa();
-        atomic_store(&cur_isa, i);
-    }
-    return (td_isa)i;
-}
+bool td_kernels_have_isa(td_isa i) { return i == TD_ISA_AUTO || (i >= TD_ISA_C && i <= td_kernels_best_isa()); }
 
-bool td_kernels_set_isa(td_isa i) {
-    td_isa best = td_kernels_best_isa();
-    if (i == TD_ISA_AUTO) i = best;
-    if (i > best) return false;
-    atomic_store(&cur_isa, (int)i);
-    return true;
-}
-
-void td_matmul_block(const td_tensor *W, const float *x, int m0, int m1, int64_t n0, int64_t n1, float *y, int64_t ldy) {
-    switch (td_kernels_isa()) {
+void td_matmul_block(td_isa isa, const td_tensor *W, const float *x, int m0, int m1, int64_t n0, int64_t n1, float *y, int64_t ldy) {
+    switch (isa) {
 #if defined(__x86_64__) && defined(__GNUC__)
     case TD_ISA_AVX512: td_mm_avx512(W, x, m0, m1, n0, n1, y, ldy); return;
     case TD_ISA_AVX2: td_mm_avx2(W, x, m0, m1, n0, n1, y, ldy); return;

@@ -37,20 +37,18 @@ float td_dot_f16(const float *x, const uint16_t *w, int64_t n);
 
 typedef enum { TD_ISA_C = 0, TD_ISA_AVX2, TD_ISA_AVX512, TD_ISA_AUTO } td_isa;
 const char *td_isa_name(td_isa i);
-/* The ISA the kernels use now (detected at first use). */
-td_isa td_kernels_isa(void);
 /* Best ISA this CPU supports. */
 td_isa td_kernels_best_isa(void);
-/* Forces an ISA (tests, benchmarks); TD_ISA_AUTO = best. Returns false (and
- * changes nothing) when the CPU lacks it. Not thread-safe against running matmuls. */
-bool td_kernels_set_isa(td_isa i);
+/* Whether this CPU runs isa (TD_ISA_AUTO: yes). No process-wide choice: each
+ * backend holds its own (td_backend.isa, td_engine_opts.isa). */
+bool td_kernels_have_isa(td_isa i);
 
 /* Whether the kernels take W (dtype, shape, scale layout). */
 bool td_matmul_supported(const td_tensor *W, const char **why);
 
 /* y[m*ldy + n] = x[m*K + :] · W[n, :] for m in [m0, m1), n in [n0, n1);
- * K = W->shape[1]. */
-void td_matmul_block(const td_tensor *W, const float *x, int m0, int m1, int64_t n0, int64_t n1, float *y, int64_t ldy);
+ * K = W->shape[1]; isa: one this CPU has (td_kernels_have_isa), not AUTO. */
+void td_matmul_block(td_isa isa, const td_tensor *W, const float *x, int m0, int m1, int64_t n0, int64_t n1, float *y, int64_t ldy);
 
 /* e4m3 (fn: no infinities, 0x7f/0xff NaN) byte -> float, exact. */
 float td_fp8_e4m3_to_f32(uint8_t b);
