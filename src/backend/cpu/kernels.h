@@ -4,7 +4,8 @@
  * thread split or the row block. So results do not depend on batch size or
  * thread count (the backend's batch-invariance rule).
  *
- * ISAs, chosen once at run time: AVX-512 (16-lane zmm FMA) and AVX2 (two
+ * ISAs, chosen per backend (td_backend.isa; the best the CPU has unless the
+ * engine's td_engine_opts.isa says otherwise): AVX-512 (16-lane zmm FMA) and AVX2 (two
  * 8-lane ymm FMAs per 16 lanes) give bit-identical results to each other; the
  * portable C fallback uses a separate multiply and add (ISO C mode: no
  * contraction) and so rounds differently from the FMA paths, but it too is

@@ -2,9 +2,11 @@
  * attributes (the rest of the binary stays baseline x86-64) and chosen at run
  * time by kernels.c.
  *
- * Register tiles: up to 4 weight rows x 4 activation rows (AVX-512) or 4x1 /
- * 2x2 (AVX2); each weight chunk is loaded and dequantized once per tile and
- * used for every activation row in it. Every output element still has its
+ * Register tiles: up to 4 weight rows x 6 activation rows (AVX-512); AVX2:
+ * 4x1 for decode, and for 2..31 rows and prefill half-lane tiles (two passes
+ * over K, one ymm accumulator per output: see htile256) that take every row
+ * of a verify of up to 5 tokens at once; each weight chunk is loaded and
+ * dequantized once per tile and used for every activation row in it. Every output element still has its
  * own 16-lane accumulator over the whole K, filled in increasing k with one
  * FMA per element, then reduced with the same fixed tree as kernels.c: the
  * tile shape changes only which elements are computed together, never how
