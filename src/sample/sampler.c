@@ -117,7 +117,21 @@ const float *td_sampler_biased(td_sampler *s, const float *logits) {
     return s->work;
 }
 
+/* argmax over the tokens of mask (the first of equal maxima, as argmax):
+ * no copy of the logits, words without an allowed token skipped. */
+static int32_t argmax_masked(const float *x, int n, const uint32_t *mask) {
+    int32_t best = -1;
+    for (int w = 0; w * 32 < n; w++)
+        for (uint32_t b = mask[w]; b; b &= b - 1) {
+            int t = w * 32 + __builtin_ctz(b);
+            if (t >= n) break;
+            if (best < 0 || x[t] > x[best]) best = t;
+        }
+    return best < 0 ? 0 : best;
+}
+
 int32_t td_sampler_greedy(td_sampler *s, const float *logits) {
+    if (!has_penalties(s) && !s->n_bias && s->mask) return argmax_masked(logits, s->vocab, s->mask);
     if (!has_penalties(s) && !s->mask && !s->n_bias) return argmax(logits, s->vocab);
     penalize(s, logits);
     return argmax(s->work, s->vocab);
