@@ -12,6 +12,7 @@
 #include <math.h>
 #include "check.h"
 #include "engine/engine.h"
+#include "chi2.h"
 
 #if defined(__SANITIZE_ADDRESS__)
 #define SCALE 8
@@ -132,40 +133,6 @@ static void greedy(const char *dir) {
     td_engine_free(e);
 }
 
-static double gammp(double a, double x) { /* regularized lower incomplete gamma */
-    if (x <= 0) return 0;
-    if (x < a + 1) {
-        double sum = 1 / a, del = sum, ap = a;
-        for (int n = 0; n < 1000; n++) { ap += 1; del *= x / ap; sum += del; if (fabs(del) < fabs(sum) * 1e-14) break; }
-        return sum * exp(-x + a * log(x) - lgamma(a));
-    }
-    double b = x + 1 - a, c = 1e300, d = 1 / b, h = d;
-    for (int i = 1; i < 1000; i++) {
-        double an = -i * (i - a);
-        b += 2;
-        d = an * d + b; if (fabs(d) < 1e-300) d = 1e-300;
-        c = b + an / c; if (fabs(c) < 1e-300) c = 1e-300;
-        d = 1 / d; double del = d * c; h *= del;
-        if (fabs(del - 1) < 1e-14) break;
-    }
-    return 1 - exp(-x + a * log(x) - lgamma(a)) * h;
-}
-
-/* Pearson chi-square p-value, cells with expected count < 5 pooled. */
-static double chi2_p(const double *prob, const int *count, int cells, int N, double *stat_out) {
-    double stat = 0, pool_e = 0, pool_o = 0;
-    int dof = -1;
-    for (int i = 0; i < cells; i++) {
-        double ex = prob[i] * N;
-        if (ex < 5) { pool_e += ex; pool_o += count[i]; CHECK(prob[i] > 0 || count[i] == 0, "cell %d: impossible outcome seen", i); continue; }
-        stat += (count[i] - ex) * (count[i] - ex) / ex;
-        dof++;
-    }
-    if (pool_e > 0) { stat += (pool_o - pool_e) * (pool_o - pool_e) / (pool_e > 1e-9 ? pool_e : 1e-9); dof++; }
-    *stat_out = stat;
-    return dof > 0 ? 1 - gammp(dof / 2.0, stat / 2.0) : 1;
-}
-
 /* The target of spec-agree is a Markov chain P[a][b]; under the toy mask
  * position i draws from P[prev][.] restricted to the allowed tokens and
  * renormalized. Enumerate the exact law of (x2, x3) (positions 2, 3). */
@@ -219,7 +186,9 @@ static double distribution(bool draft_sampling) {
         accepted += r.spec.accepted_tokens;
     }
     double st;
-    double p = chi2_p(pair, cnt, V * V, N, &st);
+    int dof;
+    CHECK(chi2_impossible(pair, cnt, V * V) == 0, "a token the mask forbids was sampled");
+    double p = chi2_p(pair, cnt, V * V, N, &st, &dof);
     printf("constrained distribution at depth 3 (%s drafts, %d samples, acceptance %.2f): chi2 (x2,x3) %.1f p=%.3f\n",
            draft_sampling ? "sampled" : "argmax", N, drafted ? (double)accepted / (double)drafted : 0.0, st, p);
     td_session_free(s);
