@@ -117,16 +117,18 @@ static void greedy(const char *dir) {
             printf("%s: constrained greedy, %d tokens identical at depths 0..4 (%d differ from unconstrained); depth 4 acceptance %.2f\n",
                    dir, n0, differ, r.spec.draft_tokens ? (double)r.spec.accepted_tokens / (double)r.spec.draft_tokens : 0.0);
     }
-    /* (b) endings: a dead end at 37, a complete grammar after 53 */
+    /* (b) endings inside the N tokens (N is smaller under ASan): a dead end
+     * at 3N/10, a complete grammar after 13N/20 */
+    const int dead_at = N * 3 / 10, end_at = N * 13 / 20;
     for (int d = 0; d <= 4; d++) {
         toy dead = cfg, done = cfg;
-        dead.dead_pos = 37;
-        done.end_at = 53;
+        dead.dead_pos = dead_at;
+        done.end_at = end_at;
         int n = gen(s, prompt, 12, d, N, &sp, false, &dead, out, &r, &used);
-        CHECK(n == 37 && r.finish == TD_FINISH_STOP && memcmp(out, ref, 37 * sizeof *ref) == 0,
+        CHECK(n == dead_at && r.finish == TD_FINISH_STOP && memcmp(out, ref, (size_t)dead_at * sizeof *ref) == 0,
               "%s: depth %d dead end: %d tokens, finish %d", dir, d, n, (int)r.finish);
         n = gen(s, prompt, 12, d, N, &sp, false, &done, out, &r, &used);
-        CHECK(n == 53 && r.finish == TD_FINISH_STOP && memcmp(out, ref, 53 * sizeof *ref) == 0,
+        CHECK(n == end_at && r.finish == TD_FINISH_STOP && memcmp(out, ref, (size_t)end_at * sizeof *ref) == 0,
               "%s: depth %d complete grammar: %d tokens, finish %d", dir, d, n, (int)r.finish);
     }
     td_session_free(s);
