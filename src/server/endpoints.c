@@ -178,6 +178,22 @@ static int prompt_ids(srv *s, oai_req *r, int32_t **ids, size_t *n, int *reasoni
     return encode(s, r->prompt_text, strlen(r->prompt_text), true, ids, n, e);
 }
 
+void srv_submit_error(srv *s, int src, const td_err *err, int n_prompt, http_err *e) {
+    if (src == TD_ERR_LIMIT && strstr(err->msg, "context size")) { /* the scheduler's own context check */
+        http_err_set(e, 400, "exceed_context_size_error", "request (%d tokens) exceeds the available context size (%d tokens)", n_prompt, s->n_ctx);
+        e->n_prompt = n_prompt;
+        e->n_ctx = s->n_ctx;
+    } else if (src == TD_ERR_LIMIT) {
+        metrics_add(&s->metrics, &s->metrics.rejected_queue_full, 1);
+        http_err_set(e, 503, "service_unavailable_error", "the server is busy (request queue full); retry later");
+        e->retry_after = true;
+    } else {
+        const char *m = strstr(err->msg, ": ");
+        http_err_set(e, src == TD_ERR_ARG ? 400 : 500, src == TD_ERR_ARG ? "invalid_request_error" : "server_error", "%.400s",
+                     m && !strncmp(err->msg, "src/", 4) ? m + 2 : err->msg);
+    }
+}
+
 void ep_generate(srv *s, task *t) {
     http_err *e = &t->e;
     if (atomic_load(&s->ready) != 1) { /* draining while the task waited */
@@ -262,19 +278,7 @@ void ep_generate(srv *s, task *t) {
         srv_job_finished(s, j);
         job_unref(j); /* the scheduler's */
         job_unref(j); /* ours */
-        if (src == TD_ERR_LIMIT && strstr(err.msg, "context size")) { /* the scheduler's own context check */
-            http_err_set(e, 400, "exceed_context_size_error", "request (%zu tokens) exceeds the available context size (%d tokens)", n, s->n_ctx);
-            e->n_prompt = (int)n;
-            e->n_ctx = s->n_ctx;
-        } else if (src == TD_ERR_LIMIT) {
-            metrics_add(&s->metrics, &s->metrics.rejected_queue_full, 1);
-            http_err_set(e, 503, "service_unavailable_error", "the server is busy (request queue full); retry later");
-            e->retry_after = true;
-        } else {
-            const char *m = strstr(err.msg, ": ");
-            http_err_set(e, src == TD_ERR_ARG ? 400 : 500, src == TD_ERR_ARG ? "invalid_request_error" : "server_error", "%.400s",
-                         m && !strncmp(err.msg, "src/", 4) ? m + 2 : err.msg);
-        }
+        srv_submit_error(s, src, &err, (int)n, e);
         return;
     }
     metrics_add(&s->metrics, &s->metrics.requests, 1);

@@ -183,21 +183,7 @@ void group_fan_out(job *j) {
 
 void group_conn_gone(srv *s, job *L) {
     job_group *g = L->group;
-    for (int c = 1; c < g->n_choices; c++) {
-        job *j = g->m[c];
-        srv_untrack(s, j);
-        pthread_mutex_lock(&j->mu);
-        j->conn_gone = true;
-        j->fd = -1;
-        bool cancel = j->submitted && !j->finished && !j->cancel_sent;
-        if (cancel) j->cancel_sent = true;
-        uint64_t id = j->sched_id;
-        pthread_mutex_unlock(&j->mu);
-        if (cancel) {
-            metrics_add(&s->metrics, &s->metrics.cancelled_disconnect, 1);
-            srv_cancel(s, id);
-        }
-    }
+    for (int c = 1; c < g->n_choices; c++) srv_conn_gone(s, g->m[c]);
 }
 
 void group_free(job *L) {
@@ -373,17 +359,7 @@ void ep_generate_group(srv *s, task *t, oai_req *r, int32_t *ids, size_t n_ids, 
     if (src) {
         job_unref(L); /* the scheduler's */
         job_unref(L); /* ours: frees the group */
-        if (src == TD_ERR_LIMIT && strstr(err.msg, "context size")) {
-            http_err_set(e, 400, "exceed_context_size_error", "request (%d tokens) exceeds the available context size (%d tokens)", n0, s->n_ctx);
-        } else if (src == TD_ERR_LIMIT) {
-            metrics_add(&s->metrics, &s->metrics.rejected_queue_full, 1);
-            http_err_set(e, 503, "service_unavailable_error", "the server is busy (request queue full); retry later");
-            e->retry_after = true;
-        } else {
-            const char *m = strstr(err.msg, ": ");
-            http_err_set(e, src == TD_ERR_ARG ? 400 : 500, src == TD_ERR_ARG ? "invalid_request_error" : "server_error", "%.400s",
-                         m && !strncmp(err.msg, "src/", 4) ? m + 2 : err.msg);
-        }
+        srv_submit_error(s, src, &err, n0, e);
         return;
     }
     /* sample 0 of the other prompts now; the other samples at their first token */

@@ -186,6 +186,21 @@ void srv_track(srv *s, job *j) {
     pthread_mutex_unlock(&s->jobs_mu);
 }
 
+void srv_conn_gone(srv *s, job *j) {
+    srv_untrack(s, j);
+    pthread_mutex_lock(&j->mu);
+    j->conn_gone = true;
+    j->fd = -1;
+    bool cancel = j->submitted && !j->finished && !j->cancel_sent;
+    if (cancel) j->cancel_sent = true;
+    uint64_t id = j->sched_id;
+    pthread_mutex_unlock(&j->mu);
+    if (cancel) {
+        metrics_add(&s->metrics, &s->metrics.cancelled_disconnect, 1);
+        srv_cancel(s, id);
+    }
+}
+
 void srv_untrack(srv *s, job *j) {
     pthread_mutex_lock(&s->jobs_mu);
     if (j->listed) {
@@ -590,18 +605,7 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
     }
     job *j = ctx->job;
     if (j) {
-        srv_untrack(s, j);
-        pthread_mutex_lock(&j->mu);
-        j->conn_gone = true;
-        j->fd = -1;
-        bool cancel = j->submitted && !j->finished && !j->cancel_sent;
-        if (cancel) j->cancel_sent = true;
-        uint64_t id = j->sched_id;
-        pthread_mutex_unlock(&j->mu);
-        if (cancel) {
-            metrics_add(&s->metrics, &s->metrics.cancelled_disconnect, 1);
-            srv_cancel(s, id);
-        }
+        srv_conn_gone(s, j);
         if (j->group) group_conn_gone(s, j); /* n > 1: the other choices too */
         job_unref(j);
     }

@@ -301,6 +301,10 @@ void srv_cancel(srv *s, uint64_t id);
 /* Registers a submitted job with the watchdog. */
 void srv_track(srv *s, job *j);
 void srv_untrack(srv *s, job *j);
+/* The job's client is gone: untracks it, marks it, cancels it if it runs (no locks held). */
+void srv_conn_gone(srv *s, job *j);
+/* The reply for a td_sched_submit failure src of an n_prompt-token request. */
+void srv_submit_error(srv *s, int src, const td_err *err, int n_prompt, http_err *e);
 void srv_job_finished(srv *s, job *j);
 
 /* ---- endpoints.c ---- */
