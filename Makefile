@@ -86,7 +86,7 @@ FUZZ_NAMES   := $(patsubst tests/fuzz/fuzz_%.c,%,$(sort $(wildcard tests/fuzz/fu
 FUZZ         ?= $(FUZZ_NAMES)
 
 # Only reached through fuzz-build's recursive make (BUILD=$(FUZZ_BUILD), CC=clang).
-$(BUILD)/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz_util.h $(BUILD)/libtandem.a
+$(BUILD)/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz_util.h tests/fuzz/fuzz_srv.h $(BUILD)/libtandem.a
 	$(CC) $(ALL_CFLAGS) -fsanitize=fuzzer -DFUZZ_ROOT='"$(CURDIR)"' -o $@ $< $(BUILD)/libtandem.a $(LDLIBS)
 
 fuzz-bins: $(FUZZ_NAMES:%=$(BUILD)/fuzz_%)

@@ -20,9 +20,7 @@
  * static in endpoints.c. Checks: every response body / SSE event the job
  * writes is valid JSON (the stream ends with [DONE]); errors carry a
  * status and message; no crash or leak. */
-#include <jansson.h>
-#include "fuzz_util.h"
-#include "server/srv_internal.h"
+#include "fuzz_srv.h"
 
 static srv g_srv;
 static tpl *g_tpl[2];
@@ -37,38 +35,9 @@ static const char *const OUTPUTS[4] = {
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
     (void)argc, (void)argv;
-    char d[4096], p[4096];
-    td_err err = {0};
-    fuzz_path(d, sizeof d, "tests/data/qwen3-tokenizer");
-    if (tok_load(d, &g_srv.tok, &err)) { fprintf(stderr, "fuzz_oai_req: %s\n", err.msg); abort(); }
-    const char *ct = tok_chat_template(g_srv.tok);
-    if (!ct || tpl_parse(ct, strlen(ct), &g_tpl[0], &err)) { fprintf(stderr, "fuzz_oai_req: template: %s\n", err.msg); abort(); }
-    fuzz_path(p, sizeof p, "tests/data/chat-templates/qwen3.5.jinja");
-    FILE *f = fopen(p, "rb");
-    if (!f) abort();
-    static char src[1 << 16];
-    size_t n = fread(src, 1, sizeof src, f);
-    fclose(f);
-    if (tpl_parse(src, n, &g_tpl[1], &err)) { fprintf(stderr, "fuzz_oai_req: %s\n", err.msg); abort(); }
-    metrics_init(&g_srv.metrics);
-    pthread_mutex_init(&g_srv.jobs_mu, NULL);
-    pthread_cond_init(&g_srv.jobs_cv, NULL);
-    pthread_rwlock_init(&g_srv.sched_lock, NULL);
-    g_srv.model_name = "tandem";
-    g_srv.model_dir = strdup(d);
-    g_srv.n_ctx = N_CTX;
-    g_srv.vocab = tok_vocab_size(g_srv.tok);
-    g_srv.cfg.quiet = true;
-    g_srv.bos = tok_bos_token(g_srv.tok) ? strdup(tok_bos_token(g_srv.tok)) : NULL;
-    g_srv.eos = tok_eos_token(g_srv.tok) ? strdup(tok_eos_token(g_srv.tok)) : NULL;
-    td_sampling_default(&g_srv.cfg.sampling);
-    if (so_init(&g_srv, &err)) { fprintf(stderr, "fuzz_oai_req: structured outputs: %s\n", err.msg); abort(); }
+    fuzz_srv_init(&g_srv, g_tpl, N_CTX, "fuzz_oai_req");
     atomic_store(&g_srv.ready, 1);
     return 0;
-}
-
-static void check_err(const http_err *e) {
-    FUZZ_ASSERT(e->status >= 400 && e->status < 600 && e->msg[0], "error %d without a message", e->status);
 }
 
 static void check_output(job *j) {
