@@ -1,9 +1,11 @@
 /* Chi-square goodness of fit for the sampling tests (test_spec,
- * test_constraint): the regularized lower incomplete gamma function and the
- * Pearson p-value of observed counts against exact probabilities. */
+ * test_constraint): the regularized lower incomplete gamma function, the
+ * Pearson p-value of observed counts against exact probabilities, and the
+ * exact transition law of the Markov-chain test models. */
 #ifndef TANDEM_TEST_CHI2_H
 #define TANDEM_TEST_CHI2_H
 #include <math.h>
+#include "tandem.h"
 
 static inline double gammp(double a, double x) {
     if (x <= 0) return 0;
@@ -43,6 +45,22 @@ static inline double chi2_p(const double *prob, const int *count, int cells, int
     *stat_out = stat;
     *dof_out = dof;
     return 1 - gammp(dof / 2.0, stat / 2.0);
+}
+
+/* The spec-* test models' target is a Markov chain (its logits depend on
+ * the last token only): P[a][b] = softmax of the logits after token a. */
+static inline void markov_probs(td_session *s, int V, double P[16][16]) {
+    td_err err;
+    for (int a = 0; a < V; a++) {
+        const float *lg;
+        td_session_reset(s);
+        int32_t t = a;
+        td_session_feed(s, &t, 1, &lg, &err);
+        double mx = -1e30, sum = 0;
+        for (int b = 0; b < V; b++) if (lg[b] > mx) mx = lg[b];
+        for (int b = 0; b < V; b++) sum += exp(lg[b] - mx);
+        for (int b = 0; b < V; b++) P[a][b] = exp(lg[b] - mx) / sum;
+    }
 }
 
 /* Outcomes observed that the exact law gives probability 0 (must be none). */

@@ -146,16 +146,7 @@ static double distribution(bool draft_sampling) {
     td_session *s;
     td_err err;
     td_session_new(e, &s, &err);
-    for (int a = 0; a < V; a++) {
-        const float *lg;
-        td_session_reset(s);
-        int32_t t = a;
-        td_session_feed(s, &t, 1, &lg, &err);
-        double mx = -1e30, sum = 0;
-        for (int b = 0; b < V; b++) if (lg[b] > mx) mx = lg[b];
-        for (int b = 0; b < V; b++) sum += exp(lg[b] - mx);
-        for (int b = 0; b < V; b++) P[a][b] = exp(lg[b] - mx) / sum;
-    }
+    markov_probs(s, V, P);
     toy cfg = {.vocab = V, .dead_pos = -1};
     /* Q[i][a][b]: masked transition into position i */
     double Q[4][16][16];

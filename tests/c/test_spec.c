@@ -227,7 +227,6 @@ static void acceptance(const char *dir, double lo, double hi) {
 }
 #endif
 
-/* Regularized lower incomplete gamma P(a, x) (series / continued fraction). */
 /* Target with MIX = 0 is a Markov chain P[a][b]; enumerate the exact joint
  * law of (x3, x4) and x2 after prompt [t0] and compare. */
 static double distribution_test(const char *model, bool draft_sampling) {
@@ -238,16 +237,7 @@ static double distribution_test(const char *model, bool draft_sampling) {
     td_session *s;
     td_err err;
     td_session_new(e, &s, &err);
-    for (int a = 0; a < V; a++) {
-        const float *lg;
-        td_session_reset(s);
-        int32_t t = a;
-        td_session_feed(s, &t, 1, &lg, &err);
-        double mx = -1e30, sum = 0;
-        for (int b = 0; b < V; b++) if (lg[b] > mx) mx = lg[b];
-        for (int b = 0; b < V; b++) sum += exp(lg[b] - mx);
-        for (int b = 0; b < V; b++) P[a][b] = exp(lg[b] - mx) / sum;
-    }
+    markov_probs(s, V, P);
     int t0 = 3;
     double m1[16] = {0}, m2[16] = {0}, pair[256] = {0};
     for (int a = 0; a < V; a++) m1[a] = P[t0][a];
