@@ -18,7 +18,7 @@ int main(int argc, char **argv) {
     td_err err = {0};
     double t0 = now();
     tokenizer *t;
-    if (tok_load(argv[1], &t, &err)) { fprintf(stderr, "%s\n", err.msg); return 1; }
+    if (td_tok_load(argv[1], &t, &err)) { fprintf(stderr, "%s\n", err.msg); return 1; }
     double load = now() - t0;
     FILE *f = fopen(argv[2], "rb");
     if (!f) { perror(argv[2]); return 1; }
@@ -40,15 +40,15 @@ int main(int argc, char **argv) {
     }
     fclose(f);
     tok_encoder *e;
-    if (tok_encoder_new(t, &e, &err)) return 1;
+    if (td_tok_encoder_new(t, &e, &err)) return 1;
     double best = 1e30;
     size_t n_ids = 0;
     unsigned long long h = 0;
     for (int r = 0; r < reps; r++) {
         /* a fresh encoder each repetition: the word cache starts empty, as
          * HF's does per Tokenizer (which also keeps its cache across calls) */
-        tok_encoder_free(e);
-        tok_encoder_new(t, &e, &err);
+        td_tok_encoder_free(e);
+        td_tok_encoder_new(t, &e, &err);
         double s = now();
         size_t off = 0;
         n_ids = 0;
@@ -56,7 +56,7 @@ int main(int argc, char **argv) {
         for (size_t d = 0; d < nd; d++) {
             int32_t *ids;
             size_t k;
-            if (tok_encoder_encode(e, data + off, lens[d], true, &ids, &k, &err)) { fprintf(stderr, "%s\n", err.msg); return 1; }
+            if (td_tok_encoder_encode(e, data + off, lens[d], true, &ids, &k, &err)) { fprintf(stderr, "%s\n", err.msg); return 1; }
             unsigned long long sum = 0;
             for (size_t i = 0; i < k; i++) sum += (unsigned long long)ids[i];
             h = h * 31 + sum;
@@ -69,8 +69,8 @@ int main(int argc, char **argv) {
     }
     printf("tandem:        %.2f MB in %.3f s = %.2f MB/s, %zu ids, check %016llx (load %.3f s)\n", n / 1e6, best,
            n / 1e6 / best, n_ids, h, load);
-    tok_encoder_free(e);
-    tok_free(t);
+    td_tok_encoder_free(e);
+    td_tok_free(t);
     free(data);
     free(lens);
     return 0;

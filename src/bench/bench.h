@@ -36,9 +36,9 @@ typedef struct bench_stat {
 
 /* Median (mean of the two middle values for even n), min and max of n
  * values; all zero with n = 0. Does not modify v. */
-bench_stat bench_stat_of(const double *v, int n);
+bench_stat td_bench_stat_of(const double *v, int n);
 /* (max - min) / median; 0 when the median is 0. */
-double bench_spread(const bench_stat *s);
+double td_bench_spread(const bench_stat *s);
 
 /* ---- the run order -------------------------------------------------------- */
 
@@ -47,13 +47,13 @@ typedef struct bench_slot {
 } bench_slot;
 
 /* Number of slots: runs x (sum of prompts over tasks) x depths. */
-int bench_order_len(int n_runs, int n_tasks, const int *n_prompts, int n_depths);
-/* Fills out (bench_order_len entries): for each run, for each task, for
+int td_bench_order_len(int n_runs, int n_tasks, const int *n_prompts, int n_depths);
+/* Fills out (td_bench_order_len entries): for each run, for each task, for
  * each prompt, every depth in turn; the depth order is reversed on odd
  * runs (A B C, C B A, ...), so a slow drift in machine speed lands on every
  * depth alike, within seconds of each other rather than one depth per
  * minute. */
-void bench_order(int n_runs, int n_tasks, const int *n_prompts, int n_depths, bench_slot *out);
+void td_bench_order(int n_runs, int n_tasks, const int *n_prompts, int n_depths, bench_slot *out);
 
 /* ---- samples: one request each --------------------------------------------- */
 
@@ -94,9 +94,9 @@ typedef struct bench_cell {
 } bench_cell;
 
 /* Acceptance measures of summed counters (0 when there were no drafts). */
-double bench_accept_rate(const td_spec_counters *s);          /* accepted / draft tokens */
-double bench_accept_pos(const td_spec_counters *s, int i);    /* P(accepted >= i+1) = per_pos[i] / drafts */
-double bench_mean_accept_len(const td_spec_counters *s);      /* 1 + accepted / drafts */
+double td_bench_accept_rate(const td_spec_counters *s);          /* accepted / draft tokens */
+double td_bench_accept_pos(const td_spec_counters *s, int i);    /* P(accepted >= i+1) = per_pos[i] / drafts */
+double td_bench_mean_accept_len(const td_spec_counters *s);      /* 1 + accepted / drafts */
 
 typedef struct bench_suite {
     int n_tasks;
@@ -108,7 +108,7 @@ typedef struct bench_suite {
 
 /* Aggregates samples into n_tasks x n_depths cells (cells[t * n_depths + d]),
  * with speedups against depth 0 when the suite has it. */
-void bench_cells(const bench_suite *su, const bench_sample *samples, int n, bench_cell *cells);
+void td_bench_cells(const bench_suite *su, const bench_sample *samples, int n, bench_cell *cells);
 
 /* ---- the model of the result ---------------------------------------------- */
 
@@ -125,12 +125,12 @@ typedef struct bench_costs {
 
 /* E[tokens per step] = 1 + sum_{i=1..k} P(accepted >= i), the P's given
  * as p_ge[0..k-1]. */
-double bench_expected_tokens(const double *p_ge, int k);
+double td_bench_expected_tokens(const double *p_ge, int k);
 /* E / (verify(k+1) + k * draft): predicted speedup over depth 0 at depth k.
  * 0 when the costs do not cover k+1 tokens. */
-double bench_predict_speedup(const double *p_ge, int k, const bench_costs *c);
+double td_bench_predict_speedup(const double *p_ge, int k, const bench_costs *c);
 /* Fills cells[].predicted from each cell's own per-position acceptance. */
-void bench_predict_cells(const bench_suite *su, bench_cell *cells, const bench_costs *c);
+void td_bench_predict_cells(const bench_suite *su, bench_cell *cells, const bench_costs *c);
 
 /* ---- sanity flags ------------------------------------------------------------ */
 
@@ -154,7 +154,7 @@ typedef struct bench_flag {
 #define BENCH_LOAD_LIMIT 0.25   /* relative difference of median load averages */
 
 /* Writes up to max flags; returns how many there are (may exceed max). */
-int bench_sanity(const bench_suite *su, const bench_cell *cells, const bench_sample *samples, int n_samples,
+int td_bench_sanity(const bench_suite *su, const bench_cell *cells, const bench_sample *samples, int n_samples,
                  bench_flag *out, int max);
 
 /* ---- writers ------------------------------------------------------------------- */
@@ -171,15 +171,15 @@ typedef struct bench_report {
     const char *machine;           /* one line, may be NULL */
 } bench_report;
 
-void bench_write_markdown(FILE *f, const bench_report *r);
+void td_bench_write_markdown(FILE *f, const bench_report *r);
 /* One row per request, every field and condition; the first line is the header. */
-int bench_write_samples_csv(FILE *f, const bench_suite *su, const bench_sample *s, int n);
+int td_bench_write_samples_csv(FILE *f, const bench_suite *su, const bench_sample *s, int n);
 /* One row per cell. */
-int bench_write_cells_csv(FILE *f, const bench_suite *su, const bench_cell *cells);
+int td_bench_write_cells_csv(FILE *f, const bench_suite *su, const bench_cell *cells);
 /* tokens/s (median, min-max whiskers) against depth, one line per task. */
-int bench_write_svg(FILE *f, const bench_suite *su, const bench_cell *cells, const char *title);
+int td_bench_write_svg(FILE *f, const bench_suite *su, const bench_cell *cells, const char *title);
 
 /* Writes str escaped for CSV (quoted when it holds , " or a newline). */
-void bench_csv_field(FILE *f, const char *str);
+void td_bench_csv_field(FILE *f, const char *str);
 
 #endif

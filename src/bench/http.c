@@ -13,7 +13,7 @@
 #include "bench/runner.h"
 #include "util/err.h"
 
-int bench_url_parse(const char *url, bench_url *u, td_err *err) {
+int td_bench_url_parse(const char *url, bench_url *u, td_err *err) {
     memset(u, 0, sizeof *u);
     const char *p = url;
     if (!strncmp(p, "https://", 8)) return TD_FAIL(err, TD_ERR_UNSUPPORTED, "%s: https is not supported (plain http to a local server)", url);
@@ -144,7 +144,7 @@ static int pass_body(rd *r, long long want, bench_http_fn fn, void *user, bool *
     return TD_OK;
 }
 
-int bench_http(const bench_url *u, const char *method, const char *path, const char *extra, const char *body, size_t body_len,
+int td_bench_http(const bench_url *u, const char *method, const char *path, const char *extra, const char *body, size_t body_len,
                double timeout_s, int *status, bench_http_fn fn, void *user, td_err *err) {
     *status = 0;
     int fd = dial(u, timeout_s, err);
@@ -219,10 +219,10 @@ static int collect_fn(void *u, const char *d, size_t n) {
     return 0;
 }
 
-int bench_http_fetch(const bench_url *u, const char *method, const char *path, const char *extra, const char *body, double timeout_s,
+int td_bench_http_fetch(const bench_url *u, const char *method, const char *path, const char *extra, const char *body, double timeout_s,
                      int *status, char **out, size_t *len, td_err *err) {
     collect c = {0};
-    int rc = bench_http(u, method, path, extra, body, body ? strlen(body) : 0, timeout_s, status, collect_fn, &c, err);
+    int rc = td_bench_http(u, method, path, extra, body, body ? strlen(body) : 0, timeout_s, status, collect_fn, &c, err);
     if (!rc && c.oom) rc = TD_FAIL(err, TD_ERR_NOMEM, "out of memory reading the response");
     if (!rc && !c.p) c.p = calloc(1, 1);
     if (rc || !c.p) { free(c.p); return rc ? rc : TD_FAIL(err, TD_ERR_NOMEM, "out of memory"); }

@@ -29,13 +29,13 @@ static double probe_gbs(td_backend *b, int mb, int reps) {
     double t[64];
     if (reps > 64) reps = 64;
     for (int r = 0; r < reps; r++) {
-        double t0 = bench_now();
+        double t0 = td_bench_now();
         b->ops->parallel_for(b, tasks, probe_task, &j);
-        t[r] = bench_now() - t0;
+        t[r] = td_bench_now() - t0;
     }
     free(j.part);
     free(a);
-    return (double)n * 4 / bench_stat_of(t, reps).median / 1e9;
+    return (double)n * 4 / td_bench_stat_of(t, reps).median / 1e9;
 }
 
 /* ---- synthetic matmul ---- */
@@ -97,11 +97,11 @@ static void bench_matmul(td_backend *b, const kbench_opts *o, double bw, FILE *o
             int reps = o->reps > 64 ? 64 : o->reps;
             b->ops->matmul(b, &W, x, Ms[mi], y); /* warm */
             for (int r = 0; r < reps; r++) {
-                double t0 = bench_now();
+                double t0 = td_bench_now();
                 b->ops->matmul(b, &W, x, Ms[mi], y);
-                t[r] = bench_now() - t0;
+                t[r] = td_bench_now() - t0;
             }
-            double m = bench_stat_of(t, reps).median;
+            double m = td_bench_stat_of(t, reps).median;
             if (mi == 0) t1 = m;
             if (isa == TD_ISA_C) tc[mi] = m;
             fprintf(out, "| %s | %d | %.2f | %.1f | %.0f%% | %.2f | %.2fx |\n", td_isa_name((td_isa)isa), Ms[mi], m * 1e3, (double)wb / m / 1e9,
@@ -144,27 +144,27 @@ static int bench_model(const kbench_opts *o, double bw, FILE *out) {
         for (int k = 0; k <= o->max_k && !rc; k++) {
             int n0 = s->seq.n_past;
             td_fwd_item v = {.seq = &s->seq, .tokens = toks + 20, .n = k + 1, .logits_rows = k + 1, .logits = lg, .checkpoint = k > 0};
-            double t0 = bench_now();
+            double t0 = td_bench_now();
             rc = td_forward(eng->fwd, &v, 1, &err);
-            t[k][r] = bench_now() - t0;
+            t[k][r] = td_bench_now() - t0;
             if (!rc && k > 0) rc = td_seq_truncate(&s->seq, n0 + 1, &err); /* as after a verify with no draft accepted */
         }
     if (rc) { fprintf(stderr, "tandem kernels: %s\n", err.msg); goto done; }
-    double t1 = bench_stat_of(t[0], reps).median;
+    double t1 = td_bench_stat_of(t[0], reps).median;
     fprintf(out, "decode (depth 0): %.2f tokens/s, %.1f ms/token, %.1f GB/s = %.0f%% of the probe's %.1f GB/s\n\n", 1.0 / t1, t1 * 1e3,
             (double)rb / t1 / 1e9, 100.0 * (double)rb / t1 / 1e9 / bw, bw);
     fprintf(out, "| k | tokens in verify | ms | t(k+1)/t(1) |\n|---|---|---|---|\n");
     for (int k = 1; k <= o->max_k; k++) {
-        double tk = bench_stat_of(t[k], reps).median;
+        double tk = td_bench_stat_of(t[k], reps).median;
         fprintf(out, "| %d | %d | %.1f | %.2f |\n", k, k + 1, tk * 1e3, tk / t1);
     }
     fprintf(out, "\n| prefill tokens | s | tokens/s |\n|---|---|---|\n");
     for (int i = 0; i < o->n_prefill; i++) {
         td_session_reset(s);
         td_fwd_item p = {.seq = &s->seq, .tokens = toks, .n = o->prefill[i], .logits_rows = 1, .logits = lg};
-        double t0 = bench_now();
+        double t0 = td_bench_now();
         rc = td_forward(eng->fwd, &p, 1, &err);
-        double dt = bench_now() - t0;
+        double dt = td_bench_now() - t0;
         if (rc) { fprintf(stderr, "tandem kernels: prefill %d: %s\n", o->prefill[i], err.msg); break; }
         fprintf(out, "| %d | %.2f | %.1f |\n", o->prefill[i], dt, o->prefill[i] / dt);
     }
@@ -175,7 +175,7 @@ done:
     return rc ? 1 : 0;
 }
 
-int kbench_run(const kbench_opts *o, FILE *out) {
+int td_kbench_run(const kbench_opts *o, FILE *out) {
     td_err err = {0};
     td_backend *b;
     if (td_backend_cpu_create(o->threads > 0 ? o->threads : 2, &b, &err)) { fprintf(stderr, "tandem kernels: %s\n", err.msg); return 1; }

@@ -20,5 +20,5 @@ typedef struct kbench_opts {
     int isa;                /* td_engine_opts.isa for the model runs (0 = best) */
 } kbench_opts;
 
-int kbench_run(const kbench_opts *o, FILE *out);
+int td_kbench_run(const kbench_opts *o, FILE *out);
 #endif

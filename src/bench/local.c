@@ -9,12 +9,12 @@
 #include "model/seq.h"
 #include "util/err.h"
 
-int bench_local_open(const char *dir, int threads, int max_context, int engine_depth, bool prefix_caching, int quantize, bench_local *L,
+int td_bench_local_open(const char *dir, int threads, int max_context, int engine_depth, bool prefix_caching, int quantize, bench_local *L,
                      td_err *err) {
     memset(L, 0, sizeof *L);
-    int rc = tok_load(dir, &L->tok, err);
+    int rc = td_tok_load(dir, &L->tok, err);
     if (rc) return rc;
-    if ((rc = bench_chat_init(&L->chat, L->tok, err))) goto fail;
+    if ((rc = td_bench_chat_init(&L->chat, L->tok, err))) goto fail;
     /* one request at a time: room for one sequence; prefix caching only
      * when asked (the suite measures cold prefill) */
     td_engine_opts eo = {.n_threads = threads, .max_context = max_context, .spec_depth = engine_depth, .max_seqs = 1,
@@ -31,26 +31,26 @@ int bench_local_open(const char *dir, int threads, int max_context, int engine_d
     td_model_info mi;
     td_engine_info(L->eng, &mi);
     for (int i = 0; i < mi.n_eos && L->n_stop < TD_MAX_SPEC_DEPTH; i++) L->stop[L->n_stop++] = mi.eos_token_ids[i];
-    int32_t e = tok_eos_id(L->tok);
+    int32_t e = td_tok_eos_id(L->tok);
     bool have = false;
     for (int i = 0; i < L->n_stop; i++) have |= L->stop[i] == e;
     if (e >= 0 && !have && L->n_stop < TD_MAX_SPEC_DEPTH) L->stop[L->n_stop++] = e;
     /* the chat turn end, when the vocabulary has it */
-    int32_t im_end = tok_token_id(L->tok, "<|im_end|>");
+    int32_t im_end = td_tok_token_id(L->tok, "<|im_end|>");
     have = false;
     for (int i = 0; i < L->n_stop; i++) have |= L->stop[i] == im_end;
     if (im_end >= 0 && !have && L->n_stop < TD_MAX_SPEC_DEPTH) L->stop[L->n_stop++] = im_end;
     return TD_OK;
 fail:
-    bench_local_close(L);
+    td_bench_local_close(L);
     return rc;
 }
 
-void bench_local_close(bench_local *L) {
+void td_bench_local_close(bench_local *L) {
     td_session_free(L->s);
     td_engine_free(L->eng);
-    bench_chat_free(&L->chat);
-    tok_free(L->tok);
+    td_bench_chat_free(&L->chat);
+    td_tok_free(L->tok);
     memset(L, 0, sizeof *L);
 }
 
@@ -61,7 +61,7 @@ typedef struct first_tok {
 static int on_token(void *u, int32_t t) {
     (void)t;
     first_tok *f = u;
-    if (f->first == 0) f->first = bench_now();
+    if (f->first == 0) f->first = td_bench_now();
     return 0;
 }
 
@@ -69,8 +69,8 @@ static int generate(bench_local *L, const int32_t *ids, int n, int depth, const 
     bool autod = depth == BENCH_DEPTH_AUTO;
     td_gen_opts go = {.max_tokens = p->max_tokens, .spec_depth = autod ? L->auto_max : depth, .spec_auto = autod, .draft_sampling = p->draft_sampling,
                       .ignore_eos = p->ignore_eos, .stop_ids = p->ignore_eos ? NULL : L->stop, .n_stop = p->ignore_eos ? 0 : L->n_stop};
-    out->cond.load1 = bench_load1();
-    first_tok ft = {bench_now(), 0};
+    out->cond.load1 = td_bench_load1();
+    first_tok ft = {td_bench_now(), 0};
     td_gen_result res;
     int rc = td_session_generate(L->s, ids, n, &p->sampling, &go, on_token, &ft, &res, err);
     if (rc) return rc;
@@ -91,16 +91,16 @@ static int generate(bench_local *L, const int32_t *ids, int n, int depth, const 
     return TD_OK;
 }
 
-int bench_local_run(bench_local *L, const int32_t *ids, int n, int depth, const bench_params *p, bench_sample *out, td_err *err) {
+int td_bench_local_run(bench_local *L, const int32_t *ids, int n, int depth, const bench_params *p, bench_sample *out, td_err *err) {
     td_session_reset(L->s);
     return generate(L, ids, n, depth, p, out, err);
 }
 
-int bench_local_turn(bench_local *L, const int32_t *ids, int n, int depth, const bench_params *p, bench_sample *out, td_err *err) {
+int td_bench_local_turn(bench_local *L, const int32_t *ids, int n, int depth, const bench_params *p, bench_sample *out, td_err *err) {
     return generate(L, ids, n, depth, p, out, err);
 }
 
-uint64_t bench_local_session_bytes(const bench_local *L, int tokens) {
+uint64_t td_bench_local_session_bytes(const bench_local *L, int tokens) {
     if (!L->s) return 0;
     td_kv_info ki;
     td_engine_kv_info(L->eng, &ki);
@@ -115,7 +115,7 @@ uint64_t bench_local_session_bytes(const bench_local *L, int tokens) {
 /* ---- verify / draft cost ------------------------------------------------------- */
 
 
-int bench_local_costs(bench_local *L, const int32_t *ctx, int n_ctx, int max_n, int reps, bench_costs *out, td_err *err) {
+int td_bench_local_costs(bench_local *L, const int32_t *ctx, int n_ctx, int max_n, int reps, bench_costs *out, td_err *err) {
     memset(out, 0, sizeof *out);
     td_engine *e = L->eng;
     const td_config *cfg = &e->model->cfg;
@@ -151,13 +151,13 @@ int bench_local_costs(bench_local *L, const int32_t *ctx, int n_ctx, int max_n, 
     /* repeats interleaved over n (and the draft step) so drift is shared */
     for (int r = 0; r < reps && !rc; r++) {
         for (int n = 1; n <= max_n + 1 && !rc; n++) {
-            double t0 = bench_now();
+            double t0 = td_bench_now();
             if (n <= max_n) {
                 int base = q->n_past;
                 td_fwd_item it = {.seq = q, .tokens = toks, .n = n, .logits_rows = n == 1 ? 1 : n, .logits = logits,
                                   .checkpoint = n > 1};
                 rc = td_forward(e->fwd, &it, 1, err);
-                times[(size_t)n * reps + r] = bench_now() - t0;
+                times[(size_t)n * reps + r] = td_bench_now() - t0;
                 /* drop all but one of the n tokens (their DeltaNet checkpoints allow it) */
                 if (!rc && n > 1) rc = td_seq_truncate(q, base + 1, err);
             } else if (mtp) {
@@ -166,17 +166,17 @@ int bench_local_costs(bench_local *L, const int32_t *ctx, int n_ctx, int max_n, 
                 td_mtp_item mi = {.seq = q, .tokens = toks, .hidden = hid, .pos0 = pos0, .n = 1, .logits_rows = 1, .logits = logits,
                                   .hidden_out = hout};
                 rc = td_mtp_forward(e->fwd, &mi, 1, err);
-                times[(size_t)n * reps + r] = bench_now() - t0;
+                times[(size_t)n * reps + r] = td_bench_now() - t0;
             }
         }
     }
     if (!rc) {
         out->max_n = max_n;
-        for (int n = 1; n <= max_n; n++) out->verify_s[n] = bench_stat_of(times + (size_t)n * reps, reps).median;
+        for (int n = 1; n <= max_n; n++) out->verify_s[n] = td_bench_stat_of(times + (size_t)n * reps, reps).median;
         out->t1_s = out->verify_s[1];
         for (int n = 1; n <= max_n; n++) out->verify[n] = out->t1_s > 0 ? out->verify_s[n] / out->t1_s : 0;
         if (mtp) {
-            out->draft_s = bench_stat_of(times + (size_t)(max_n + 1) * reps, reps).median;
+            out->draft_s = td_bench_stat_of(times + (size_t)(max_n + 1) * reps, reps).median;
             out->draft = out->t1_s > 0 ? out->draft_s / out->t1_s : 0;
         }
     }

@@ -18,12 +18,12 @@ static uint64_t status_kb(const char *path, const char *key) {
     return v * 1024;
 }
 
-uint64_t bench_vm_hwm(void) { return status_kb("/proc/self/status", "VmHWM"); }
-uint64_t bench_vm_rss(void) { return status_kb("/proc/self/status", "VmRSS"); }
+uint64_t td_bench_vm_hwm(void) { return status_kb("/proc/self/status", "VmHWM"); }
+uint64_t td_bench_vm_rss(void) { return status_kb("/proc/self/status", "VmRSS"); }
 
 static double mib(uint64_t b) { return (double)b / (1024.0 * 1024.0); }
 
-int bench_memory_report(FILE *f, const char *dir, const bench_suite *su, int window, uint64_t session_bytes, const td_kv_info *kv,
+int td_bench_memory_report(FILE *f, const char *dir, const bench_suite *su, int window, uint64_t session_bytes, const td_kv_info *kv,
                         const uint64_t *rss_after, td_err *err) {
     td_config cfg;
     int rc = td_config_load(dir, &cfg, err);
@@ -64,6 +64,6 @@ int bench_memory_report(FILE *f, const char *dir, const bench_suite *su, int win
                    "%.3f MiB a sequence.\n",
                 kv->n_blocks, kv->block_size, kv->bytes_per_block,
                 kv->block_size ? (double)kv->bytes_per_block / kv->block_size : 0.0, mib(kv->bytes_total), mib(kv->deltanet_state_bytes));
-    fprintf(f, "\nProcess peak resident set (VmHWM): %.1f MiB; now (VmRSS): %.1f MiB.\n", mib(bench_vm_hwm()), mib(bench_vm_rss()));
+    fprintf(f, "\nProcess peak resident set (VmHWM): %.1f MiB; now (VmRSS): %.1f MiB.\n", mib(td_bench_vm_hwm()), mib(td_bench_vm_rss()));
     return TD_OK;
 }

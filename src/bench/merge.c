@@ -42,7 +42,7 @@ static int col(char **h, int nh, const char *name) {
     return -1;
 }
 
-int bench_merge_csv(const char *path, bench_suite *su, bench_sample **samples, int *n, td_err *err) {
+int td_bench_merge_csv(const char *path, bench_suite *su, bench_sample **samples, int *n, td_err *err) {
     FILE *fp = fopen(path, "r");
     if (!fp) return TD_FAIL(err, TD_ERR_IO, "cannot open %s", path);
     char head[8192], hcopy[8192], line[8192];

@@ -7,13 +7,13 @@
 #include "template/template.h"
 #include "util/err.h"
 
-double bench_now(void) {
+double td_bench_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-double bench_load1(void) {
+double td_bench_load1(void) {
     double l[1];
     return getloadavg(l, 1) == 1 ? l[0] : -1.0;
 }
@@ -74,13 +74,13 @@ static json_t *load_messages(const char *path, td_err *err) {
     return m;
 }
 
-int bench_prompts_load(const char *dir, const bench_suite *su, bench_prompts *out, td_err *err) {
+int td_bench_prompts_load(const char *dir, const bench_suite *su, bench_prompts *out, td_err *err) {
     memset(out, 0, sizeof *out);
     for (int t = 0; t < su->n_tasks; t++) {
         char path[4096];
         snprintf(path, sizeof path, "%s/%s", dir, su->tasks[t]);
         DIR *d = opendir(path);
-        if (!d) { bench_prompts_free(out); return TD_FAIL(err, TD_ERR_IO, "no prompt directory %s for task \"%s\"", path, su->tasks[t]); }
+        if (!d) { td_bench_prompts_free(out); return TD_FAIL(err, TD_ERR_IO, "no prompt directory %s for task \"%s\"", path, su->tasks[t]); }
         char *names[256];
         int n = 0;
         struct dirent *e;
@@ -106,12 +106,12 @@ int bench_prompts_load(const char *dir, const bench_suite *su, bench_prompts *ou
             free(names[i]);
         }
         if (!rc && !out->n[t]) rc = TD_FAIL(err, TD_ERR_IO, "no prompts (*.txt, *.json) in %s", path);
-        if (rc) { bench_prompts_free(out); return rc; }
+        if (rc) { td_bench_prompts_free(out); return rc; }
     }
     return TD_OK;
 }
 
-void bench_prompts_free(bench_prompts *p) {
+void td_bench_prompts_free(bench_prompts *p) {
     for (int t = 0; t < BENCH_MAX_TASKS; t++) {
         for (int i = 0; p->p[t] && i < p->n[t]; i++) json_decref(p->p[t][i].messages);
         free(p->p[t]);
@@ -122,19 +122,19 @@ void bench_prompts_free(bench_prompts *p) {
 
 /* ---- chat rendering ---------------------------------------------------------------- */
 
-int bench_chat_init(bench_chat *c, const tokenizer *tok, td_err *err) {
+int td_bench_chat_init(bench_chat *c, const tokenizer *tok, td_err *err) {
     c->tok = tok;
     c->tpl = NULL;
-    const char *src = tok_chat_template(tok);
+    const char *src = td_tok_chat_template(tok);
     if (!src) return TD_FAIL(err, TD_ERR_FORMAT, "the model has no chat template");
     tpl *t = NULL;
-    int rc = tpl_parse(src, strlen(src), &t, err);
+    int rc = td_tpl_parse(src, strlen(src), &t, err);
     c->tpl = t;
     return rc;
 }
 
-void bench_chat_free(bench_chat *c) {
-    tpl_free(c->tpl);
+void td_bench_chat_free(bench_chat *c) {
+    td_tpl_free(c->tpl);
     c->tpl = NULL;
 }
 
@@ -159,17 +159,17 @@ static json_t *normalize(const json_t *messages) {
     return m;
 }
 
-int bench_chat_encode(bench_chat *c, const json_t *messages, const json_t *tools, int32_t **ids, size_t *n, td_err *err) {
+int td_bench_chat_encode(bench_chat *c, const json_t *messages, const json_t *tools, int32_t **ids, size_t *n, td_err *err) {
     json_t *msgs = normalize(messages);
     json_t *kw = json_pack("{s:b}", "enable_thinking", 0);
     if (!msgs || !kw) { json_decref(msgs); json_decref(kw); return TD_FAIL(err, TD_ERR_NOMEM, "out of memory"); }
     tpl_chat_args a = {.messages = msgs, .tools = tools, .kwargs = kw, .add_generation_prompt = true,
-                       .bos_token = tok_bos_token(c->tok), .eos_token = tok_eos_token(c->tok),
-                       .pad_token = tok_pad_token(c->tok), .unk_token = tok_unk_token(c->tok)};
+                       .bos_token = td_tok_bos_token(c->tok), .eos_token = td_tok_eos_token(c->tok),
+                       .pad_token = td_tok_pad_token(c->tok), .unk_token = td_tok_unk_token(c->tok)};
     char *text = NULL;
     size_t len = 0;
-    int rc = tpl_apply_chat(c->tpl, &a, &text, &len, err);
-    if (!rc) rc = tok_encode(c->tok, text, len, false, ids, n, err);
+    int rc = td_tpl_apply_chat(c->tpl, &a, &text, &len, err);
+    if (!rc) rc = td_tok_encode(c->tok, text, len, false, ids, n, err);
     free(text);
     json_decref(msgs);
     json_decref(kw);

@@ -16,7 +16,7 @@ static bool name_is(const char *name, size_t n, const char *want) {
     return n == w + 6 && !memcmp(name, want, w) && !memcmp(name + w, "_total", 6);
 }
 
-void bench_metrics_parse(const char *text, bench_metrics *m) {
+void td_bench_metrics_parse(const char *text, bench_metrics *m) {
     memset(m, 0, sizeof *m);
     m->depth = -1;
     for (const char *p = text; p && *p;) {
@@ -53,18 +53,18 @@ void bench_metrics_parse(const char *text, bench_metrics *m) {
 static int fetch_metrics(bench_remote *R, bench_metrics *m, td_err *err) {
     char *body = NULL;
     int status = 0;
-    int rc = bench_http_fetch(&R->url, "GET", "/metrics", R->auth, NULL, 30, &status, &body, NULL, err);
+    int rc = td_bench_http_fetch(&R->url, "GET", "/metrics", R->auth, NULL, 30, &status, &body, NULL, err);
     if (rc) return rc;
     if (status != 200) rc = TD_FAIL(err, TD_ERR_IO, "GET /metrics: HTTP %d", status);
-    else bench_metrics_parse(body, m);
+    else td_bench_metrics_parse(body, m);
     free(body);
     return rc;
 }
 
-int bench_remote_open(const char *url, const char *api_key, const char *model, bench_remote *R, td_err *err) {
+int td_bench_remote_open(const char *url, const char *api_key, const char *model, bench_remote *R, td_err *err) {
     memset(R, 0, sizeof *R);
     R->depth = -1;
-    int rc = bench_url_parse(url, &R->url, err);
+    int rc = td_bench_url_parse(url, &R->url, err);
     if (rc) return rc;
     if (api_key) snprintf(R->auth, sizeof R->auth, "Authorization: Bearer %.256s\r\n", api_key);
     if (model) {
@@ -72,7 +72,7 @@ int bench_remote_open(const char *url, const char *api_key, const char *model, b
     } else {
         char *body = NULL;
         int status = 0;
-        if ((rc = bench_http_fetch(&R->url, "GET", "/v1/models", R->auth, NULL, 30, &status, &body, NULL, err))) return rc;
+        if ((rc = td_bench_http_fetch(&R->url, "GET", "/v1/models", R->auth, NULL, 30, &status, &body, NULL, err))) return rc;
         json_t *j = status == 200 ? json_loads(body, 0, NULL) : NULL;
         const char *id = json_string_value(json_object_get(json_array_get(json_object_get(j, "data"), 0), "id"));
         if (id) snprintf(R->model, sizeof R->model, "%s", id);
@@ -121,7 +121,7 @@ static void sse_event(sse *s, const char *data) {
                nonempty_str(json_object_get(d, "reasoning")) || json_array_size(json_object_get(d, "tool_calls")) > 0 ||
                nonempty_str(json_object_get(c, "text"));
     if (out) {
-        double t = bench_now();
+        double t = td_bench_now();
         if (!s->first) s->first = t;
         s->last = t;
         s->chunks++;
@@ -154,7 +154,7 @@ static int sse_fn(void *u, const char *d, size_t n) {
     return 0;
 }
 
-int bench_remote_run(bench_remote *R, const json_t *messages, const json_t *tools, const bench_params *p, bench_sample *out,
+int td_bench_remote_run(bench_remote *R, const json_t *messages, const json_t *tools, const bench_params *p, bench_sample *out,
                      td_err *err) {
     bench_metrics before = {0}, after = {0};
     int rc = 0;
@@ -171,10 +171,10 @@ int bench_remote_run(bench_remote *R, const json_t *messages, const json_t *tool
     if (!body) return TD_FAIL(err, TD_ERR_NOMEM, "out of memory");
     sse s = {0};
     int status = 0;
-    out->cond.load1 = bench_load1();
-    s.t0 = bench_now();
-    rc = bench_http(&R->url, "POST", "/v1/chat/completions", R->auth, body, strlen(body), HTTP_TIMEOUT_S, &status, sse_fn, &s, err);
-    double t_end = bench_now();
+    out->cond.load1 = td_bench_load1();
+    s.t0 = td_bench_now();
+    rc = td_bench_http(&R->url, "POST", "/v1/chat/completions", R->auth, body, strlen(body), HTTP_TIMEOUT_S, &status, sse_fn, &s, err);
+    double t_end = td_bench_now();
     free(body);
     if (!rc && s.oom) rc = TD_FAIL(err, TD_ERR_NOMEM, "out of memory reading the stream");
     if (!rc && status != 200)

@@ -46,7 +46,7 @@ static void md_tps_table(FILE *f, const bench_report *r) {
         }
         td_spec_counters s = depth_counters(r, d);
         if (su->depths[d] == 0 || !s.draft_tokens) fprintf(f, " - |\n");
-        else fprintf(f, " %.0f%% |\n", 100 * bench_accept_rate(&s));
+        else fprintf(f, " %.0f%% |\n", 100 * td_bench_accept_rate(&s));
     }
 }
 
@@ -110,10 +110,10 @@ static void md_accept_table(FILE *f, const bench_report *r) {
             depth_label(dl, sizeof dl, k);
             fprintf(f, "| %s | %s | %llu |", dl, t < su->n_tasks ? su->tasks[t] : "**all**", (unsigned long long)s.drafts);
             for (int i = 0; i < kmax; i++) {
-                if (i < k) fprintf(f, " %.1f%% |", 100 * bench_accept_pos(&s, i));
+                if (i < k) fprintf(f, " %.1f%% |", 100 * td_bench_accept_pos(&s, i));
                 else fprintf(f, " |");
             }
-            fprintf(f, " %.2f |\n", bench_mean_accept_len(&s));
+            fprintf(f, " %.2f |\n", td_bench_mean_accept_len(&s));
         }
     }
 }
@@ -188,7 +188,7 @@ static void md_conditions(FILE *f, const bench_report *r) {
             lmin, lmax);
 }
 
-void bench_write_markdown(FILE *f, const bench_report *r) {
+void td_bench_write_markdown(FILE *f, const bench_report *r) {
     fprintf(f, "# tandem bench\n\n%s\n", r->title ? r->title : "");
     if (r->machine) fprintf(f, "\n%s\n", r->machine);
     fprintf(f, "\n");
@@ -206,7 +206,7 @@ void bench_write_markdown(FILE *f, const bench_report *r) {
 
 /* ---- CSV ------------------------------------------------------------------------ */
 
-void bench_csv_field(FILE *f, const char *s) {
+void td_bench_csv_field(FILE *f, const char *s) {
     if (!strpbrk(s, ",\"\n\r")) { fputs(s, f); return; }
     fputc('"', f);
     for (; *s; s++) {
@@ -216,7 +216,7 @@ void bench_csv_field(FILE *f, const char *s) {
     fputc('"', f);
 }
 
-int bench_write_samples_csv(FILE *f, const bench_suite *su, const bench_sample *s, int n) {
+int td_bench_write_samples_csv(FILE *f, const bench_suite *su, const bench_sample *s, int n) {
     fprintf(f, "run,depth,task,prompt,n_prompt,n_reused,n_generated,prefill_s,decode_s,ttft_s,tokens_per_s,drafts,draft_tokens,"
                "accepted_tokens");
     for (int i = 1; i <= TD_MAX_SPEC_DEPTH; i++) fprintf(f, ",accepted_pos_%d", i);
@@ -224,7 +224,7 @@ int bench_write_samples_csv(FILE *f, const bench_suite *su, const bench_sample *
     for (int k = 0; k < n; k++) {
         const bench_sample *x = &s[k];
         fprintf(f, "%d,%d,", x->run, x->depth);
-        bench_csv_field(f, x->task >= 0 && x->task < su->n_tasks ? su->tasks[x->task] : "");
+        td_bench_csv_field(f, x->task >= 0 && x->task < su->n_tasks ? su->tasks[x->task] : "");
         fprintf(f, ",%d,%d,%d,%d,%.6f,%.6f,%.6f,%.3f,%llu,%llu,%llu", x->prompt, x->n_prompt, x->n_reused, x->n_generated,
                 x->prefill_s, x->decode_s, x->ttft_s, x->decode_s > 0 && x->n_generated > 1 ? (x->n_generated - 1) / x->decode_s : 0.0,
                 (unsigned long long)x->spec.drafts, (unsigned long long)x->spec.draft_tokens,
@@ -232,23 +232,23 @@ int bench_write_samples_csv(FILE *f, const bench_suite *su, const bench_sample *
         for (int i = 0; i < TD_MAX_SPEC_DEPTH; i++) fprintf(f, ",%llu", (unsigned long long)x->spec.accepted_per_pos[i]);
         const bench_conditions *c = &x->cond;
         fprintf(f, ",%d,%d,%g,%d,%d,", c->threads, c->max_tokens, c->temperature, c->engine_depth, c->ignore_eos);
-        bench_csv_field(f, c->backend);
+        td_bench_csv_field(f, c->backend);
         fprintf(f, ",%.2f\n", c->load1);
     }
     return ferror(f) ? -1 : 0;
 }
 
-int bench_write_cells_csv(FILE *f, const bench_suite *su, const bench_cell *cells) {
+int td_bench_write_cells_csv(FILE *f, const bench_suite *su, const bench_cell *cells) {
     fprintf(f, "task,depth,runs,tokens_per_s_median,tokens_per_s_min,tokens_per_s_max,spread,accept_rate,mean_accept_len");
     for (int i = 1; i <= TD_MAX_SPEC_DEPTH; i++) fprintf(f, ",p_accepted_ge_%d", i);
     fprintf(f, ",prefill_tokens_per_s,ttft_ms,speedup,predicted_speedup\n");
     for (int i = 0; i < su->n_tasks * su->n_depths; i++) {
         const bench_cell *c = &cells[i];
-        bench_csv_field(f, su->tasks[c->task]);
+        td_bench_csv_field(f, su->tasks[c->task]);
         fprintf(f, ",%d,%d,%.3f,%.3f,%.3f,%.4f,%.4f,%.4f", c->depth, c->tps.n, c->tps.median, c->tps.min, c->tps.max,
-                bench_spread(&c->tps), bench_accept_rate(&c->spec), bench_mean_accept_len(&c->spec));
+                td_bench_spread(&c->tps), td_bench_accept_rate(&c->spec), td_bench_mean_accept_len(&c->spec));
         for (int k = 0; k < TD_MAX_SPEC_DEPTH; k++) {
-            if (k < c->depth) fprintf(f, ",%.4f", bench_accept_pos(&c->spec, k));
+            if (k < c->depth) fprintf(f, ",%.4f", td_bench_accept_pos(&c->spec, k));
             else fprintf(f, ",");
         }
         fprintf(f, ",%.2f,%.3f,%.4f,%.4f\n", c->prefill_tps.median, 1e3 * c->ttft.median, c->speedup, c->predicted);
@@ -278,7 +278,7 @@ static double nice_step(double max) {
     return (m <= 1 ? 1 : m <= 2 ? 2 : m <= 5 ? 5 : 10) * p;
 }
 
-int bench_write_svg(FILE *f, const bench_suite *su, const bench_cell *cells, const char *title) {
+int td_bench_write_svg(FILE *f, const bench_suite *su, const bench_cell *cells, const char *title) {
     static const char *const colors[] = {"#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#17becf"};
     const double W = 720, H = 440, L = 70, R = 150, T = 50, B = 60;
     double ymax = 0;

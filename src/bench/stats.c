@@ -10,7 +10,7 @@ static int cmp_double(const void *a, const void *b) {
     return x < y ? -1 : x > y;
 }
 
-bench_stat bench_stat_of(const double *v, int n) {
+bench_stat td_bench_stat_of(const double *v, int n) {
     bench_stat s = {0, 0, 0, 0};
     if (n <= 0) return s;
     double small[64], *w = n <= 64 ? small : malloc((size_t)n * sizeof *w);
@@ -32,17 +32,17 @@ bench_stat bench_stat_of(const double *v, int n) {
     return s;
 }
 
-double bench_spread(const bench_stat *s) { return s->median > 0 ? (s->max - s->min) / s->median : 0.0; }
+double td_bench_spread(const bench_stat *s) { return s->median > 0 ? (s->max - s->min) / s->median : 0.0; }
 
 /* ---- order ------------------------------------------------------------------ */
 
-int bench_order_len(int n_runs, int n_tasks, const int *n_prompts, int n_depths) {
+int td_bench_order_len(int n_runs, int n_tasks, const int *n_prompts, int n_depths) {
     int per = 0;
     for (int t = 0; t < n_tasks; t++) per += n_prompts[t];
     return n_runs * per * n_depths;
 }
 
-void bench_order(int n_runs, int n_tasks, const int *n_prompts, int n_depths, bench_slot *out) {
+void td_bench_order(int n_runs, int n_tasks, const int *n_prompts, int n_depths, bench_slot *out) {
     int k = 0;
     for (int r = 0; r < n_runs; r++)
         for (int t = 0; t < n_tasks; t++)
@@ -53,13 +53,13 @@ void bench_order(int n_runs, int n_tasks, const int *n_prompts, int n_depths, be
 
 /* ---- acceptance -------------------------------------------------------------- */
 
-double bench_accept_rate(const td_spec_counters *s) {
+double td_bench_accept_rate(const td_spec_counters *s) {
     return s->draft_tokens ? (double)s->accepted_tokens / (double)s->draft_tokens : 0.0;
 }
-double bench_accept_pos(const td_spec_counters *s, int i) {
+double td_bench_accept_pos(const td_spec_counters *s, int i) {
     return s->drafts && i >= 0 && i < TD_MAX_SPEC_DEPTH ? (double)s->accepted_per_pos[i] / (double)s->drafts : 0.0;
 }
-double bench_mean_accept_len(const td_spec_counters *s) {
+double td_bench_mean_accept_len(const td_spec_counters *s) {
     return s->drafts ? 1.0 + (double)s->accepted_tokens / (double)s->drafts : 0.0;
 }
 
@@ -79,7 +79,7 @@ static int depth_index(const bench_suite *su, int depth) {
     return -1;
 }
 
-void bench_cells(const bench_suite *su, const bench_sample *samples, int n, bench_cell *cells) {
+void td_bench_cells(const bench_suite *su, const bench_sample *samples, int n, bench_cell *cells) {
     int max_run = 0;
     for (int i = 0; i < n; i++)
         if (samples[i].run + 1 > max_run) max_run = samples[i].run + 1;
@@ -117,9 +117,9 @@ void bench_cells(const bench_suite *su, const bench_sample *samples, int n, benc
                 if (dec[r] > 0) tps[nr++] = gen[r] / dec[r];
                 if (psec[r] > 0) pre[np++] = ptok[r] / psec[r];
             }
-            c->tps = bench_stat_of(tps, nr);
-            c->prefill_tps = bench_stat_of(pre, np);
-            c->ttft = bench_stat_of(ttft, nt);
+            c->tps = td_bench_stat_of(tps, nr);
+            c->prefill_tps = td_bench_stat_of(pre, np);
+            c->ttft = td_bench_stat_of(ttft, nt);
         }
         int b = depth_index(su, 0);
         if (b < 0) continue;
@@ -132,25 +132,25 @@ void bench_cells(const bench_suite *su, const bench_sample *samples, int n, benc
 
 /* ---- model ------------------------------------------------------------------------ */
 
-double bench_expected_tokens(const double *p_ge, int k) {
+double td_bench_expected_tokens(const double *p_ge, int k) {
     double e = 1.0;
     for (int i = 0; i < k; i++) e += p_ge[i];
     return e;
 }
 
-double bench_predict_speedup(const double *p_ge, int k, const bench_costs *c) {
+double td_bench_predict_speedup(const double *p_ge, int k, const bench_costs *c) {
     if (k < 0 || k + 1 > c->max_n || c->verify[k + 1] <= 0) return 0.0;
     double step = c->verify[k + 1] + k * c->draft;
-    return step > 0 ? bench_expected_tokens(p_ge, k) / step : 0.0;
+    return step > 0 ? td_bench_expected_tokens(p_ge, k) / step : 0.0;
 }
 
-void bench_predict_cells(const bench_suite *su, bench_cell *cells, const bench_costs *c) {
+void td_bench_predict_cells(const bench_suite *su, bench_cell *cells, const bench_costs *c) {
     for (int i = 0; i < su->n_tasks * su->n_depths; i++) {
         bench_cell *x = &cells[i];
         double p[TD_MAX_SPEC_DEPTH];
         int k = x->depth < TD_MAX_SPEC_DEPTH ? x->depth : TD_MAX_SPEC_DEPTH;
-        for (int j = 0; j < k; j++) p[j] = bench_accept_pos(&x->spec, j);
-        x->predicted = (k == 0 || x->spec.drafts) ? bench_predict_speedup(p, k, c) : 0.0;
+        for (int j = 0; j < k; j++) p[j] = td_bench_accept_pos(&x->spec, j);
+        x->predicted = (k == 0 || x->spec.drafts) ? td_bench_predict_speedup(p, k, c) : 0.0;
     }
 }
 
@@ -219,12 +219,12 @@ static double median_load(const bench_sample *s, int n, bool baseline) {
     int k = 0;
     for (int i = 0; i < n; i++)
         if ((s[i].depth == 0) == baseline) v[k++] = s[i].cond.load1;
-    bench_stat st = bench_stat_of(v, k);
+    bench_stat st = td_bench_stat_of(v, k);
     free(v);
     return st.median;
 }
 
-int bench_sanity(const bench_suite *su, const bench_cell *cells, const bench_sample *samples, int n_samples,
+int td_bench_sanity(const bench_suite *su, const bench_cell *cells, const bench_sample *samples, int n_samples,
                  bench_flag *out, int max) {
     flag_list l = {out, max, 0};
     bench_flag *f;
@@ -238,7 +238,7 @@ int bench_sanity(const bench_suite *su, const bench_cell *cells, const bench_sam
                          "IMPOSSIBLE: %s at depth %d is %.2fx the depth-0 baseline, above the ceiling of %dx (k + 1 tokens a step); "
                          "the baseline is too low or the runs were not comparable",
                          su->tasks[t], k, c->speedup, k + 1);
-            double sp = bench_spread(&c->tps);
+            double sp = td_bench_spread(&c->tps);
             if (c->tps.n >= 2 && sp > BENCH_SPREAD_LIMIT && (f = flag_add(&l, BENCH_FLAG_SPREAD, t, k, sp)))
                 snprintf(f->text, sizeof f->text,
                          "SPREAD: %s at depth %d: runs range %.2f..%.2f tokens/s, %.0f%% of the median %.2f (limit %.0f%%); "

@@ -43,7 +43,7 @@ static int common_prefix(const int32_t *a, size_t na, const int32_t *b, size_t n
     return (int)i;
 }
 
-int bench_trace_run(const bench_trace_opts *o, bench_local *L, bench_remote *R, bench_chat *chat, FILE *md, FILE *csv,
+int td_bench_trace_run(const bench_trace_opts *o, bench_local *L, bench_remote *R, bench_chat *chat, FILE *md, FILE *csv,
                     td_err *err) {
     json_t *turns = NULL, *tools = NULL;
     char desc[512];
@@ -70,14 +70,14 @@ int bench_trace_run(const bench_trace_opts *o, bench_local *L, bench_remote *R, 
         size_t n_ids = 0;
         avail[t] = -1;
         if (chat) {
-            if ((rc = bench_chat_encode(chat, msgs, use_tools, &ids, &n_ids, err))) break;
+            if ((rc = td_bench_chat_encode(chat, msgs, use_tools, &ids, &n_ids, err))) break;
             avail[t] = prev ? common_prefix(prev, n_prev, ids, n_ids) : 0;
             local_n[t] = (int)n_ids;
         }
-        double t0 = bench_now();
-        if (L) rc = bench_local_turn(L, ids, (int)n_ids, o->depth, &p, &s[t], err);
-        else rc = bench_remote_run(R, msgs, use_tools, &p, &s[t], err);
-        wall[t] = bench_now() - t0;
+        double t0 = td_bench_now();
+        if (L) rc = td_bench_local_turn(L, ids, (int)n_ids, o->depth, &p, &s[t], err);
+        else rc = td_bench_remote_run(R, msgs, use_tools, &p, &s[t], err);
+        wall[t] = td_bench_now() - t0;
         s[t].run = 0;
         s[t].prompt = t;
         free(prev);
@@ -118,7 +118,7 @@ int bench_trace_run(const bench_trace_opts *o, bench_local *L, bench_remote *R, 
                 fprintf(csv, "%d,%d,%d,%d,%d,%d,%.6f,%.6f,%.6f\n", t + 1, nm, s[t].n_prompt, s[t].n_reused, avail[t], s[t].n_generated,
                         s[t].ttft_s, wall[t], s[t].decode_s);
         }
-        bench_stat ts = w ? bench_stat_of(w, n) : (bench_stat){0};
+        bench_stat ts = w ? td_bench_stat_of(w, n) : (bench_stat){0};
         fprintf(md, "\nRead %llu tokens, wrote %llu", (unsigned long long)read, (unsigned long long)wrote);
         if (wrote) fprintf(md, " (read:write %.1f:1)", (double)read / (double)wrote);
         fprintf(md, ". Prefix cache: %.1f%% of the prompt tokens reused (%llu of %llu)", read ? 100.0 * (double)reused / (double)read : 0.0,
@@ -129,9 +129,9 @@ int bench_trace_run(const bench_trace_opts *o, bench_local *L, bench_remote *R, 
                     100.0 * (double)avail_sum / (double)local_sum);
         fprintf(md, ". Time per turn: median %.2f s [%.2f-%.2f]", ts.median, ts.min, ts.max);
         if (sp.drafts)
-            fprintf(md, ". Acceptance %.1f%%, mean acceptance length %.2f, per position:", 100 * bench_accept_rate(&sp),
-                    bench_mean_accept_len(&sp));
-        for (int i = 0; sp.drafts && i < o->depth && i < TD_MAX_SPEC_DEPTH; i++) fprintf(md, "%s%.0f%%", i ? "/" : " ", 100 * bench_accept_pos(&sp, i));
+            fprintf(md, ". Acceptance %.1f%%, mean acceptance length %.2f, per position:", 100 * td_bench_accept_rate(&sp),
+                    td_bench_mean_accept_len(&sp));
+        for (int i = 0; sp.drafts && i < o->depth && i < TD_MAX_SPEC_DEPTH; i++) fprintf(md, "%s%.0f%%", i ? "/" : " ", 100 * td_bench_accept_pos(&sp, i));
         fprintf(md, ".\n");
         free(w);
     }

@@ -49,7 +49,7 @@ static void usage(FILE *f) {
                "  -v, --verbose          errors with their source location\n"
                "  -h, --help             this help\n"
                "common options:\n%s",
-            TD_MAX_SPEC_DEPTH, common_opts_help());
+            TD_MAX_SPEC_DEPTH, td_common_opts_help());
 }
 
 static int parse_list(const char *s, char items[][BENCH_NAME], int max, int *n) {
@@ -84,7 +84,7 @@ static int parse_depths(const char *s, bench_suite *su) {
 
 static int parse_args(bench_cli *c, int argc, char **argv) {
     memset(c, 0, sizeof *c);
-    common_opts_init(&c->co);
+    td_common_opts_init(&c->co);
     c->co.spec_depth = -1; /* not given: the --depths list */
     c->co.spec_auto = false;
     c->max_tokens = 128;
@@ -94,13 +94,13 @@ static int parse_args(bench_cli *c, int argc, char **argv) {
     parse_depths("0,1,2,3,4,auto", &c->su);
     parse_list("edit,code,prose", c->su.tasks, BENCH_MAX_TASKS, &c->su.n_tasks);
     for (int i = 1; i < argc; i++) {
-        int r = common_opts_parse(&c->co, argc, argv, &i);
+        int r = td_common_opts_parse(&c->co, argc, argv, &i);
         if (r < 0) return 2;
         if (r) continue;
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-#define VAL() (v ? (i++, v) : (cli_missing("bench", a, "see tandem bench --help"), NULL))
-        if (cli_is_help(a)) { usage(stdout); return 1; }
-        else if (cli_is_verbose(a)) cli_verbose = true;
+#define VAL() (v ? (i++, v) : (td_cli_missing("bench", a, "see tandem bench --help"), NULL))
+        if (td_cli_is_help(a)) { usage(stdout); return 1; }
+        else if (td_cli_is_verbose(a)) td_cli_verbose = true;
         else if (!strcmp(a, "--memory")) c->memory = true;
         else if (!strcmp(a, "--ignore-eos")) c->ignore_eos = true;
         else if (!strcmp(a, "--no-costs")) c->no_costs = true;
@@ -140,7 +140,7 @@ static int parse_args(bench_cli *c, int argc, char **argv) {
             if (c->n_merge == 8) { fprintf(stderr, "tandem bench: at most 8 --merge files\n"); return 2; }
             c->merge[c->n_merge++] = f;
         }
-        else return cli_unknown("bench", a);
+        else return td_cli_unknown("bench", a);
 #undef VAL
     }
     return 0;
@@ -168,11 +168,11 @@ static void machine_line(char *buf, size_t n) {
         if (sscanf(line, "MemTotal: %llu", &mem) == 1) break;
     if (f) fclose(f);
     snprintf(buf, n, "Machine: %s, %ld cores online, %.1f GiB RAM, 1-minute load average %.2f at the start.", model,
-             sysconf(_SC_NPROCESSORS_ONLN), (double)mem / (1024.0 * 1024.0), bench_load1());
+             sysconf(_SC_NPROCESSORS_ONLN), (double)mem / (1024.0 * 1024.0), td_bench_load1());
 }
 
 static void progress(int i, int total, double t0, const char *what, double tps) {
-    double el = bench_now() - t0, eta = i ? el / i * (total - i) : 0;
+    double el = td_bench_now() - t0, eta = i ? el / i * (total - i) : 0;
     int w = 30, fill = total ? i * w / total : w;
     char bar[64];
     for (int k = 0; k < w; k++) bar[k] = k < fill ? '#' : '.';
@@ -205,10 +205,10 @@ static int write_outputs(const bench_cli *c, const bench_report *r, const bench_
         snprintf(path, sizeof path, "%s/%s", c->out, names[k]);
         FILE *f = fopen(path, "w");
         if (!f) { fprintf(stderr, "tandem bench: cannot write %s: %s\n", path, strerror(errno)); return 1; }
-        if (k == 0) bad |= bench_write_samples_csv(f, &c->su, s, n);
-        else if (k == 1) bad |= bench_write_cells_csv(f, &c->su, r->cells);
-        else if (k == 2) bad |= bench_write_svg(f, &c->su, r->cells, r->title);
-        else bench_write_markdown(f, r);
+        if (k == 0) bad |= td_bench_write_samples_csv(f, &c->su, s, n);
+        else if (k == 1) bad |= td_bench_write_cells_csv(f, &c->su, r->cells);
+        else if (k == 2) bad |= td_bench_write_svg(f, &c->su, r->cells, r->title);
+        else td_bench_write_markdown(f, r);
         bad |= fclose(f) != 0;
     }
     if (bad) fprintf(stderr, "tandem bench: error writing to %s\n", c->out);
@@ -242,14 +242,14 @@ static int run_trace(bench_cli *c, bench_params *p) {
     bench_chat chat = {0};
     bool have_chat = false;
     if (local) {
-        rc = bench_local_open(c->co.model, c->co.threads, c->co.max_model_len, depth, !c->no_prefix_caching, c->co.quantize, &L, &err);
+        rc = td_bench_local_open(c->co.model, c->co.threads, c->co.max_model_len, depth, !c->no_prefix_caching, c->co.quantize, &L, &err);
     } else {
-        rc = bench_remote_open(c->server, c->api_key, c->served_model, &R, &err);
+        rc = td_bench_remote_open(c->server, c->api_key, c->served_model, &R, &err);
         /* a local tokenizer, when the model directory has one, measures the shareable prefix */
         td_err e2 = {0};
-        if (!rc && tok_load(c->co.model, &tok, &e2) == 0 && bench_chat_init(&chat, tok, &e2) == 0) have_chat = true;
+        if (!rc && td_tok_load(c->co.model, &tok, &e2) == 0 && td_bench_chat_init(&chat, tok, &e2) == 0) have_chat = true;
     }
-    if (rc) { fprintf(stderr, "tandem bench: %s\n", cli_errmsg(&err)); tok_free(tok); return 1; }
+    if (rc) { fprintf(stderr, "tandem bench: %s\n", td_cli_errmsg(&err)); td_tok_free(tok); return 1; }
     bench_trace_opts to = {.file = c->trace, .params = *p, .depth = local ? depth : R.depth, .respect_turn_max_tokens = !c->max_tokens_given};
     FILE *csv = NULL;
     if (c->out) {
@@ -257,16 +257,16 @@ static int run_trace(bench_cli *c, bench_params *p) {
         snprintf(path, sizeof path, "%s/trace.csv", c->out);
         if (mkdir_p(c->out) || !(csv = fopen(path, "w"))) fprintf(stderr, "tandem bench: cannot write %s\n", path);
     }
-    rc = bench_trace_run(&to, local ? &L : NULL, local ? NULL : &R, local ? &L.chat : have_chat ? &chat : NULL, stdout, csv, &err);
-    if (rc) fprintf(stderr, "tandem bench: %s\n", cli_errmsg(&err));
+    rc = td_bench_trace_run(&to, local ? &L : NULL, local ? NULL : &R, local ? &L.chat : have_chat ? &chat : NULL, stdout, csv, &err);
+    if (rc) fprintf(stderr, "tandem bench: %s\n", td_cli_errmsg(&err));
     if (csv) fclose(csv);
-    if (local) bench_local_close(&L);
-    bench_chat_free(&chat);
-    tok_free(tok);
+    if (local) td_bench_local_close(&L);
+    td_bench_chat_free(&chat);
+    td_tok_free(tok);
     return rc ? 1 : 0;
 }
 
-int cmd_bench(int argc, char **argv) {
+int td_cmd_bench(int argc, char **argv) {
     for (int i = 1; i < argc; i++)
         if (!strcmp(argv[i], "--kernels")) { /* tandem bench --kernels [OPTS] == tandem kernels [OPTS] */
             char *args[256];
@@ -274,12 +274,12 @@ int cmd_bench(int argc, char **argv) {
             for (int k = 0; k < argc && n < 255; k++)
                 if (k != i) args[n++] = argv[k];
             args[n] = NULL;
-            return cmd_kernels(n, args);
+            return td_cmd_kernels(n, args);
         }
     bench_cli c;
     int pr = parse_args(&c, argc, argv);
     if (pr) return pr == 1 ? 0 : 2;
-    if (!c.server && cli_check_model_dir("tandem bench", c.co.model)) return 1;
+    if (!c.server && td_cli_check_model_dir("tandem bench", c.co.model)) return 1;
     if (c.co.spec_depth >= 0 && !c.trace) {
         c.su.n_depths = 1;
         c.su.depths[0] = c.co.spec_auto ? BENCH_DEPTH_AUTO : c.co.spec_depth;
@@ -290,13 +290,13 @@ int cmd_bench(int argc, char **argv) {
 
     td_err err = {0};
     bench_prompts pset;
-    if (bench_prompts_load(c.prompts, &c.su, &pset, &err)) { fprintf(stderr, "tandem bench: %s\n", cli_errmsg(&err)); return 1; }
+    if (td_bench_prompts_load(c.prompts, &c.su, &pset, &err)) { fprintf(stderr, "tandem bench: %s\n", td_cli_errmsg(&err)); return 1; }
     bench_local L;
     bench_remote R;
     bool local = !c.server;
-    int rc = local ? bench_local_open(c.co.model, c.co.threads, c.co.max_model_len, max_depth(&c.su, c.co.spec_depth_max), c.prefix_caching,
+    int rc = local ? td_bench_local_open(c.co.model, c.co.threads, c.co.max_model_len, max_depth(&c.su, c.co.spec_depth_max), c.prefix_caching,
                                       c.co.quantize, &L, &err)
-                   : bench_remote_open(c.server, c.api_key, c.served_model, &R, &err);
+                   : td_bench_remote_open(c.server, c.api_key, c.served_model, &R, &err);
     if (!rc && local) {
         L.auto_max = c.co.spec_depth_max;
         if (has_auto(&c.su) && !L.eng->model->has_mtp) { /* auto without an MTP head: off */
@@ -308,7 +308,7 @@ int cmd_bench(int argc, char **argv) {
             rc = td_engine_calibrate_spec(L.eng, L.auto_max, 1, 3, &err);
         }
     }
-    if (rc) { fprintf(stderr, "tandem bench: %s\n", cli_errmsg(&err)); bench_prompts_free(&pset); return 1; }
+    if (rc) { fprintf(stderr, "tandem bench: %s\n", td_cli_errmsg(&err)); td_bench_prompts_free(&pset); return 1; }
     if (!local) {
         if (c.depths_given && c.su.n_depths != 1) rc = -1, fprintf(stderr, "tandem bench: with --server give one --depths value: the depth the server runs at\n");
         else if (R.depth >= 0 && c.depths_given && R.depth != c.su.depths[0])
@@ -316,7 +316,7 @@ int cmd_bench(int argc, char **argv) {
         else if (R.depth >= 0 && !c.depths_given) c.su.n_depths = 1, c.su.depths[0] = R.depth;
         else if (!c.depths_given) rc = -1, fprintf(stderr, "tandem bench: the server does not report its depth: give it as --depths N\n");
         if (!R.metrics_ok) fprintf(stderr, "tandem bench: note: no /metrics at %s: acceptance unknown\n", c.server);
-        if (rc) { bench_prompts_free(&pset); return 2; }
+        if (rc) { td_bench_prompts_free(&pset); return 2; }
     }
     /* tokenize every prompt once (in-process) */
     int32_t *ids[BENCH_MAX_TASKS][256];
@@ -325,30 +325,30 @@ int cmd_bench(int argc, char **argv) {
     memset(ids, 0, sizeof ids);
     for (int t = 0; local && t < c.su.n_tasks && !rc; t++)
         for (int i = 0; i < pset.n[t] && i < 256 && !rc; i++) {
-            rc = bench_chat_encode(&L.chat, pset.p[t][i].messages, NULL, &ids[t][i], &nids[t][i], &err);
+            rc = td_bench_chat_encode(&L.chat, pset.p[t][i].messages, NULL, &ids[t][i], &nids[t][i], &err);
             if (!rc && (int)nids[t][i] > longest) longest = (int)nids[t][i];
         }
-    int total = bench_order_len(c.su.n_runs, c.su.n_tasks, pset.n, c.su.n_depths);
+    int total = td_bench_order_len(c.su.n_runs, c.su.n_tasks, pset.n, c.su.n_depths);
     bench_slot *order = calloc((size_t)total, sizeof *order);
     bench_sample *samples = calloc((size_t)total, sizeof *samples);
     uint64_t rss_after[BENCH_MAX_DEPTHS] = {0};
     if (!rc && (!order || !samples)) rc = -1, snprintf(err.msg, sizeof err.msg, "out of memory");
-    if (!rc) bench_order(c.su.n_runs, c.su.n_tasks, pset.n, c.su.n_depths, order);
-    double t0 = bench_now();
+    if (!rc) td_bench_order(c.su.n_runs, c.su.n_tasks, pset.n, c.su.n_depths, order);
+    double t0 = td_bench_now();
     int done = 0;
     for (int k = 0; k < total && !rc; k++) {
         const bench_slot *sl = &order[k];
         bench_sample *s = &samples[k];
         int depth = c.su.depths[sl->depth_idx];
-        rc = local ? bench_local_run(&L, ids[sl->task][sl->prompt], (int)nids[sl->task][sl->prompt], depth, &p, s, &err)
-                   : bench_remote_run(&R, pset.p[sl->task][sl->prompt].messages, NULL, &p, s, &err);
+        rc = local ? td_bench_local_run(&L, ids[sl->task][sl->prompt], (int)nids[sl->task][sl->prompt], depth, &p, s, &err)
+                   : td_bench_remote_run(&R, pset.p[sl->task][sl->prompt].messages, NULL, &p, s, &err);
         if (rc) break;
         s->run = sl->run;
         s->task = sl->task;
         s->prompt = sl->prompt;
         s->depth = depth;
         if (c.memory && local) {
-            uint64_t r = bench_vm_rss();
+            uint64_t r = td_bench_vm_rss();
             if (r > rss_after[sl->depth_idx]) rss_after[sl->depth_idx] = r;
         }
         done = k + 1;
@@ -357,19 +357,19 @@ int cmd_bench(int argc, char **argv) {
         else snprintf(what, sizeof what, "%s/%s d%d", c.su.tasks[sl->task], pset.p[sl->task][sl->prompt].name, depth);
         progress(done, total, t0, what, s->decode_s > 0 && s->n_generated > 1 ? (s->n_generated - 1) / s->decode_s : 0);
     }
-    if (rc) fprintf(stderr, "\ntandem bench: %s\n", cli_errmsg(&err));
+    if (rc) fprintf(stderr, "\ntandem bench: %s\n", td_cli_errmsg(&err));
     bench_costs costs;
     bool have_costs = false;
     if (!rc && local && !c.no_costs) {
         const int32_t *ctx = ids[0][0];
         int n_ctx = (int)nids[0][0];
         fprintf(stderr, "timing verify and draft cost...\n");
-        if (bench_local_costs(&L, ctx, n_ctx, max_depth(&c.su, c.co.spec_depth_max) + 1, c.cost_reps, &costs, &err))
-            fprintf(stderr, "tandem bench: cost timing failed: %s\n", cli_errmsg(&err));
+        if (td_bench_local_costs(&L, ctx, n_ctx, max_depth(&c.su, c.co.spec_depth_max) + 1, c.cost_reps, &costs, &err))
+            fprintf(stderr, "tandem bench: cost timing failed: %s\n", td_cli_errmsg(&err));
         else have_costs = true;
     }
     for (int m = 0; m < c.n_merge && !rc; m++) {
-        if (bench_merge_csv(c.merge[m], &c.su, &samples, &done, &err)) { fprintf(stderr, "tandem bench: %s\n", cli_errmsg(&err)); rc = -1; }
+        if (td_bench_merge_csv(c.merge[m], &c.su, &samples, &done, &err)) { fprintf(stderr, "tandem bench: %s\n", td_cli_errmsg(&err)); rc = -1; }
     }
     for (int i = 1; i < c.su.n_depths; i++) /* ascending depths after a merge */
         for (int j = i; j > 0 && c.su.depths[j] < c.su.depths[j - 1]; j--) {
@@ -379,9 +379,9 @@ int cmd_bench(int argc, char **argv) {
         bench_cell *cells = calloc((size_t)(c.su.n_tasks * c.su.n_depths), sizeof *cells);
         bench_flag flags[64];
         if (!cells) { fprintf(stderr, "tandem bench: out of memory\n"); rc = -1; goto out; }
-        bench_cells(&c.su, samples, done, cells);
-        if (have_costs) bench_predict_cells(&c.su, cells, &costs);
-        int nf = bench_sanity(&c.su, cells, samples, done, flags, 64);
+        td_bench_cells(&c.su, samples, done, cells);
+        if (have_costs) td_bench_predict_cells(&c.su, cells, &costs);
+        int nf = td_bench_sanity(&c.su, cells, samples, done, flags, 64);
         char title[600], machine[400];
         snprintf(title, sizeof title, "Model %s; %s; %d task%s x %d depth%s x %d run%s%s.", local ? c.co.model : R.model,
                  local ? "in-process, one warm engine for every depth" : samples[0].cond.backend, c.su.n_tasks, c.su.n_tasks == 1 ? "" : "s",
@@ -389,13 +389,13 @@ int cmd_bench(int argc, char **argv) {
         machine_line(machine, sizeof machine);
         bench_report r = {.su = &c.su, .cells = cells, .samples = samples, .n_samples = done, .costs = have_costs ? &costs : NULL,
                           .flags = flags, .n_flags = nf < 64 ? nf : 64, .title = title, .machine = local ? machine : NULL};
-        bench_write_markdown(stdout, &r);
+        td_bench_write_markdown(stdout, &r);
         if (c.memory && local) {
             td_kv_info ki;
             td_engine_kv_info(L.eng, &ki);
-            if (bench_memory_report(stdout, c.co.model, &c.su, longest + c.max_tokens, bench_local_session_bytes(&L, longest + c.max_tokens),
+            if (td_bench_memory_report(stdout, c.co.model, &c.su, longest + c.max_tokens, td_bench_local_session_bytes(&L, longest + c.max_tokens),
                                     &ki, c.n_merge ? NULL : rss_after, &err))
-                fprintf(stderr, "tandem bench: memory: %s\n", cli_errmsg(&err));
+                fprintf(stderr, "tandem bench: memory: %s\n", td_cli_errmsg(&err));
         } else if (c.memory) {
             fprintf(stdout, "\n## Memory\n\nNot measured with --server (run `tandem plan` for the server's model).\n");
         }
@@ -408,7 +408,7 @@ out:
         for (int i = 0; i < 256; i++) free(ids[t][i]);
     free(order);
     free(samples);
-    if (local) bench_local_close(&L);
-    bench_prompts_free(&pset);
+    if (local) td_bench_local_close(&L);
+    td_bench_prompts_free(&pset);
     return rc ? 1 : 0;
 }

@@ -4,28 +4,28 @@
 #include <stdbool.h>
 #include "tandem.h"
 
-int cmd_run(int argc, char **argv);
-int cmd_serve(int argc, char **argv);
-int cmd_inspect(int argc, char **argv);
-int cmd_tokenize(int argc, char **argv);
-int cmd_detokenize(int argc, char **argv);
-int cmd_template(int argc, char **argv);
-int cmd_plan(int argc, char **argv);
-int cmd_bench(int argc, char **argv);
-int cmd_kernels(int argc, char **argv);
+int td_cmd_run(int argc, char **argv);
+int td_cmd_serve(int argc, char **argv);
+int td_cmd_inspect(int argc, char **argv);
+int td_cmd_tokenize(int argc, char **argv);
+int td_cmd_detokenize(int argc, char **argv);
+int td_cmd_template(int argc, char **argv);
+int td_cmd_plan(int argc, char **argv);
+int td_cmd_bench(int argc, char **argv);
+int td_cmd_kernels(int argc, char **argv);
 
 /* ---- user-facing reports (report.c) ---- */
 /* -v / --verbose: library errors keep their "src/x.c:123: " locations. */
-extern bool cli_verbose;
+extern bool td_cli_verbose;
 /* A library error as a user reads it: without the locations, or whole under -v. */
-const char *cli_errmsg(const td_err *e);
+const char *td_cli_errmsg(const td_err *e);
 /* "PREFIX: message\n" on stderr. */
-void cli_error(const char *prefix, const td_err *e);
+void td_cli_error(const char *prefix, const td_err *e);
 /* 0 when dir is a directory; else one line ("PREFIX: DIR: no such model directory") and 1. */
-int cli_check_model_dir(const char *prefix, const char *dir);
+int td_cli_check_model_dir(const char *prefix, const char *dir);
 /* One line on stderr; both return 2 (bad usage). */
-int cli_unknown(const char *cmd, const char *opt);
-int cli_missing(const char *cmd, const char *opt, const char *want);
-bool cli_is_help(const char *arg);    /* -h, --help */
-bool cli_is_verbose(const char *arg); /* -v, --verbose */
+int td_cli_unknown(const char *cmd, const char *opt);
+int td_cli_missing(const char *cmd, const char *opt, const char *want);
+bool td_cli_is_help(const char *arg);    /* -h, --help */
+bool td_cli_is_verbose(const char *arg); /* -v, --verbose */
 #endif

@@ -9,11 +9,11 @@ static void row(const char *part, int64_t params, size_t bytes) {
     printf("| %-22s | %14lld | %10.2f MiB |\n", part, (long long)params, (double)bytes / (1024.0 * 1024.0));
 }
 
-int cmd_inspect(int argc, char **argv) {
+int td_cmd_inspect(int argc, char **argv) {
     const char *dir = TD_DEFAULT_MODEL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        if (cli_is_help(a)) {
+        if (td_cli_is_help(a)) {
             printf("usage: tandem inspect [-m DIR] [-v]\n"
                    "  parameter counts, dtypes and bytes of a model, by part\n"
                    "  -m, --model DIR   model directory (default " TD_DEFAULT_MODEL ")\n"
@@ -21,16 +21,16 @@ int cmd_inspect(int argc, char **argv) {
                    "  -h, --help        this help\n");
             return 0;
         }
-        if (cli_is_verbose(a)) cli_verbose = true;
+        if (td_cli_is_verbose(a)) td_cli_verbose = true;
         else if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
-            if (i + 1 >= argc) return cli_missing("inspect", a, "a model directory");
+            if (i + 1 >= argc) return td_cli_missing("inspect", a, "a model directory");
             dir = argv[++i];
-        } else return cli_unknown("inspect", a);
+        } else return td_cli_unknown("inspect", a);
     }
-    if (cli_check_model_dir("tandem", dir)) return 1;
+    if (td_cli_check_model_dir("tandem", dir)) return 1;
     td_err err = {0};
     td_model *m;
-    if (td_model_load(dir, &m, &err)) { cli_error("tandem", &err); return 1; }
+    if (td_model_load(dir, &m, &err)) { td_cli_error("tandem", &err); return 1; }
     const td_config *c = &m->cfg;
     printf("model: %s (%s), %d layers (%d full attention, %d Gated DeltaNet), hidden %d, vocab %d, MTP layers %d%s\n", dir,
            c->model_type, c->n_layers, c->n_full_attn, c->n_layers - c->n_full_attn, c->hidden_size, c->vocab_size,

@@ -40,19 +40,19 @@ static int int_opt(const char *a, const char *v, long lo, long hi, int *out) {
     return 0;
 }
 
-int cmd_kernels(int argc, char **argv) {
+int td_cmd_kernels(int argc, char **argv) {
     kbench_opts o = {.reps = 5, .probe_mb = 1024, .mm_mb = 512, .mm_k = 5120, .max_k = 8, .mm_dtype = "bf16",
                      .prefill = {512, 4096}, .n_prefill = 2};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (cli_is_help(a)) return usage();
-        if (cli_is_verbose(a)) { cli_verbose = true; continue; }
+        if (td_cli_is_help(a)) return usage();
+        if (td_cli_is_verbose(a)) { td_cli_verbose = true; continue; }
         static const char *const valued[] = {"-m", "--model", "-t", "--threads", "--reps", "--probe-mb", "--mm-mb", "--mm-k",
                                              "--dtype", "--isa", "--max-k", "--quantize", "--prefill"};
         bool known = false;
         for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++) known |= !strcmp(a, valued[k]);
-        if (!known) return cli_unknown("kernels", a);
-        if (!v) return cli_missing("kernels", a, "see tandem kernels --help");
+        if (!known) return td_cli_unknown("kernels", a);
+        if (!v) return td_cli_missing("kernels", a, "see tandem kernels --help");
         i++;
         int rc = 0;
         if (!strcmp(a, "-m") || !strcmp(a, "--model")) o.model_dir = v;
@@ -97,6 +97,6 @@ int cmd_kernels(int argc, char **argv) {
         }
         if (rc) return rc;
     }
-    if (o.model_dir && cli_check_model_dir("tandem kernels", o.model_dir)) return 1;
-    return kbench_run(&o, stdout);
+    if (o.model_dir && td_cli_check_model_dir("tandem kernels", o.model_dir)) return 1;
+    return td_kbench_run(&o, stdout);
 }

@@ -4,15 +4,15 @@
 #include "cli/cli.h"
 
 static const struct { const char *name; int (*fn)(int, char **); const char *help; } commands[] = {
-    {"run", cmd_run, "generate from a prompt, streaming the text"},
-    {"serve", cmd_serve, "OpenAI-compatible HTTP server"},
-    {"inspect", cmd_inspect, "parameter counts, dtypes and bytes of a model"},
-    {"tokenize", cmd_tokenize, "text on stdin -> JSON ids"},
-    {"detokenize", cmd_detokenize, "JSON ids on stdin -> text"},
-    {"template", cmd_template, "render the chat template"},
-    {"plan", cmd_plan, "memory plan: weights, KV cache, whether a window and depth fit"},
-    {"bench", cmd_bench, "tokens/s per task and MTP depth, acceptance, sanity flags, speedup model"},
-    {"kernels", cmd_kernels, "kernel speed: bandwidth probe, matmul GB/s per ISA and M, decode/verify/prefill of a model"},
+    {"run", td_cmd_run, "generate from a prompt, streaming the text"},
+    {"serve", td_cmd_serve, "OpenAI-compatible HTTP server"},
+    {"inspect", td_cmd_inspect, "parameter counts, dtypes and bytes of a model"},
+    {"tokenize", td_cmd_tokenize, "text on stdin -> JSON ids"},
+    {"detokenize", td_cmd_detokenize, "JSON ids on stdin -> text"},
+    {"template", td_cmd_template, "render the chat template"},
+    {"plan", td_cmd_plan, "memory plan: weights, KV cache, whether a window and depth fit"},
+    {"bench", td_cmd_bench, "tokens/s per task and MTP depth, acceptance, sanity flags, speedup model"},
+    {"kernels", td_cmd_kernels, "kernel speed: bandwidth probe, matmul GB/s per ISA and M, decode/verify/prefill of a model"},
 };
 
 static int usage(FILE *f) {

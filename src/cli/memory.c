@@ -8,7 +8,7 @@
 
 #define GIB (1024.0 * 1024.0 * 1024.0)
 
-uint64_t cli_mem_total(void) {
+uint64_t td_cli_mem_total(void) {
     FILE *f = fopen("/proc/meminfo", "r");
     unsigned long long kb = 0;
     if (f) {
@@ -47,7 +47,7 @@ static void plan_opts(const common_opts *o, const td_config *cfg, const td_plan_
     (void)cfg;
 }
 
-int cli_engine_spec_depth(const common_opts *o) {
+int td_cli_engine_spec_depth(const common_opts *o) {
     if (!o->spec_auto) return o->spec_depth;
     td_err err = {0};
     td_config cfg;
@@ -56,12 +56,12 @@ int cli_engine_spec_depth(const common_opts *o) {
     return w.mtp > 0 && cfg.mtp_layers > 0 ? o->spec_depth : 0;
 }
 
-int cli_engine_opts(const common_opts *o, int max_seqs, int batch_tokens, td_engine_opts *eo, FILE *log, char *summary, size_t cap_summary) {
+int td_cli_engine_opts(const common_opts *o, int max_seqs, int batch_tokens, td_engine_opts *eo, FILE *log, char *summary, size_t cap_summary) {
     td_err err = {0};
     td_config cfg;
-    if (td_config_load(o->model, &cfg, &err)) { fprintf(log, "tandem: %s\n", cli_errmsg(&err)); return 2; }
+    if (td_config_load(o->model, &cfg, &err)) { fprintf(log, "tandem: %s\n", td_cli_errmsg(&err)); return 2; }
     td_plan_weights w;
-    if (td_plan_weights_from_dir(o->model, &w, &err)) { fprintf(log, "tandem: %s\n", cli_errmsg(&err)); return 2; }
+    if (td_plan_weights_from_dir(o->model, &w, &err)) { fprintf(log, "tandem: %s\n", td_cli_errmsg(&err)); return 2; }
     memset(eo, 0, sizeof *eo);
     eo->n_threads = o->threads;
     bool has_mtp = w.mtp > 0 && cfg.mtp_layers > 0;
@@ -80,7 +80,7 @@ int cli_engine_opts(const common_opts *o, int max_seqs, int batch_tokens, td_eng
     eo->no_prefix_caching = !o->prefix_caching;
     eo->max_seqs = max_seqs;
     int d = eo->spec_depth;
-    uint64_t total = cli_mem_total();
+    uint64_t total = td_cli_mem_total();
     uint64_t budget = o->memory_budget ? o->memory_budget : (uint64_t)((double)total * o->mem_util);
     int64_t cap = cfg.max_position_embeddings;
     if (o->max_model_len > cap) {
@@ -91,7 +91,7 @@ int cli_engine_opts(const common_opts *o, int max_seqs, int batch_tokens, td_eng
     plan_opts(o, &cfg, &w, has_mtp, max_seqs, batch_tokens, budget, d, &po);
     po.max_model_len = o->max_model_len > 0 ? o->max_model_len : o->max_model_len_auto ? 0 : (cap < 32768 ? cap : 32768);
     td_plan p;
-    if (td_plan_compute(&cfg, &po, &p, &err)) { fprintf(log, "tandem: %s\n", cli_errmsg(&err)); return 1; }
+    if (td_plan_compute(&cfg, &po, &p, &err)) { fprintf(log, "tandem: %s\n", td_cli_errmsg(&err)); return 1; }
     int64_t want = p.max_model_len;
     if (!p.fits) {
         char depth_msg[96];

@@ -14,9 +14,9 @@
  * has loaded), 1 when one request of max_model_len does not (the refusal,
  * one line, is written to log), 2 on a bad model directory (one line). */
 /* MemTotal of /proc/meminfo in bytes (0 when unreadable): the RAM the CPU budget is a fraction of. */
-uint64_t cli_mem_total(void);
+uint64_t td_cli_mem_total(void);
 /* The engine's draft depth for this command line: --spec-depth N, or with
  * auto --spec-depth-max when the model has an MTP head and 0 when not. */
-int cli_engine_spec_depth(const common_opts *o);
-int cli_engine_opts(const common_opts *o, int max_seqs, int batch_tokens, td_engine_opts *eo, FILE *log, char *summary, size_t cap_summary);
+int td_cli_engine_spec_depth(const common_opts *o);
+int td_cli_engine_opts(const common_opts *o, int max_seqs, int batch_tokens, td_engine_opts *eo, FILE *log, char *summary, size_t cap_summary);
 #endif

@@ -12,7 +12,7 @@
 #define TD_STR_(x) #x
 #define TD_STR(x) TD_STR_(x)
 
-void common_opts_init(common_opts *o) {
+void td_common_opts_init(common_opts *o) {
     memset(o, 0, sizeof *o);
     o->model = TD_DEFAULT_MODEL;
     o->mem_util = 0.9;
@@ -24,7 +24,7 @@ void common_opts_init(common_opts *o) {
     o->spec_depth = 4;
 }
 
-long parse_size_suffix(const char *s) {
+long td_parse_size_suffix(const char *s) {
     char *end;
     errno = 0;
     double v = strtod(s, &end);
@@ -79,7 +79,7 @@ static int speculative_config(common_opts *o, const char *val) {
     return rc;
 }
 
-int common_opts_parse(common_opts *o, int argc, char **argv, int *i) {
+int td_common_opts_parse(common_opts *o, int argc, char **argv, int *i) {
     const char *a = argv[*i], *val = *i + 1 < argc ? argv[*i + 1] : NULL;
     double v;
 #define TAKE() (*i)++
@@ -148,7 +148,7 @@ int common_opts_parse(common_opts *o, int argc, char **argv, int *i) {
     return 0;
 }
 
-const char *common_opts_help(void) {
+const char *td_common_opts_help(void) {
     return "  -m, --model DIR           Hugging Face model directory (default " TD_DEFAULT_MODEL ")\n"
            "  -t, --threads N           CPU threads, 0..1024 (default 0 = all cores)\n"
            "  -c, --max-model-len N|auto  context window, 1..16M tokens (130k = 130000, 128K = 131072); auto = largest\n"
@@ -180,7 +180,7 @@ const char *common_opts_help(void) {
            "  --seed S                  0..2^64-1 (default 0)\n";
 }
 
-int cli_generation_defaults(common_opts *o, int argc, char **argv, int *max_new_tokens) {
+int td_cli_generation_defaults(common_opts *o, int argc, char **argv, int *max_new_tokens) {
     const char *gc = o->generation_config;
     for (int i = 1; i + 1 < argc; i++) {
         if (!strcmp(argv[i], "-m") || !strcmp(argv[i], "--model")) o->model = argv[i + 1];
@@ -197,7 +197,7 @@ int cli_generation_defaults(common_opts *o, int argc, char **argv, int *max_new_
     td_gen_config g;
     td_err err = {0};
     if (td_gen_config_load(dir, 0, &g, &err)) {
-        cli_error("tandem", &err);
+        td_cli_error("tandem", &err);
         return 1;
     }
     if (!g.found) {
@@ -210,7 +210,7 @@ int cli_generation_defaults(common_opts *o, int argc, char **argv, int *max_new_
     return 0;
 }
 
-void cli_print_sampling(const char *prefix, const common_opts *o) {
+void td_cli_print_sampling(const char *prefix, const common_opts *o) {
     const td_sampling *s = &o->sampling;
     char b[256];
     if (s->temperature == 0) snprintf(b, sizeof b, "greedy");

@@ -30,20 +30,20 @@ typedef struct common_opts {
     char sampling_source[4300];    /* where the sampling defaults came from, for the start-up line */
 } common_opts;
 
-void common_opts_init(common_opts *o);
+void td_common_opts_init(common_opts *o);
 /* Consumes argv[*i] (and its value) if it is a common option: returns 1 if
  * consumed, 0 if not ours, -1 on a bad value (message printed). */
-int common_opts_parse(common_opts *o, int argc, char **argv, int *i);
-const char *common_opts_help(void);
+int td_common_opts_parse(common_opts *o, int argc, char **argv, int *i);
+const char *td_common_opts_help(void);
 /* run / serve: the sampling defaults before the flags are parsed. Pre-scans
  * argv for -m and --generation-config, starts from vLLM's neutral defaults
  * (temperature 1, top_p 1, top_k off) and applies the model's
  * generation_config.json over them unless --generation-config none; sets
  * *max_new_tokens when the file has max_new_tokens. Returns 0, or prints one
  * line and returns 1 when the file is bad. Flags parsed afterwards win. */
-int cli_generation_defaults(common_opts *o, int argc, char **argv, int *max_new_tokens);
+int td_cli_generation_defaults(common_opts *o, int argc, char **argv, int *max_new_tokens);
 /* The start-up line: "PREFIX: sampling defaults: temperature 0.6, ... (from ...)". */
-void cli_print_sampling(const char *prefix, const common_opts *o);
+void td_cli_print_sampling(const char *prefix, const common_opts *o);
 /* Parses "123", "32k", "1M" (k = 1024). Returns -1 when invalid. */
-long parse_size_suffix(const char *s);
+long td_parse_size_suffix(const char *s);
 #endif

@@ -147,7 +147,7 @@ static void print_json(const td_config *c, const td_plan_opts *o, const td_plan 
     json_decref(j);
 }
 
-int cmd_plan(int argc, char **argv) {
+int td_cmd_plan(int argc, char **argv) {
     const char *dir = NULL, *cfg_file = NULL;
     bool device_set = false, json = false, reference = false, quant_set = false, kv_set = false, cpu = false, seqs_set = false, batch_set = false;
     uint64_t cpu_budget = 0;
@@ -156,8 +156,8 @@ int cmd_plan(int argc, char **argv) {
     td_plan_opts_default(&o);
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (cli_is_help(a)) return usage(stdout);
-        if (cli_is_verbose(a)) { cli_verbose = true; continue; }
+        if (td_cli_is_help(a)) return usage(stdout);
+        if (td_cli_is_verbose(a)) { td_cli_verbose = true; continue; }
         if (!strcmp(a, "--json")) { json = true; continue; }
         if (!strcmp(a, "--reference")) { reference = true; continue; }
         if (!strcmp(a, "--cuda-graphs")) { o.cuda_graphs = true; continue; }
@@ -168,8 +168,8 @@ int cmd_plan(int argc, char **argv) {
                                              "--runtime-reserve"};
         bool known = false;
         for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++) known |= !strcmp(a, valued[k]);
-        if (!known) return cli_unknown("plan", a);
-        if (!v) return cli_missing("plan", a, "see tandem plan --help");
+        if (!known) return td_cli_unknown("plan", a);
+        if (!v) return td_cli_missing("plan", a, "see tandem plan --help");
         i++;
         char *end;
         if (!strcmp(a, "-m") || !strcmp(a, "--model")) dir = v;
@@ -222,14 +222,14 @@ int cmd_plan(int argc, char **argv) {
         }
     }
     if (!!dir == !!cfg_file) { fprintf(stderr, "tandem plan: give exactly one of -m DIR or --config FILE (usage: tandem plan --help)\n"); return 2; }
-    if (dir && cli_check_model_dir("tandem plan", dir)) return 2;
+    if (dir && td_cli_check_model_dir("tandem plan", dir)) return 2;
     if (mtp_weights && !weights_total) { fprintf(stderr, "tandem plan: --mtp-weights needs --weights\n"); return 2; }
 
     td_err err = {0};
     td_config *c = calloc(1, sizeof *c); /* ~1 KB of layer flags: keep it off the stack */
     if (!c) { fprintf(stderr, "tandem plan: out of memory\n"); return 1; }
     const char *src = dir ? dir : cfg_file;
-    if (td_config_load(src, c, &err)) { cli_error("tandem plan", &err); free(c); return 2; }
+    if (td_config_load(src, c, &err)) { td_cli_error("tandem plan", &err); free(c); return 2; }
     if (reference && !td_plan_reference_applies(c)) {
         fprintf(stderr, "tandem plan: --reference replays a Qwen3.6-27B measurement; %s is another model (try --config "
                         "tests/data/configs/qwen3.6-27b.config.json)\n", src);
@@ -253,7 +253,7 @@ int cmd_plan(int argc, char **argv) {
         if (!batch_set) o.max_num_batched_tokens = 512;
         /* the budget run / serve use: --memory-budget, else MemTotal x utilization */
         if (cpu_budget) o.device_bytes = cpu_budget, o.gpu_util = 1.0;
-        else if (!device_set) o.device_bytes = cli_mem_total();
+        else if (!device_set) o.device_bytes = td_cli_mem_total();
         if (!o.device_bytes) { fprintf(stderr, "tandem plan: cannot read MemTotal from /proc/meminfo; give --device-memory or --memory-budget\n"); free(c); return 2; }
         o.prefix_checkpoints = 8 * o.max_num_seqs;
         o.kv_pool_windows = cpu_budget ? 0 : 2;
@@ -286,7 +286,7 @@ int cmd_plan(int argc, char **argv) {
     }
 
     td_plan p;
-    if (td_plan_compute(c, &o, &p, &err)) { cli_error("tandem plan", &err); free(c); return 2; }
+    if (td_plan_compute(c, &o, &p, &err)) { td_cli_error("tandem plan", &err); free(c); return 2; }
     if (json) print_json(c, &o, &p, src);
     else if (cpu) print_cpu(c, &o, &p, src);
     else print_table(c, &o, &p, src, wsrc);

@@ -19,7 +19,7 @@ static int on_token(void *u, int32_t t) {
     stream_ctx *c = u;
     const char *text;
     size_t len;
-    if (tok_stream_push(&c->ts, t, &text, &len, &c->err) == 0 && len) {
+    if (td_tok_stream_push(&c->ts, t, &text, &len, &c->err) == 0 && len) {
         fwrite(text, 1, len, stdout);
         fflush(stdout);
     }
@@ -45,43 +45,43 @@ static void print_stats(const td_gen_result *r, int depth, bool autod) {
 static char *chat_prompt(const char *dir, const char *user, bool thinking) {
     td_err err = {0};
     tok_chat_config cc;
-    if (tok_chat_config_load(dir, &cc, &err)) { cli_error("tandem", &err); return NULL; }
+    if (td_tok_chat_config_load(dir, &cc, &err)) { td_cli_error("tandem", &err); return NULL; }
     char *out = NULL;
     size_t len;
     tpl *t = NULL;
     if (!cc.chat_template) {
         fprintf(stderr, "tandem: %s has no chat template\n", dir);
-    } else if (tpl_parse(cc.chat_template, strlen(cc.chat_template), &t, &err) == 0) {
+    } else if (td_tpl_parse(cc.chat_template, strlen(cc.chat_template), &t, &err) == 0) {
         json_t *msgs = json_pack("[{s:s, s:s}]", "role", "user", "content", user);
         json_t *kw = json_pack("{s:b}", "enable_thinking", thinking);
         tpl_chat_args a = {.messages = msgs, .kwargs = kw, .add_generation_prompt = true, .bos_token = cc.bos, .eos_token = cc.eos,
                            .pad_token = cc.pad, .unk_token = cc.unk};
-        if (tpl_apply_chat(t, &a, &out, &len, &err)) { cli_error("tandem: template", &err); out = NULL; }
+        if (td_tpl_apply_chat(t, &a, &out, &len, &err)) { td_cli_error("tandem: template", &err); out = NULL; }
         json_decref(msgs);
         json_decref(kw);
-        tpl_free(t);
+        td_tpl_free(t);
     } else {
-        cli_error("tandem: template", &err);
+        td_cli_error("tandem: template", &err);
     }
-    tok_chat_config_free(&cc);
+    td_tok_chat_config_free(&cc);
     return out;
 }
 
-int cmd_run(int argc, char **argv) {
+int td_cmd_run(int argc, char **argv) {
     common_opts o;
-    common_opts_init(&o);
+    td_common_opts_init(&o);
     const char *prompt = NULL;
     bool chat = false, stats = false, thinking = false, ignore_eos = false, verbose = false;
     int n_predict = 128;
     bool want_help = false;
-    for (int i = 1; i < argc; i++) want_help |= cli_is_help(argv[i]);
-    if (!want_help && cli_generation_defaults(&o, argc, argv, &n_predict)) return 1;
+    for (int i = 1; i < argc; i++) want_help |= td_cli_is_help(argv[i]);
+    if (!want_help && td_cli_generation_defaults(&o, argc, argv, &n_predict)) return 1;
     for (int i = 1; i < argc; i++) {
-        int r = common_opts_parse(&o, argc, argv, &i);
+        int r = td_common_opts_parse(&o, argc, argv, &i);
         if (r < 0) return 2;
         if (r) continue;
         if (!strcmp(argv[i], "-p") || !strcmp(argv[i], "--prompt")) {
-            if (i + 1 >= argc) return cli_missing("run", argv[i], "the prompt text");
+            if (i + 1 >= argc) return td_cli_missing("run", argv[i], "the prompt text");
             prompt = argv[++i];
         } else if (!strcmp(argv[i], "-n") || !strcmp(argv[i], "--max-tokens")) {
             char *end;
@@ -95,7 +95,7 @@ int cmd_run(int argc, char **argv) {
         } else if (!strcmp(argv[i], "--chat")) chat = true;
         else if (!strcmp(argv[i], "--think")) thinking = true;
         else if (!strcmp(argv[i], "--stats")) stats = true;
-        else if (cli_is_verbose(argv[i])) verbose = cli_verbose = true;
+        else if (td_cli_is_verbose(argv[i])) verbose = td_cli_verbose = true;
         else if (!strcmp(argv[i], "--ignore-eos")) ignore_eos = true;
         else if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
             printf("usage: tandem run [-m DIR] -p TEXT [--chat] [--think] [-n N] [--stats] [--ignore-eos] [-v] [options]\n"
@@ -109,26 +109,26 @@ int cmd_run(int argc, char **argv) {
                    "  -v, --verbose             the KV cache plan, and errors with their source location\n"
                    "  -h, --help                this help\n"
                    "common options:\n%s",
-                   common_opts_help());
+                   td_common_opts_help());
             return 0;
         } else {
-            return cli_unknown("run", argv[i]);
+            return td_cli_unknown("run", argv[i]);
         }
     }
     if (!prompt) { fprintf(stderr, "tandem run: -p TEXT is required\n"); return 2; }
-    if (cli_check_model_dir("tandem", o.model)) return 1;
+    if (td_cli_check_model_dir("tandem", o.model)) return 1;
     td_err err = {0};
     tokenizer *tok = NULL;
-    if (tok_load(o.model, &tok, &err)) { cli_error("tandem", &err); return 1; }
+    if (td_tok_load(o.model, &tok, &err)) { td_cli_error("tandem", &err); return 1; }
     td_engine_opts eo;
     char kv_summary[512] = "";
-    int mrc = cli_engine_opts(&o, 1, 256, &eo, stderr, kv_summary, sizeof kv_summary);
-    if (mrc) { tok_free(tok); return 1; }
+    int mrc = td_cli_engine_opts(&o, 1, 256, &eo, stderr, kv_summary, sizeof kv_summary);
+    if (mrc) { td_tok_free(tok); return 1; }
     td_engine *eng = NULL;
-    if (td_engine_load(o.model, &eo, &eng, &err)) { cli_error("tandem", &err); tok_free(tok); return 1; }
+    if (td_engine_load(o.model, &eo, &eng, &err)) { td_cli_error("tandem", &err); td_tok_free(tok); return 1; }
     bool autod = o.spec_auto && eo.spec_depth > 0;
-    if (autod && td_engine_calibrate_spec(eng, eo.spec_depth, 1, 3, &err)) { cli_error("tandem", &err); td_engine_free(eng); tok_free(tok); return 1; }
-    cli_print_sampling("tandem run", &o); /* after the load: a failed start stays one line */
+    if (autod && td_engine_calibrate_spec(eng, eo.spec_depth, 1, 3, &err)) { td_cli_error("tandem", &err); td_engine_free(eng); td_tok_free(tok); return 1; }
+    td_cli_print_sampling("tandem run", &o); /* after the load: a failed start stays one line */
     if (verbose) fprintf(stderr, "%s\n", kv_summary);
     int rc = 1;
     char *text = chat ? chat_prompt(o.model, prompt, thinking) : strdup(prompt);
@@ -136,22 +136,22 @@ int cmd_run(int argc, char **argv) {
     size_t n_ids = 0;
     td_session *s = NULL;
     if (!text) goto out;
-    if (tok_encode(tok, text, strlen(text), !chat, &ids, &n_ids, &err)) { cli_error("tandem", &err); goto out; }
-    if (td_session_new(eng, &s, &err)) { cli_error("tandem", &err); goto out; }
+    if (td_tok_encode(tok, text, strlen(text), !chat, &ids, &n_ids, &err)) { td_cli_error("tandem", &err); goto out; }
+    if (td_session_new(eng, &s, &err)) { td_cli_error("tandem", &err); goto out; }
     int32_t stop[2];
     int n_stop = 0;
-    if (tok_eos_id(tok) >= 0) stop[n_stop++] = tok_eos_id(tok);
+    if (td_tok_eos_id(tok) >= 0) stop[n_stop++] = td_tok_eos_id(tok);
     td_gen_opts go = {.max_tokens = n_predict, .spec_depth = eo.spec_depth, .spec_auto = autod, .draft_sampling = o.draft_sampling,
                       .ignore_eos = ignore_eos, .stop_ids = ignore_eos ? NULL : stop, .n_stop = ignore_eos ? 0 : n_stop};
     stream_ctx sc = {0};
-    tok_stream_init(&sc.ts, tok, true);
+    td_tok_stream_init(&sc.ts, tok, true);
     td_gen_result res;
     if (td_session_generate(s, ids, (int)n_ids, &o.sampling, &go, on_token, &sc, &res, &err)) {
-        fprintf(stderr, "\ntandem: %s\n", cli_errmsg(&err));
+        fprintf(stderr, "\ntandem: %s\n", td_cli_errmsg(&err));
     } else {
         const char *tail;
         size_t tl;
-        if (tok_stream_flush(&sc.ts, &tail, &tl, &err) == 0 && tl) fwrite(tail, 1, tl, stdout);
+        if (td_tok_stream_flush(&sc.ts, &tail, &tl, &err) == 0 && tl) fwrite(tail, 1, tl, stdout);
         printf("\n");
         fflush(stdout);
         fprintf(stderr, "prompt: %d tokens, %.1f tokens/s; generation: %d tokens, %.1f tokens/s\n", res.n_prompt,
@@ -168,12 +168,12 @@ int cmd_run(int argc, char **argv) {
         if (stats) print_stats(&res, eo.spec_depth, autod);
         rc = 0;
     }
-    tok_stream_free(&sc.ts);
+    td_tok_stream_free(&sc.ts);
 out:
     free(ids);
     free(text);
     td_session_free(s);
     td_engine_free(eng);
-    tok_free(tok);
+    td_tok_free(tok);
     return rc;
 }

@@ -116,13 +116,13 @@ static const char *help =
     "common options (sampling flags set the defaults for requests that leave them out;\n"
     "--generation-config sets them first):\n";
 
-int cmd_serve(int argc, char **argv) {
+int td_cmd_serve(int argc, char **argv) {
     common_opts o;
-    common_opts_init(&o);
+    td_common_opts_init(&o);
     int gen_max = 0;
     bool want_help = false;
-    for (int i = 1; i < argc; i++) want_help |= cli_is_help(argv[i]);
-    if (!want_help && cli_generation_defaults(&o, argc, argv, &gen_max)) return 1;
+    for (int i = 1; i < argc; i++) want_help |= td_cli_is_help(argv[i]);
+    if (!want_help && td_cli_generation_defaults(&o, argc, argv, &gen_max)) return 1;
     srv_config cfg = {.host = "127.0.0.1", .port = 8000, .max_body = 32u << 20, .http_threads = 4,
                       .max_conn_per_ip = 128, .idle_timeout_s = 30, .max_stream_buffer = 4u << 20};
     td_sched_opts so;
@@ -130,7 +130,7 @@ int cmd_serve(int argc, char **argv) {
     double shutdown_s = 10;
     const char *gpu_only[3] = {NULL, NULL, NULL};
     for (int i = 1; i < argc; i++) {
-        int r = common_opts_parse(&o, argc, argv, &i);
+        int r = td_common_opts_parse(&o, argc, argv, &i);
         if (r < 0) return 2;
         if (r) {
             if (!strcmp(argv[i], "--seed") || !strcmp(argv[i - 1], "--seed")) cfg.sampling_seed_set = true;
@@ -146,7 +146,7 @@ int cmd_serve(int argc, char **argv) {
         if (!strcmp(a, "--host")) { NEED(); cfg.host = v; }
         else if (!strcmp(a, "--port")) {
             NEED();
-            n = parse_size_suffix(v);
+            n = td_parse_size_suffix(v);
             if (n < 0 || n > 65535 || strpbrk(v, "kKmM.")) { fprintf(stderr, "tandem serve: --port must be an integer in [0, 65535], got \"%s\"\n", v); return 2; }
             cfg.port = (int)n;
         } else if (!strcmp(a, "--api-key")) {
@@ -158,7 +158,7 @@ int cmd_serve(int argc, char **argv) {
         else if (!strcmp(a, "--max-num-seqs") || !strcmp(a, "--max-queue") || !strcmp(a, "--max-num-batched-tokens") ||
                  !strcmp(a, "--http-threads")) {
             NEED();
-            n = parse_size_suffix(v);
+            n = td_parse_size_suffix(v);
             bool q = !strcmp(a, "--max-queue");
             if (n < (q ? 0 : 1) || n > (1 << 24)) { fprintf(stderr, "tandem serve: %s must be an integer in [%d, 16777216], got \"%s\"\n", a, q ? 0 : 1, v); return 2; }
             if (!strcmp(a, "--max-num-seqs")) so.max_num_seqs = (int)n;
@@ -167,14 +167,14 @@ int cmd_serve(int argc, char **argv) {
             else so.max_batch_tokens = (int)n;
         } else if (!strcmp(a, "--max-body")) {
             NEED();
-            n = parse_size_suffix(v);
+            n = td_parse_size_suffix(v);
             if (n < 1024) { fprintf(stderr, "tandem serve: --max-body must be a size of at least 1k (e.g. 32M), got \"%s\"\n", v); return 2; }
             cfg.max_body = (size_t)n;
         } else if (!strcmp(a, "--max-connections-per-ip") || !strcmp(a, "--idle-timeout")) {
             NEED();
             bool ip = !strcmp(a, "--max-connections-per-ip");
             long hi = ip ? 1000 : 86400;
-            n = strpbrk(v, "kKmM.") ? -1 : parse_size_suffix(v);
+            n = strpbrk(v, "kKmM.") ? -1 : td_parse_size_suffix(v);
             if (n < 0 || n > hi) {
                 fprintf(stderr, "tandem serve: %s must be an integer in [0, %ld], got \"%s\"\n", a, hi, v);
                 return 2;
@@ -183,17 +183,17 @@ int cmd_serve(int argc, char **argv) {
             else cfg.idle_timeout_s = (unsigned)n;
         } else if (!strcmp(a, "--max-stream-buffer")) {
             NEED();
-            n = parse_size_suffix(v);
+            n = td_parse_size_suffix(v);
             if (n < 4096) { fprintf(stderr, "tandem serve: --max-stream-buffer must be a size of at least 4k (e.g. 4M), got \"%s\"\n", v); return 2; }
             cfg.max_stream_buffer = (size_t)n;
         } else if (!strcmp(a, "--responses-store")) {
             NEED();
-            n = strpbrk(v, "kKmM.") ? -1 : parse_size_suffix(v);
+            n = strpbrk(v, "kKmM.") ? -1 : td_parse_size_suffix(v);
             if (n < 0 || n > (1 << 20)) { fprintf(stderr, "tandem serve: --responses-store must be an integer in [0, 1048576], got \"%s\"\n", v); return 2; }
             cfg.responses_store_max = n ? (int)n : -1;
         } else if (!strcmp(a, "--responses-store-bytes")) {
             NEED();
-            n = parse_size_suffix(v);
+            n = td_parse_size_suffix(v);
             if (n < 1024) { fprintf(stderr, "tandem serve: --responses-store-bytes must be a size of at least 1k (e.g. 64M), got \"%s\"\n", v); return 2; }
             cfg.responses_store_bytes = (size_t)n;
         } else if (!strcmp(a, "--shutdown-timeout")) {
@@ -227,16 +227,16 @@ int cmd_serve(int argc, char **argv) {
             *dst = join_list(l, k);
             free_list(l);
         } else if (!strcmp(a, "--allow-credentials")) cfg.allow_credentials = true;
-        else if (cli_is_verbose(a)) cli_verbose = true;
-        else if (cli_is_help(a)) {
-            printf("%s%s", help, common_opts_help());
+        else if (td_cli_is_verbose(a)) td_cli_verbose = true;
+        else if (td_cli_is_help(a)) {
+            printf("%s%s", help, td_common_opts_help());
             return 0;
         } else {
-            return cli_unknown("serve", a);
+            return td_cli_unknown("serve", a);
         }
 #undef NEED
     }
-    if (cli_check_model_dir("tandem serve", o.model)) return 1;
+    if (td_cli_check_model_dir("tandem serve", o.model)) return 1;
     char *dir_copy = strdup(o.model), *base = NULL;
     if (!dir_copy) return 1;
     size_t dl = strlen(dir_copy);
@@ -244,7 +244,7 @@ int cmd_serve(int argc, char **argv) {
     base = basename(dir_copy);
     cfg.served_model_name = cfg.served_model_name ? cfg.served_model_name : base;
     cfg.model_dir = o.model;
-    cfg.spec_depth = cli_engine_spec_depth(&o);
+    cfg.spec_depth = td_cli_engine_spec_depth(&o);
     cfg.spec_auto = o.spec_auto && cfg.spec_depth > 0;
     cfg.draft_sampling = o.draft_sampling;
     cfg.sampling = o.sampling;
@@ -263,54 +263,54 @@ int cmd_serve(int argc, char **argv) {
 
     td_err err = {0};
     srv *s = NULL;
-    if (srv_start(&cfg, &s, &err)) {
-        cli_error("tandem serve", &err);
+    if (td_srv_start(&cfg, &s, &err)) {
+        td_cli_error("tandem serve", &err);
         free(dir_copy);
         return 1;
     }
     bool v6 = strchr(cfg.host, ':') != NULL;
     fprintf(stderr, "tandem serve: listening on http://%s%s%s:%d (loading %s; /health is 503 until ready)\n",
-            v6 ? "[" : "", cfg.host, v6 ? "]" : "", srv_port(s), o.model);
+            v6 ? "[" : "", cfg.host, v6 ? "]" : "", td_srv_port(s), o.model);
     fflush(stderr);
 
     int rc = 1;
     tokenizer *tok = NULL;
     td_engine *eng = NULL;
     td_sched *sched = NULL;
-    if (tok_load(o.model, &tok, &err)) { cli_error("tandem serve", &err); goto out; }
+    if (td_tok_load(o.model, &tok, &err)) { td_cli_error("tandem serve", &err); goto out; }
     so.prefix_caching = o.prefix_caching;
     so.on_log = sched_log_line;
     td_engine_opts eo;
     char kv_summary[512] = "";
-    if (cli_engine_opts(&o, so.max_num_seqs, so.max_batch_tokens, &eo, stderr, kv_summary, sizeof kv_summary)) goto out;
-    if (td_engine_load(o.model, &eo, &eng, &err)) { cli_error("tandem serve", &err); goto out; }
-    if (cfg.spec_auto && td_engine_calibrate_spec(eng, eo.spec_depth, so.max_num_seqs, 3, &err)) { cli_error("tandem serve", &err); goto out; }
-    cli_print_sampling("tandem serve", &o);
+    if (td_cli_engine_opts(&o, so.max_num_seqs, so.max_batch_tokens, &eo, stderr, kv_summary, sizeof kv_summary)) goto out;
+    if (td_engine_load(o.model, &eo, &eng, &err)) { td_cli_error("tandem serve", &err); goto out; }
+    if (cfg.spec_auto && td_engine_calibrate_spec(eng, eo.spec_depth, so.max_num_seqs, 3, &err)) { td_cli_error("tandem serve", &err); goto out; }
+    td_cli_print_sampling("tandem serve", &o);
     fprintf(stderr, "%s\n", kv_summary);
     td_model_info mi;
     td_engine_info(eng, &mi);
-    if (td_sched_new(eng, &so, &sched, &err)) { cli_error("tandem serve", &err); goto out; }
+    if (td_sched_new(eng, &so, &sched, &err)) { td_cli_error("tandem serve", &err); goto out; }
     srv_model m = {.tok = tok, .eng = eng, .sched = sched, .n_ctx = mi.max_position_embeddings};
-    if (srv_set_model(s, &m, &err)) { cli_error("tandem serve", &err); goto out; }
+    if (td_srv_set_model(s, &m, &err)) { td_cli_error("tandem serve", &err); goto out; }
     fprintf(stderr, "tandem serve: ready on http://%s%s%s:%d: model \"%s\" (%s), max_model_len %d, spec depth %s%d, max_num_seqs %d, max_queue %d%s\n",
-            v6 ? "[" : "", cfg.host, v6 ? "]" : "", srv_port(s), cfg.served_model_name, mi.model_type ? mi.model_type : "?",
+            v6 ? "[" : "", cfg.host, v6 ? "]" : "", td_srv_port(s), cfg.served_model_name, mi.model_type ? mi.model_type : "?",
             mi.max_position_embeddings, cfg.spec_auto ? "auto, at most " : "", cfg.spec_depth, so.max_num_seqs, so.max_queue, cfg.api_key ? ", API key required" : "");
     fflush(stderr);
 
     int sig = 0;
     sigwait(&sigs, &sig);
     fprintf(stderr, "tandem serve: %s: finishing requests in flight (up to %.0fs)\n", sig == SIGINT ? "SIGINT" : "SIGTERM", shutdown_s);
-    int left = srv_drain(s, shutdown_s);
+    int left = td_srv_drain(s, shutdown_s);
     if (left) fprintf(stderr, "tandem serve: cancelling %d requests\n", left);
     rc = 0;
 out:
     {
-        td_sched *sc = s ? srv_detach_sched(s) : NULL;
+        td_sched *sc = s ? td_srv_detach_sched(s) : NULL;
         if (!sc) sc = sched;
         td_sched_free(sc); /* cancels what is left: their streams end */
-        srv_free(s, 2.0);
+        td_srv_free(s, 2.0);
         td_engine_free(eng);
-        tok_free(tok);
+        td_tok_free(tok);
         free(dir_copy);
         free_list((char **)cfg.allowed_origins);
         free((char *)cfg.allowed_methods);

@@ -41,32 +41,32 @@ static int tok_args(const char *cmd, const char *what, int argc, char **argv, co
     *dir = TD_DEFAULT_MODEL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        if (cli_is_help(a)) { printf(tok_help, cmd, what); return -1; }
-        if (cli_is_verbose(a)) cli_verbose = true;
+        if (td_cli_is_help(a)) { printf(tok_help, cmd, what); return -1; }
+        if (td_cli_is_verbose(a)) td_cli_verbose = true;
         else if (!strcmp(a, "-m") || !strcmp(a, "--model")) {
-            if (i + 1 >= argc) return cli_missing(cmd, a, "a model directory");
+            if (i + 1 >= argc) return td_cli_missing(cmd, a, "a model directory");
             *dir = argv[++i];
-        } else return cli_unknown(cmd, a);
+        } else return td_cli_unknown(cmd, a);
     }
     return 0;
 }
 
-int cmd_tokenize(int argc, char **argv) {
+int td_cmd_tokenize(int argc, char **argv) {
     const char *dir;
     int r = tok_args("tokenize", "text on stdin -> JSON array of token ids (with the post-processor's special tokens, as tokenizers does)", argc, argv, &dir);
     if (r) return r < 0 ? 0 : r;
-    if (cli_check_model_dir("tandem tokenize", dir)) return 1;
+    if (td_cli_check_model_dir("tandem tokenize", dir)) return 1;
     td_err err = {0};
     tokenizer *t;
-    if (tok_load(dir, &t, &err)) { cli_error("tandem tokenize", &err); return 1; }
+    if (td_tok_load(dir, &t, &err)) { td_cli_error("tandem tokenize", &err); return 1; }
     size_t n;
     char *text = slurp(stdin, &n);
     int32_t *ids = NULL;
     size_t nid = 0;
-    if (!text || tok_encode(t, text, n, true, &ids, &nid, &err)) {
-        fprintf(stderr, "tandem tokenize: %s\n", text ? cli_errmsg(&err) : "out of memory");
+    if (!text || td_tok_encode(t, text, n, true, &ids, &nid, &err)) {
+        fprintf(stderr, "tandem tokenize: %s\n", text ? td_cli_errmsg(&err) : "out of memory");
         free(text);
-        tok_free(t);
+        td_tok_free(t);
         return 1;
     }
     fputc('[', stdout);
@@ -74,15 +74,15 @@ int cmd_tokenize(int argc, char **argv) {
     fputs("]\n", stdout);
     free(ids);
     free(text);
-    tok_free(t);
+    td_tok_free(t);
     return 0;
 }
 
-int cmd_detokenize(int argc, char **argv) {
+int td_cmd_detokenize(int argc, char **argv) {
     const char *dir;
     int r = tok_args("detokenize", "JSON array of token ids on stdin -> text", argc, argv, &dir);
     if (r) return r < 0 ? 0 : r;
-    if (cli_check_model_dir("tandem detokenize", dir)) return 1;
+    if (td_cli_check_model_dir("tandem detokenize", dir)) return 1;
     td_err err = {0};
     json_error_t je;
     json_t *arr = json_loadf(stdin, 0, &je);
@@ -92,7 +92,7 @@ int cmd_detokenize(int argc, char **argv) {
         return 1;
     }
     tokenizer *t;
-    if (tok_load(dir, &t, &err)) { cli_error("tandem detokenize", &err); json_decref(arr); return 1; }
+    if (td_tok_load(dir, &t, &err)) { td_cli_error("tandem detokenize", &err); json_decref(arr); return 1; }
     size_t n = json_array_size(arr);
     int32_t *ids = malloc((n ? n : 1) * sizeof *ids);
     int rc = 1;
@@ -100,16 +100,16 @@ int cmd_detokenize(int argc, char **argv) {
         for (size_t i = 0; i < n; i++) ids[i] = (int32_t)json_integer_value(json_array_get(arr, i));
         char *out;
         size_t len;
-        if (tok_decode(t, ids, n, false, &out, &len, &err) == 0) {
+        if (td_tok_decode(t, ids, n, false, &out, &len, &err) == 0) {
             fwrite(out, 1, len, stdout);
             free(out);
             rc = 0;
         } else {
-            cli_error("tandem detokenize", &err);
+            td_cli_error("tandem detokenize", &err);
         }
     }
     free(ids);
-    tok_free(t);
+    td_tok_free(t);
     json_decref(arr);
     return rc;
 }
@@ -132,32 +132,32 @@ static const char *tpl_help =
     "  -v, --verbose            errors with their source location\n"
     "  -h, --help               this help\n";
 
-int cmd_template(int argc, char **argv) {
+int td_cmd_template(int argc, char **argv) {
     const char *dir = TD_DEFAULT_MODEL, *mfile = NULL, *tfile = NULL, *kw = NULL;
     bool gen = true;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (cli_is_help(a)) { fputs(tpl_help, stdout); return 0; }
-        if (cli_is_verbose(a)) { cli_verbose = true; continue; }
+        if (td_cli_is_help(a)) { fputs(tpl_help, stdout); return 0; }
+        if (td_cli_is_verbose(a)) { td_cli_verbose = true; continue; }
         if (!strcmp(a, "--no-generation-prompt")) { gen = false; continue; }
         const char **dst = !strcmp(a, "-m") || !strcmp(a, "--model") ? &dir
                            : !strcmp(a, "--messages")                ? &mfile
                            : !strcmp(a, "--tools")                   ? &tfile
                            : !strcmp(a, "--kwargs")                  ? &kw
                                                                      : NULL;
-        if (!dst) return cli_unknown("template", a);
-        if (!v) return cli_missing("template", a, !strcmp(a, "--kwargs") ? "a JSON object" : dst == &dir ? "a model directory" : "a JSON file");
+        if (!dst) return td_cli_unknown("template", a);
+        if (!v) return td_cli_missing("template", a, !strcmp(a, "--kwargs") ? "a JSON object" : dst == &dir ? "a model directory" : "a JSON file");
         *dst = v;
         i++;
     }
     if (!mfile) { fprintf(stderr, "tandem template: --messages FILE is required (usage: tandem template --help)\n"); return 2; }
-    if (cli_check_model_dir("tandem template", dir)) return 1;
+    if (td_cli_check_model_dir("tandem template", dir)) return 1;
     td_err err = {0};
     tok_chat_config cfg;
     int rc = 1;
     json_t *msgs = NULL, *tools = NULL, *kwargs = NULL;
     tpl *t = NULL;
-    if (tok_chat_config_load(dir, &cfg, &err)) { cli_error("tandem template", &err); return 1; }
+    if (td_tok_chat_config_load(dir, &cfg, &err)) { td_cli_error("tandem template", &err); return 1; }
     if (!cfg.chat_template) { fprintf(stderr, "tandem template: no chat template in %s\n", dir); goto out; }
     if (!(msgs = load_json_file(mfile, "messages"))) goto out;
     /* a file holding {"messages": [...], "tools": [...]} is accepted too */
@@ -173,26 +173,26 @@ int cmd_template(int argc, char **argv) {
         kwargs = json_loads(kw, 0, &je);
         if (!json_is_object(kwargs)) { fprintf(stderr, "tandem template: --kwargs must be a JSON object\n"); goto out; }
     }
-    if (tpl_parse(cfg.chat_template, strlen(cfg.chat_template), &t, &err)) {
-        cli_error("tandem template", &err);
+    if (td_tpl_parse(cfg.chat_template, strlen(cfg.chat_template), &t, &err)) {
+        td_cli_error("tandem template", &err);
         goto out;
     }
     tpl_chat_args a = {.messages = msgs, .tools = tools, .kwargs = kwargs, .add_generation_prompt = gen,
                        .bos_token = cfg.bos, .eos_token = cfg.eos, .pad_token = cfg.pad, .unk_token = cfg.unk};
     char *out;
     size_t len;
-    if (tpl_apply_chat(t, &a, &out, &len, &err)) {
-        cli_error("tandem template", &err);
+    if (td_tpl_apply_chat(t, &a, &out, &len, &err)) {
+        td_cli_error("tandem template", &err);
         goto out;
     }
     fwrite(out, 1, len, stdout);
     free(out);
     rc = 0;
 out:
-    tpl_free(t);
+    td_tpl_free(t);
     json_decref(msgs);
     json_decref(tools);
     json_decref(kwargs);
-    tok_chat_config_free(&cfg);
+    td_tok_chat_config_free(&cfg);
     return rc;
 }

@@ -8,15 +8,15 @@
 #include <string.h>
 #include "grammar/internal.h"
 
-void gb_init(gr_builder *b, td_err *err) {
+void td_gb_init(gr_builder *b, td_err *err) {
     memset(b, 0, sizeof *b);
     b->err = err;
     b->r_ws = b->r_str = b->r_strchar = b->r_num = b->r_int = b->r_never = -1;
     for (int i = 0; i < 18; i++) b->r_any_value[i] = -1;
-    gb_rule(b); /* rule 0: the root, filled by gb_finish */
+    td_gb_rule(b); /* rule 0: the root, filled by td_gb_finish */
 }
 
-void gb_free(gr_builder *b) {
+void td_gb_free(gr_builder *b) {
     for (uint32_t i = 0; i < b->n_rules; i++) free(b->rules[i].v);
     free(b->rules);
     free(b->sets);
@@ -24,7 +24,7 @@ void gb_free(gr_builder *b) {
     memset(b, 0, sizeof *b);
 }
 
-int gb_fail(gr_builder *b, int code, const char *fmt, ...) {
+int td_gb_fail(gr_builder *b, int code, const char *fmt, ...) {
     if (b->rc) return b->rc; /* keep the first error */
     char msg[sizeof b->err->msg];
     va_list ap;
@@ -39,14 +39,14 @@ int gb_fail(gr_builder *b, int code, const char *fmt, ...) {
 static bool vec_push(gr_builder *b, gr_vec *v, uint32_t x) {
     if (b->rc) return false;
     if (++b->total > GR_MAX_ELEMS) {
-        gb_fail(b, TD_ERR_LIMIT, "grammar too large (over %u elements)", GR_MAX_ELEMS);
+        td_gb_fail(b, TD_ERR_LIMIT, "grammar too large (over %u elements)", GR_MAX_ELEMS);
         return false;
     }
     if (v->n == v->cap) {
         uint32_t nc = v->cap ? v->cap * 2 : 4;
         uint32_t *nv = realloc(v->v, nc * sizeof *nv);
         if (!nv) {
-            gb_fail(b, TD_ERR_NOMEM, "out of memory building grammar");
+            td_gb_fail(b, TD_ERR_NOMEM, "out of memory building grammar");
             return false;
         }
         v->v = nv;
@@ -56,17 +56,17 @@ static bool vec_push(gr_builder *b, gr_vec *v, uint32_t x) {
     return true;
 }
 
-int32_t gb_rule(gr_builder *b) {
+int32_t td_gb_rule(gr_builder *b) {
     if (b->rc) return 0;
     if (b->n_rules >= GR_MAX_RULES) {
-        gb_fail(b, TD_ERR_LIMIT, "grammar too large (over %u rules)", GR_MAX_RULES);
+        td_gb_fail(b, TD_ERR_LIMIT, "grammar too large (over %u rules)", GR_MAX_RULES);
         return 0;
     }
     if (b->n_rules == b->cap_rules) {
         uint32_t nc = b->cap_rules ? b->cap_rules * 2 : 64;
         gr_vec *nr = realloc(b->rules, nc * sizeof *nr);
         if (!nr) {
-            gb_fail(b, TD_ERR_NOMEM, "out of memory building grammar");
+            td_gb_fail(b, TD_ERR_NOMEM, "out of memory building grammar");
             return 0;
         }
         b->rules = nr;
@@ -76,13 +76,13 @@ int32_t gb_rule(gr_builder *b) {
     return (int32_t)b->n_rules++;
 }
 
-void gb_push(gr_builder *b, int32_t r, uint32_t el) {
+void td_gb_push(gr_builder *b, int32_t r, uint32_t el) {
     if (b->rc) return;
     TD_ASSERT(r >= 0 && (uint32_t)r < b->n_rules);
     vec_push(b, &b->rules[r], el);
 }
-void gb_alt(gr_builder *b, int32_t r) { gb_push(b, r, EL(E_ALT, 0)); }
-void gb_ref(gr_builder *b, int32_t r, int32_t target) { gb_push(b, r, EL(E_REF, (uint32_t)target)); }
+void td_gb_alt(gr_builder *b, int32_t r) { td_gb_push(b, r, EL(E_ALT, 0)); }
+void td_gb_ref(gr_builder *b, int32_t r, int32_t target) { td_gb_push(b, r, EL(E_REF, (uint32_t)target)); }
 
 static uint32_t set_hash(const uint32_t s[8]) {
     uint64_t h = 1469598103934665603ull;
@@ -90,12 +90,12 @@ static uint32_t set_hash(const uint32_t s[8]) {
     return (uint32_t)(h ^ (h >> 32));
 }
 
-uint32_t gb_set(gr_builder *b, const uint32_t set[8]) {
+uint32_t td_gb_set(gr_builder *b, const uint32_t set[8]) {
     if (b->rc) return 0;
     if (b->n_sets * 2 >= b->set_ht_cap) { /* grow + rehash */
         uint32_t nc = b->set_ht_cap ? b->set_ht_cap * 2 : 256;
         uint32_t *nh = calloc(nc, sizeof *nh);
-        if (!nh) return (void)gb_fail(b, TD_ERR_NOMEM, "out of memory building grammar"), 0;
+        if (!nh) return (void)td_gb_fail(b, TD_ERR_NOMEM, "out of memory building grammar"), 0;
         for (uint32_t i = 0; i < b->n_sets; i++) {
             uint32_t h = set_hash(b->sets[i]) & (nc - 1);
             while (nh[h]) h = (h + 1) & (nc - 1);
@@ -111,11 +111,11 @@ uint32_t gb_set(gr_builder *b, const uint32_t set[8]) {
         if (!memcmp(b->sets[i], set, 32)) return i;
         h = (h + 1) & (b->set_ht_cap - 1);
     }
-    if (b->n_sets >= GR_MAX_SETS) return (void)gb_fail(b, TD_ERR_LIMIT, "grammar has too many byte sets"), 0;
+    if (b->n_sets >= GR_MAX_SETS) return (void)td_gb_fail(b, TD_ERR_LIMIT, "grammar has too many byte sets"), 0;
     if (b->n_sets == b->cap_sets) {
         uint32_t nc = b->cap_sets ? b->cap_sets * 2 : 64;
         void *ns = realloc(b->sets, nc * sizeof *b->sets);
-        if (!ns) return (void)gb_fail(b, TD_ERR_NOMEM, "out of memory building grammar"), 0;
+        if (!ns) return (void)td_gb_fail(b, TD_ERR_NOMEM, "out of memory building grammar"), 0;
         b->sets = ns;
         b->cap_sets = nc;
     }
@@ -124,61 +124,61 @@ uint32_t gb_set(gr_builder *b, const uint32_t set[8]) {
     return b->n_sets++;
 }
 
-void gb_byte_range(gr_builder *b, int32_t r, int lo, int hi) {
+void td_gb_byte_range(gr_builder *b, int32_t r, int lo, int hi) {
     uint32_t s[8] = {0};
     for (int c = lo; c <= hi; c++) s[c >> 5] |= 1u << (c & 31);
-    gb_push(b, r, EL(E_BYTES, gb_set(b, s)));
+    td_gb_push(b, r, EL(E_BYTES, td_gb_set(b, s)));
 }
 
-void gb_lit(gr_builder *b, int32_t r, const void *bytes, size_t n) {
+void td_gb_lit(gr_builder *b, int32_t r, const void *bytes, size_t n) {
     const uint8_t *p = bytes;
-    for (size_t i = 0; i < n && !b->rc; i++) gb_byte_range(b, r, p[i], p[i]);
+    for (size_t i = 0; i < n && !b->rc; i++) td_gb_byte_range(b, r, p[i], p[i]);
 }
 
-int32_t gb_never(gr_builder *b) {
+int32_t td_gb_never(gr_builder *b) {
     if (b->r_never < 0) {
         uint32_t s[8] = {0};
-        b->r_never = gb_rule(b);
-        gb_push(b, b->r_never, EL(E_BYTES, gb_set(b, s)));
+        b->r_never = td_gb_rule(b);
+        td_gb_push(b, b->r_never, EL(E_BYTES, td_gb_set(b, s)));
     }
     return b->r_never;
 }
 
-void gb_repeat(gr_builder *b, int32_t r, const uint32_t *el, int n, int lo, int hi) {
+void td_gb_repeat(gr_builder *b, int32_t r, const uint32_t *el, int n, int lo, int hi) {
     for (int i = 0; i < lo && !b->rc; i++)
-        for (int k = 0; k < n; k++) gb_push(b, r, el[k]);
+        for (int k = 0; k < n; k++) td_gb_push(b, r, el[k]);
     if (hi < 0) { /* S := el S | eps (tail recursion: constant stack depth) */
-        int32_t s = gb_rule(b);
-        for (int k = 0; k < n; k++) gb_push(b, s, el[k]);
-        gb_ref(b, s, s);
-        gb_alt(b, s);
-        gb_ref(b, r, s);
+        int32_t s = td_gb_rule(b);
+        for (int k = 0; k < n; k++) td_gb_push(b, s, el[k]);
+        td_gb_ref(b, s, s);
+        td_gb_alt(b, s);
+        td_gb_ref(b, r, s);
         return;
     }
     /* O_1 := el | eps; O_k := el O_{k-1} | eps */
     int32_t prev = -1;
     for (int i = 0; i < hi - lo && !b->rc; i++) {
-        int32_t o = gb_rule(b);
-        for (int k = 0; k < n; k++) gb_push(b, o, el[k]);
-        if (prev >= 0) gb_ref(b, o, prev);
-        gb_alt(b, o);
+        int32_t o = td_gb_rule(b);
+        for (int k = 0; k < n; k++) td_gb_push(b, o, el[k]);
+        if (prev >= 0) td_gb_ref(b, o, prev);
+        td_gb_alt(b, o);
         prev = o;
     }
-    if (prev >= 0) gb_ref(b, r, prev);
+    if (prev >= 0) td_gb_ref(b, r, prev);
 }
 
 /* ---- code-point sets ---- */
-void cps_add(gr_builder *b, cpset *s, uint32_t lo, uint32_t hi) {
+void td_cps_add(gr_builder *b, cpset *s, uint32_t lo, uint32_t hi) {
     if (b->rc || lo > hi) return;
     if (s->n == s->cap) {
         int nc = s->cap ? s->cap * 2 : 8;
         if (nc > 1 << 20) {
-            gb_fail(b, TD_ERR_LIMIT, "character class too large");
+            td_gb_fail(b, TD_ERR_LIMIT, "character class too large");
             return;
         }
         void *nr = realloc(s->r, (size_t)nc * sizeof *s->r);
         if (!nr) {
-            gb_fail(b, TD_ERR_NOMEM, "out of memory building grammar");
+            td_gb_fail(b, TD_ERR_NOMEM, "out of memory building grammar");
             return;
         }
         s->r = nr;
@@ -194,7 +194,7 @@ static int cmp_range(const void *a, const void *b) {
     return x[0] < y[0] ? -1 : x[0] > y[0];
 }
 
-void cps_norm(cpset *s) {
+void td_cps_norm(cpset *s) {
     if (s->n < 2) return;
     qsort(s->r, (size_t)s->n, sizeof *s->r, cmp_range);
     int k = 0;
@@ -210,20 +210,20 @@ void cps_norm(cpset *s) {
     s->n = k + 1;
 }
 
-void cps_negate(gr_builder *b, cpset *s) {
-    cps_norm(s);
+void td_cps_negate(gr_builder *b, cpset *s) {
+    td_cps_norm(s);
     cpset o = {0};
     uint32_t next = 0;
     for (int i = 0; i < s->n; i++) {
-        if (s->r[i][0] > next) cps_add(b, &o, next, s->r[i][0] - 1);
+        if (s->r[i][0] > next) td_cps_add(b, &o, next, s->r[i][0] - 1);
         next = s->r[i][1] + 1;
     }
-    if (next <= 0x10FFFF) cps_add(b, &o, next, 0x10FFFF);
-    cps_free(s);
+    if (next <= 0x10FFFF) td_cps_add(b, &o, next, 0x10FFFF);
+    td_cps_free(s);
     *s = o;
 }
 
-void cps_free(cpset *s) {
+void td_cps_free(cpset *s) {
     free(s->r);
     memset(s, 0, sizeof *s);
 }
@@ -279,9 +279,9 @@ static void utf8_split(gr_builder *b, int32_t r, uint32_t lo, uint32_t hi, uint3
             for (uint32_t c = a[0]; c <= z[0]; c++) ascii[c >> 5] |= 1u << (c & 31);
             continue;
         }
-        if (!*first) gb_alt(b, r);
+        if (!*first) td_gb_alt(b, r);
         *first = false;
-        for (int i = 0; i < n; i++) gb_byte_range(b, r, a[i], z[i]);
+        for (int i = 0; i < n; i++) td_gb_byte_range(b, r, a[i], z[i]);
     }
 }
 
@@ -298,20 +298,20 @@ static const char *json_esc(uint32_t c, char buf[8]) {
     }
 }
 
-void gb_cp(gr_builder *b, int32_t r, uint32_t cp, bool json) {
+void td_gb_cp(gr_builder *b, int32_t r, uint32_t cp, bool json) {
     if (json && (cp < 0x20 || cp == '"' || cp == '\\')) {
         char buf[8];
         const char *e = json_esc(cp, buf);
-        gb_lit(b, r, e, strlen(e));
+        td_gb_lit(b, r, e, strlen(e));
         return;
     }
     uint8_t o[4];
     int n = utf8_enc(cp, o);
-    gb_lit(b, r, o, (size_t)n);
+    td_gb_lit(b, r, o, (size_t)n);
 }
 
-int32_t gb_cpset_rule(gr_builder *b, const cpset *in, bool json) {
-    int32_t r = gb_rule(b);
+int32_t td_gb_cpset_rule(gr_builder *b, const cpset *in, bool json) {
+    int32_t r = td_gb_rule(b);
     uint32_t ascii[8] = {0};
     bool first = true;
     static const uint32_t bounds[][2] = {{0, 0x7F}, {0x80, 0x7FF}, {0x800, 0xD7FF}, {0xE000, 0xFFFF}, {0x10000, 0x10FFFF}};
@@ -320,9 +320,9 @@ int32_t gb_cpset_rule(gr_builder *b, const cpset *in, bool json) {
         if (json) /* escaped separately below */
             for (uint32_t c = lo; c <= hi && c < 0x80; c++)
                 if (c < 0x20 || c == '"' || c == '\\') {
-                    if (!first) gb_alt(b, r);
+                    if (!first) td_gb_alt(b, r);
                     first = false;
-                    gb_cp(b, r, c, true);
+                    td_gb_cp(b, r, c, true);
                 }
         for (int k = 0; k < 5; k++) {
             uint32_t a = lo > bounds[k][0] ? lo : bounds[k][0];
@@ -338,8 +338,8 @@ int32_t gb_cpset_rule(gr_builder *b, const cpset *in, bool json) {
     bool any = false;
     for (int i = 0; i < 8; i++) any |= ascii[i] != 0;
     if (any || first) { /* first: the set is empty -> the empty byte set (never) */
-        if (!first) gb_alt(b, r);
-        gb_push(b, r, EL(E_BYTES, gb_set(b, ascii)));
+        if (!first) td_gb_alt(b, r);
+        td_gb_push(b, r, EL(E_BYTES, td_gb_set(b, ascii)));
     }
     return r;
 }
@@ -351,19 +351,19 @@ typedef struct {
     int32_t rule;
 } lnode;
 
-int32_t gb_literals(gr_builder *b, const uint8_t *const *s, const size_t *len, int n) {
+int32_t td_gb_literals(gr_builder *b, const uint8_t *const *s, const size_t *len, int n) {
     if (b->rc) return 0;
-    if (n <= 0) return gb_never(b);
+    if (n <= 0) return td_gb_never(b);
     size_t total = 1;
     for (int i = 0; i < n; i++) {
         total += len[i];
-        if (total > GR_MAX_ELEMS) return gb_fail(b, TD_ERR_LIMIT, "choices/enum too large (over %u bytes)", GR_MAX_ELEMS), 0;
+        if (total > GR_MAX_ELEMS) return td_gb_fail(b, TD_ERR_LIMIT, "choices/enum too large (over %u bytes)", GR_MAX_ELEMS), 0;
     }
     lnode *t = calloc(total, sizeof *t);
     uint32_t *queue = malloc(total * sizeof *queue);
     if (!t || !queue) {
         free(t), free(queue);
-        return gb_fail(b, TD_ERR_NOMEM, "out of memory building grammar"), 0;
+        return td_gb_fail(b, TD_ERR_NOMEM, "out of memory building grammar"), 0;
     }
     uint32_t nn = 1;
     for (int i = 0; i < n; i++) {
@@ -385,7 +385,7 @@ int32_t gb_literals(gr_builder *b, const uint8_t *const *s, const size_t *len, i
     /* Node rules: one per branching/terminal node; single-child chains are
      * emitted inline. Breadth-first with a queue: no recursion. */
     uint32_t qh = 0, qt = 0;
-    t[0].rule = gb_rule(b);
+    t[0].rule = td_gb_rule(b);
     queue[qt++] = 0;
     while (qh < qt && !b->rc) {
         uint32_t nd = queue[qh++];
@@ -393,20 +393,20 @@ int32_t gb_literals(gr_builder *b, const uint8_t *const *s, const size_t *len, i
         bool first = true;
         if (t[nd].term) first = false; /* the empty alternative comes first */
         for (uint32_t c = t[nd].child; c; c = t[c].sib) {
-            if (!first) gb_alt(b, r);
+            if (!first) td_gb_alt(b, r);
             first = false;
             uint32_t x = c;
             for (;;) {
-                gb_byte_range(b, r, t[x].byte, t[x].byte);
+                td_gb_byte_range(b, r, t[x].byte, t[x].byte);
                 if (t[x].term || !t[x].child || t[t[x].child].sib) break;
                 x = t[x].child;
             }
             if (t[x].child) {
                 if (t[x].rule < 0) {
-                    t[x].rule = gb_rule(b);
+                    t[x].rule = td_gb_rule(b);
                     queue[qt++] = x;
                 }
-                gb_ref(b, r, t[x].rule);
+                td_gb_ref(b, r, t[x].rule);
             }
         }
     }
@@ -422,12 +422,12 @@ td_grammar_opts td_grammar_opts_default(void) {
     return o;
 }
 
-int gb_finish(gr_builder *b, int32_t root, const td_grammar_opts *o, td_grammar **out) {
+int td_gb_finish(gr_builder *b, int32_t root, const td_grammar_opts *o, td_grammar **out) {
     *out = NULL;
-    if (!b->rc && root != 0) gb_ref(b, 0, root);
+    if (!b->rc && root != 0) td_gb_ref(b, 0, root);
     if (b->rc) {
         int rc = b->rc;
-        gb_free(b);
+        td_gb_free(b);
         return rc;
     }
     td_grammar *g = calloc(1, sizeof *g);
@@ -440,8 +440,8 @@ int gb_finish(gr_builder *b, int32_t root, const td_grammar_opts *o, td_grammar 
     if (!g || !g->elems || !g->rule_start || !g->sets) {
         if (g) free(g->elems), free(g->rule_start), free(g->sets);
         free(g);
-        int rc = gb_fail(b, TD_ERR_NOMEM, "out of memory building grammar");
-        gb_free(b);
+        int rc = td_gb_fail(b, TD_ERR_NOMEM, "out of memory building grammar");
+        td_gb_free(b);
         return rc;
     }
     uint32_t k = 0;
@@ -457,7 +457,7 @@ int gb_finish(gr_builder *b, int32_t root, const td_grammar_opts *o, td_grammar 
     g->n_sets = b->n_sets;
     pthread_mutex_init(&g->mu, NULL);
     g->cap_bytes = o && o->cache_bytes ? o->cache_bytes : (size_t)64 << 20;
-    gb_free(b);
+    td_gb_free(b);
     *out = g;
     return 0;
 }

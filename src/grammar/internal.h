@@ -71,42 +71,42 @@ typedef struct gr_builder {
     int max_ws;
 } gr_builder;
 
-void gb_init(gr_builder *b, td_err *err);
-void gb_free(gr_builder *b);
-int gb_fail(gr_builder *b, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-int32_t gb_rule(gr_builder *b);                       /* new empty rule (epsilon until filled) */
-void gb_push(gr_builder *b, int32_t r, uint32_t el);  /* append an element */
-void gb_alt(gr_builder *b, int32_t r);                /* start a new alternative */
-void gb_ref(gr_builder *b, int32_t r, int32_t target);
-uint32_t gb_set(gr_builder *b, const uint32_t set[8]); /* dedup'd byte set index */
-void gb_byte_range(gr_builder *b, int32_t r, int lo, int hi);
-void gb_lit(gr_builder *b, int32_t r, const void *bytes, size_t n);
-int32_t gb_never(gr_builder *b);                      /* a rule matching nothing */
+void td_gb_init(gr_builder *b, td_err *err);
+void td_gb_free(gr_builder *b);
+int td_gb_fail(gr_builder *b, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+int32_t td_gb_rule(gr_builder *b);                       /* new empty rule (epsilon until filled) */
+void td_gb_push(gr_builder *b, int32_t r, uint32_t el);  /* append an element */
+void td_gb_alt(gr_builder *b, int32_t r);                /* start a new alternative */
+void td_gb_ref(gr_builder *b, int32_t r, int32_t target);
+uint32_t td_gb_set(gr_builder *b, const uint32_t set[8]); /* dedup'd byte set index */
+void td_gb_byte_range(gr_builder *b, int32_t r, int lo, int hi);
+void td_gb_lit(gr_builder *b, int32_t r, const void *bytes, size_t n);
+int32_t td_gb_never(gr_builder *b);                      /* a rule matching nothing */
 /* Grammar from the builder with root rule `root` (copied to rule 0 position by
  * a wrapper rule); frees the builder. */
-int gb_finish(gr_builder *b, int32_t root, const td_grammar_opts *o, td_grammar **out);
+int td_gb_finish(gr_builder *b, int32_t root, const td_grammar_opts *o, td_grammar **out);
 
 /* Code-point sets: sorted disjoint inclusive ranges. */
 typedef struct {
     uint32_t (*r)[2];
     int n, cap;
 } cpset;
-void cps_add(gr_builder *b, cpset *s, uint32_t lo, uint32_t hi); /* union (unnormalized) */
-void cps_norm(cpset *s);                                         /* sort + merge */
-void cps_negate(gr_builder *b, cpset *s);                        /* complement in [0, 0x10FFFF] */
-void cps_free(cpset *s);
+void td_cps_add(gr_builder *b, cpset *s, uint32_t lo, uint32_t hi); /* union (unnormalized) */
+void td_cps_norm(cpset *s);                                         /* sort + merge */
+void td_cps_negate(gr_builder *b, cpset *s);                        /* complement in [0, 0x10FFFF] */
+void td_cps_free(cpset *s);
 /* Rule matching one code point of s as UTF-8 (surrogates excluded). json: the
  * code point as it appears inside a JSON string: '"' '\\' and controls as their
  * canonical escapes (\" \\ \n \t \r \b \f \u00XX), the rest raw. */
-int32_t gb_cpset_rule(gr_builder *b, const cpset *s, bool json);
+int32_t td_gb_cpset_rule(gr_builder *b, const cpset *s, bool json);
 /* Appends one code point to rule r (UTF-8, or JSON-escaped as above). */
-void gb_cp(gr_builder *b, int32_t r, uint32_t cp, bool json);
+void td_gb_cp(gr_builder *b, int32_t r, uint32_t cp, bool json);
 /* Rule matching exactly one of the n byte strings (a trie: deterministic). */
-int32_t gb_literals(gr_builder *b, const uint8_t *const *s, const size_t *len, int n);
+int32_t td_gb_literals(gr_builder *b, const uint8_t *const *s, const size_t *len, int n);
 /* Bounded repetition of element sequence el[0..n) (a unit): {lo,hi}, hi < 0 = unbounded. */
-void gb_repeat(gr_builder *b, int32_t r, const uint32_t *el, int n, int lo, int hi);
+void td_gb_repeat(gr_builder *b, int32_t r, const uint32_t *el, int n, int lo, int hi);
 
 /* JSON building blocks (schema.c) used by regex.c for patterns. */
-int gr_regex_compile(gr_builder *b, const char *re, size_t len, bool json, bool search, int32_t *rule);
+int td_gr_regex_compile(gr_builder *b, const char *re, size_t len, bool json, bool search, int32_t *rule);
 
 #endif

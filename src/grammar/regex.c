@@ -19,7 +19,7 @@ typedef struct {
 #define UNIT_MAX 8
 
 static int rx_fail(rx *p, int code, const char *what) {
-    return gb_fail(p->b, code, "regex: %s at offset %zu", what, p->i);
+    return td_gb_fail(p->b, code, "regex: %s at offset %zu", what, p->i);
 }
 
 /* Decodes one UTF-8 code point at p->i (strict); -1 on invalid input. */
@@ -67,16 +67,16 @@ static int32_t rx_hex(rx *p, int fixed) {
 static bool class_escape(rx *p, int c, cpset *s) {
     cpset t = {0};
     int lc = c | 0x20;
-    if (lc == 'd') cps_add(p->b, &t, '0', '9');
+    if (lc == 'd') td_cps_add(p->b, &t, '0', '9');
     else if (lc == 'w') {
-        cps_add(p->b, &t, '0', '9'), cps_add(p->b, &t, 'A', 'Z'), cps_add(p->b, &t, 'a', 'z');
-        cps_add(p->b, &t, '_', '_');
+        td_cps_add(p->b, &t, '0', '9'), td_cps_add(p->b, &t, 'A', 'Z'), td_cps_add(p->b, &t, 'a', 'z');
+        td_cps_add(p->b, &t, '_', '_');
     } else if (lc == 's') {
-        cps_add(p->b, &t, '\t', '\r'), cps_add(p->b, &t, ' ', ' ');
+        td_cps_add(p->b, &t, '\t', '\r'), td_cps_add(p->b, &t, ' ', ' ');
     } else return false;
-    if (c != lc) cps_negate(p->b, &t);
-    for (int i = 0; i < t.n; i++) cps_add(p->b, s, t.r[i][0], t.r[i][1]);
-    cps_free(&t);
+    if (c != lc) td_cps_negate(p->b, &t);
+    for (int i = 0; i < t.n; i++) td_cps_add(p->b, s, t.r[i][0], t.r[i][1]);
+    td_cps_free(&t);
     return true;
 }
 
@@ -120,9 +120,9 @@ static int32_t rx_escape(rx *p, cpset *cls) {
 
 /* Unit elements for one literal code point. */
 static int unit_cp(rx *p, uint32_t cp, uint32_t *el) {
-    int32_t r = gb_rule(p->b); /* scratch rule, left empty afterwards (unused) */
+    int32_t r = td_gb_rule(p->b); /* scratch rule, left empty afterwards (unused) */
     if (p->b->rc) return 0;
-    gb_cp(p->b, r, cp, p->json);
+    td_gb_cp(p->b, r, cp, p->json);
     gr_vec *v = &p->b->rules[r];
     int n = (int)v->n;
     memcpy(el, v->v, (size_t)n * 4);
@@ -173,13 +173,13 @@ static int32_t rx_class(rx *p) {
                 break;
             }
         }
-        cps_add(p->b, &s, (uint32_t)lo, (uint32_t)hi);
+        td_cps_add(p->b, &s, (uint32_t)lo, (uint32_t)hi);
         if (p->b->rc) break;
     }
-    if (neg) cps_negate(p->b, &s);
-    cps_norm(&s);
-    int32_t r = p->b->rc ? 0 : gb_cpset_rule(p->b, &s, p->json);
-    cps_free(&s);
+    if (neg) td_cps_negate(p->b, &s);
+    td_cps_norm(&s);
+    int32_t r = p->b->rc ? 0 : td_gb_cpset_rule(p->b, &s, p->json);
+    td_cps_free(&s);
     return r;
 }
 
@@ -234,10 +234,10 @@ static void rx_seq(rx *p, int32_t r) {
             p->i++;
             if (p->dot < 0) {
                 cpset s = {0};
-                cps_add(p->b, &s, '\n', '\n');
-                cps_negate(p->b, &s);
-                p->dot = gb_cpset_rule(p->b, &s, p->json);
-                cps_free(&s);
+                td_cps_add(p->b, &s, '\n', '\n');
+                td_cps_negate(p->b, &s);
+                p->dot = td_gb_cpset_rule(p->b, &s, p->json);
+                td_cps_free(&s);
             }
             el[ne++] = EL(E_REF, (uint32_t)p->dot);
         } else if (c == '\\') {
@@ -245,12 +245,12 @@ static void rx_seq(rx *p, int32_t r) {
             cpset s = {0};
             int32_t cp = rx_escape(p, &s);
             if (cp == -2) {
-                cps_norm(&s);
-                el[ne++] = EL(E_REF, (uint32_t)gb_cpset_rule(p->b, &s, p->json));
+                td_cps_norm(&s);
+                el[ne++] = EL(E_REF, (uint32_t)td_gb_cpset_rule(p->b, &s, p->json));
             } else if (cp >= 0) {
                 ne = unit_cp(p, (uint32_t)cp, el);
             }
-            cps_free(&s);
+            td_cps_free(&s);
         } else if (c == '^' || c == '$') {
             return (void)rx_fail(p, TD_ERR_UNSUPPORTED, "anchor not at the start/end of the pattern");
         } else if (c == '*' || c == '+' || c == '?') {
@@ -272,7 +272,7 @@ static void rx_seq(rx *p, int32_t r) {
             else if (q == '{' && rx_braces(p, &lo, &hi)) {
                 quant = true;
                 if (lo > GR_MAX_REPEAT || hi > GR_MAX_REPEAT)
-                    return (void)gb_fail(p->b, TD_ERR_LIMIT, "regex: repetition bound over %d at offset %zu", GR_MAX_REPEAT, p->i);
+                    return (void)td_gb_fail(p->b, TD_ERR_LIMIT, "regex: repetition bound over %d at offset %zu", GR_MAX_REPEAT, p->i);
                 if (hi >= 0 && hi < lo) return (void)rx_fail(p, TD_ERR_ARG, "bad repetition bounds");
             }
         }
@@ -286,22 +286,22 @@ static void rx_seq(rx *p, int32_t r) {
                 return (void)rx_fail(p, TD_ERR_ARG, "multiple repeat");
             p->i = save;
         }
-        gb_repeat(p->b, r, el, ne, lo, hi);
+        td_gb_repeat(p->b, r, el, ne, lo, hi);
     }
 }
 
 static int32_t rx_alt(rx *p) {
-    int32_t r = gb_rule(p->b);
+    int32_t r = td_gb_rule(p->b);
     for (;;) {
         rx_seq(p, r);
         if (p->b->rc || p->i >= p->n || p->s[p->i] != '|') break;
         p->i++;
-        gb_alt(p->b, r);
+        td_gb_alt(p->b, r);
     }
     return r;
 }
 
-int gr_regex_compile(gr_builder *b, const char *re, size_t len, bool json, bool search, int32_t *rule) {
+int td_gr_regex_compile(gr_builder *b, const char *re, size_t len, bool json, bool search, int32_t *rule) {
     rx p = {.b = b, .s = (const unsigned char *)re, .n = len, .json = json, .dot = -1};
     bool start = false, end = false;
     if (p.n && p.s[0] == '^') start = true, p.i = 1;
@@ -315,13 +315,13 @@ int gr_regex_compile(gr_builder *b, const char *re, size_t len, bool json, bool 
     if (b->rc) return b->rc;
     if (search && (!start || !end)) { /* JSON Schema patterns are unanchored: pad with any text */
         cpset all = {0};
-        cps_add(b, &all, 0, 0x10FFFF);
-        uint32_t any = EL(E_REF, (uint32_t)gb_cpset_rule(b, &all, json));
-        cps_free(&all);
-        int32_t r = gb_rule(b);
-        if (!start) gb_repeat(b, r, &any, 1, 0, -1);
-        gb_ref(b, r, body);
-        if (!end) gb_repeat(b, r, &any, 1, 0, -1);
+        td_cps_add(b, &all, 0, 0x10FFFF);
+        uint32_t any = EL(E_REF, (uint32_t)td_gb_cpset_rule(b, &all, json));
+        td_cps_free(&all);
+        int32_t r = td_gb_rule(b);
+        if (!start) td_gb_repeat(b, r, &any, 1, 0, -1);
+        td_gb_ref(b, r, body);
+        if (!end) td_gb_repeat(b, r, &any, 1, 0, -1);
         body = r;
     }
     *rule = body;
@@ -333,8 +333,8 @@ int td_grammar_regex(const char *re, size_t len, const td_grammar_opts *o, td_gr
     if (!re && len) return TD_FAIL(err, TD_ERR_ARG, "regex: NULL");
     if (len > (1u << 20)) return TD_FAIL(err, TD_ERR_LIMIT, "regex: longer than 1 MiB");
     gr_builder b;
-    gb_init(&b, err);
+    td_gb_init(&b, err);
     int32_t root = 0;
-    gr_regex_compile(&b, re ? re : "", len, false, false, &root);
-    return gb_finish(&b, root, o, out);
+    td_gr_regex_compile(&b, re ? re : "", len, false, false, &root);
+    return td_gb_finish(&b, root, o, out);
 }

@@ -2,7 +2,7 @@
  * api_anthropic.c); not used elsewhere.
  *
  * A /v1/responses or /v1/messages request is translated at the JSON level
- * into a chat-completions body and runs through oai_parse and the normal
+ * into a chat-completions body and runs through td_oai_parse and the normal
  * chat path (template, tool parsing, stop strings, prefix cache, structured
  * outputs). Only the output differs: gen.c hands the chat parser's deltas to
  * api_common.c, which keeps the output as a list of blocks in stream order
@@ -48,33 +48,33 @@ struct api_state {
 
 /* api_common.c */
 /* One SSE event ("event: NAME" and "data: JSON"); steals data. */
-int api_sse(job *j, const char *event, json_t *data);
+int td_api_sse(job *j, const char *event, json_t *data);
 /* A new block (NULL when out of memory). */
-api_block *api_block_add(api_state *st, int kind);
+api_block *td_api_block_add(api_state *st, int kind);
 /* The stop string that ended the output, or NULL. */
-const char *api_stop_sequence(const job *j);
+const char *td_api_stop_sequence(const job *j);
 /* Text of a content given as a string or an array of text parts (types
  * listed in `types`, NULL-terminated), joined by sep; new string ref, NULL
  * with e set. `what` names the field in errors. */
-json_t *api_text_of(const json_t *c, const char *const *types, const char *sep, const char *what, http_err *e);
+json_t *td_api_text_of(const json_t *c, const char *const *types, const char *sep, const char *what, http_err *e);
 /* Copies b[k] to chat[k] for each listed key present in b. */
-void api_pass(json_t *chat, const json_t *b, const char *const *keys);
+void td_api_pass(json_t *chat, const json_t *b, const char *const *keys);
 
 /* api_responses.c */
-int resp_translate(srv *s, const json_t *in, json_t *chat, api_state *st, http_err *e);
-int resp_begin(job *j);
-int resp_open(job *j, int bi);
-int resp_delta(job *j, int bi, const char *text, size_t len);
-int resp_close(job *j, int bi, bool complete);
-int resp_finish_stream(job *j);
-void resp_finish_body(job *j);
+int td_resp_translate(srv *s, const json_t *in, json_t *chat, api_state *st, http_err *e);
+int td_resp_begin(job *j);
+int td_resp_open(job *j, int bi);
+int td_resp_delta(job *j, int bi, const char *text, size_t len);
+int td_resp_close(job *j, int bi, bool complete);
+int td_resp_finish_stream(job *j);
+void td_resp_finish_body(job *j);
 
 /* api_anthropic.c */
-int anth_translate(srv *s, const json_t *in, json_t *chat, bool count_only, http_err *e);
-int anth_begin(job *j);
-int anth_open(job *j, int bi);
-int anth_delta(job *j, int bi, const char *text, size_t len);
-int anth_close(job *j, int bi);
-int anth_finish_stream(job *j);
-void anth_finish_body(job *j);
+int td_anth_translate(srv *s, const json_t *in, json_t *chat, bool count_only, http_err *e);
+int td_anth_begin(job *j);
+int td_anth_open(job *j, int bi);
+int td_anth_delta(job *j, int bi, const char *text, size_t len);
+int td_anth_close(job *j, int bi);
+int td_anth_finish_stream(job *j);
+void td_anth_finish_body(job *j);
 #endif

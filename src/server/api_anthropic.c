@@ -22,8 +22,8 @@
 #include "server/api.h"
 #include "util/err.h"
 
-#define BAD(e, ...) (http_err_set((e), 400, "invalid_request_error", __VA_ARGS__), -1)
-#define NOMEM(e) (http_err_set((e), 500, "server_error", "out of memory"), -1)
+#define BAD(e, ...) (td_http_err_set((e), 400, "invalid_request_error", __VA_ARGS__), -1)
+#define NOMEM(e) (td_http_err_set((e), 500, "server_error", "out of memory"), -1)
 
 static bool absent(const json_t *v) { return !v || json_is_null(v); }
 
@@ -34,7 +34,7 @@ static const char *const TEXT_BLOCKS[] = {"text", NULL};
 static int flush_user(json_t *msgs, sbuf *text, bool force, http_err *e) {
     if (!text->len && !force) return 0;
     json_t *c = json_stringn(text->p ? text->p : "", text->len);
-    sb_clear(text);
+    td_sb_clear(text);
     if (!c) return BAD(e, "message text is not valid UTF-8");
     return json_array_append_new(msgs, json_pack("{s:s, s:o}", "role", "user", "content", c)) ? NOMEM(e) : 0;
 }
@@ -49,41 +49,41 @@ static int user_blocks(const json_t *blocks, size_t mi, json_t *msgs, http_err *
     json_array_foreach(blocks, i, b) {
         const char *type = json_string_value(json_object_get(b, "type"));
         if (!json_is_object(b) || !type) {
-            sb_free(&text);
+            td_sb_free(&text);
             return BAD(e, "messages[%zu].content[%zu] must be a block with a 'type'", mi, i);
         }
         if (!strcmp(type, "text")) {
             const json_t *t = json_object_get(b, "text");
             if (!json_is_string(t)) {
-                sb_free(&text);
+                td_sb_free(&text);
                 return BAD(e, "messages[%zu].content[%zu]: a text block needs a string 'text'", mi, i);
             }
-            if ((text.len && sb_adds(&text, "\n")) || sb_add(&text, json_string_value(t), json_string_length(t))) {
-                sb_free(&text);
+            if ((text.len && td_sb_adds(&text, "\n")) || td_sb_add(&text, json_string_value(t), json_string_length(t))) {
+                td_sb_free(&text);
                 return NOMEM(e);
             }
         } else if (!strcmp(type, "tool_result")) {
             const json_t *id = json_object_get(b, "tool_use_id"), *c = json_object_get(b, "content");
             if (!json_is_string(id)) {
-                sb_free(&text);
+                td_sb_free(&text);
                 return BAD(e, "messages[%zu].content[%zu]: a tool_result needs a string 'tool_use_id'", mi, i);
             }
             char what[80];
             snprintf(what, sizeof what, "messages[%zu].content[%zu].content", mi, i);
-            json_t *ct = absent(c) ? json_string("") : api_text_of(c, TEXT_BLOCKS, "\n", what, e);
+            json_t *ct = absent(c) ? json_string("") : td_api_text_of(c, TEXT_BLOCKS, "\n", what, e);
             if (!ct || flush_user(msgs, &text, false, e) ||
                 json_array_append_new(msgs, json_pack("{s:s, s:O, s:o}", "role", "tool", "tool_call_id", id, "content", ct))) {
-                sb_free(&text);
+                td_sb_free(&text);
                 return e->status ? -1 : NOMEM(e);
             }
             any_tool = true;
         } else {
-            sb_free(&text);
+            td_sb_free(&text);
             return BAD(e, "messages[%zu].content[%zu]: block type '%.64s' is not supported in a user turn (text and tool_result)", mi, i, type);
         }
     }
     int rc = flush_user(msgs, &text, !any_tool, e);
-    sb_free(&text);
+    td_sb_free(&text);
     return rc;
 }
 
@@ -105,7 +105,7 @@ static int assistant_blocks(const json_t *blocks, size_t mi, json_t *msgs, http_
             const json_t *t = json_object_get(b, th ? "thinking" : "text");
             sbuf *dst = th ? &think : &text;
             if (!json_is_string(t)) rc = BAD(e, "messages[%zu].content[%zu]: a %s block needs a string '%s'", mi, i, type, th ? "thinking" : "text");
-            else if (sb_add(dst, json_string_value(t), json_string_length(t))) rc = NOMEM(e);
+            else if (td_sb_add(dst, json_string_value(t), json_string_length(t))) rc = NOMEM(e);
         } else if (!strcmp(type, "redacted_thinking")) {
             /* encrypted: nothing to show the model */
         } else if (!strcmp(type, "tool_use")) {
@@ -130,8 +130,8 @@ static int assistant_blocks(const json_t *blocks, size_t mi, json_t *msgs, http_
     if (!rc && json_array_append_new(msgs, m)) rc = NOMEM(e);
     else if (rc) json_decref(m);
     json_decref(calls);
-    sb_free(&text);
-    sb_free(&think);
+    td_sb_free(&text);
+    td_sb_free(&think);
     return rc;
 }
 
@@ -153,7 +153,7 @@ static int translate_tools(const json_t *in, json_t *chat, http_err *e) {
             json_t *f = json_pack("{s:O}", "name", name);
             if (!f) return NOMEM(e);
             if (!absent(schema)) json_object_set(f, "parameters", (json_t *)schema);
-            api_pass(f, t, (const char *const[]){"description", "strict", NULL});
+            td_api_pass(f, t, (const char *const[]){"description", "strict", NULL});
             if (json_array_append_new(out, json_pack("{s:s, s:o}", "type", "function", "function", f))) return NOMEM(e);
         }
     }
@@ -174,18 +174,18 @@ static int translate_tools(const json_t *in, json_t *chat, http_err *e) {
     return 0;
 }
 
-int anth_translate(srv *s, const json_t *in, json_t *chat, bool count_only, http_err *e) {
+int td_anth_translate(srv *s, const json_t *in, json_t *chat, bool count_only, http_err *e) {
     (void)s;
     json_t *msgs = json_array();
     if (!msgs) return NOMEM(e);
     json_object_set_new(chat, "messages", msgs);
-    api_pass(chat, in, (const char *const[]){"model", "temperature", "top_p", "top_k", "num_speculative_tokens", "seed", NULL});
+    td_api_pass(chat, in, (const char *const[]){"model", "temperature", "top_p", "top_k", "num_speculative_tokens", "seed", NULL});
     if (!count_only) {
         const json_t *mt = json_object_get(in, "max_tokens");
         if (absent(mt)) return BAD(e, "max_tokens: Field required");
         if (!json_is_integer(mt) || json_integer_value(mt) < 1) return BAD(e, "max_tokens: must be a positive integer");
         json_object_set(chat, "max_tokens", (json_t *)mt);
-        api_pass(chat, in, (const char *const[]){"stream", NULL});
+        td_api_pass(chat, in, (const char *const[]){"stream", NULL});
     }
     const json_t *ss = json_object_get(in, "stop_sequences");
     if (!absent(ss)) {
@@ -194,7 +194,7 @@ int anth_translate(srv *s, const json_t *in, json_t *chat, bool count_only, http
     }
     const json_t *sys = json_object_get(in, "system");
     if (!absent(sys)) {
-        json_t *t = api_text_of(sys, TEXT_BLOCKS, "\n", "system", e);
+        json_t *t = td_api_text_of(sys, TEXT_BLOCKS, "\n", "system", e);
         if (!t) return -1;
         if (json_array_append_new(msgs, json_pack("{s:s, s:o}", "role", "system", "content", t))) return NOMEM(e);
     }
@@ -229,7 +229,7 @@ int anth_translate(srv *s, const json_t *in, json_t *chat, bool count_only, http
 
 /* ---- count_tokens ---------------------------------------------------------- */
 
-void ep_count_tokens(srv *s, task *t) {
+void td_ep_count_tokens(srv *s, task *t) {
     http_err *e = &t->e;
     json_error_t je;
     json_t *b = json_loadb(t->body, t->len, JSON_REJECT_DUPLICATES, &je), *chat = json_object();
@@ -239,21 +239,21 @@ void ep_count_tokens(srv *s, task *t) {
     size_t tl = 0, n = 0;
     int32_t *ids = NULL;
     td_err err = {0};
-    if (!chat) http_err_set(e, 500, "server_error", "out of memory");
-    else if (!json_is_object(b)) http_err_set(e, 400, "invalid_request_error", "the request body must be a JSON object");
-    else if (!anth_translate(s, b, chat, true, e) && !oai_parse(s, chat, OAI_CHAT, &r, e) && !oai_render_chat(s, &r, &text, &tl, e) &&
-             tok_encode(s->tok, text, tl, false, &ids, &n, &err))
-        http_err_set(e, 400, "invalid_request_error", "cannot tokenize the prompt: %.400s", td_err_text(&err));
+    if (!chat) td_http_err_set(e, 500, "server_error", "out of memory");
+    else if (!json_is_object(b)) td_http_err_set(e, 400, "invalid_request_error", "the request body must be a JSON object");
+    else if (!td_anth_translate(s, b, chat, true, e) && !td_oai_parse(s, chat, OAI_CHAT, &r, e) && !td_oai_render_chat(s, &r, &text, &tl, e) &&
+             td_tok_encode(s->tok, text, tl, false, &ids, &n, &err))
+        td_http_err_set(e, 400, "invalid_request_error", "cannot tokenize the prompt: %.400s", td_err_text(&err));
     if (!e->status) {
         json_t *o = json_pack("{s:i}", "input_tokens", (int)n);
         t->reply = o ? json_dumps(o, JSON_COMPACT) : NULL;
         json_decref(o);
         if (t->reply) t->status = 200;
-        else http_err_set(e, 500, "server_error", "out of memory");
+        else td_http_err_set(e, 500, "server_error", "out of memory");
     }
     free(ids);
     free(text);
-    oai_req_free(&r);
+    td_oai_req_free(&r);
     json_decref(chat);
     json_decref(b);
 }
@@ -263,7 +263,7 @@ void ep_count_tokens(srv *s, task *t) {
 static const char *stop_reason(const job *j) {
     if (j->res.finish == TD_FINISH_LENGTH) return "max_tokens";
     if (j->n_calls) return "tool_use";
-    if (api_stop_sequence(j)) return "stop_sequence";
+    if (td_api_stop_sequence(j)) return "stop_sequence";
     return "end_turn";
 }
 
@@ -296,7 +296,7 @@ static json_t *message_json(job *j, bool final) {
         if (st->b[i].kind == CP_CONTENT && !st->b[i].text.len && st->nb > 1) continue; /* no empty text beside other blocks */
         json_array_append_new(c, block_json(&st->b[i], true));
     }
-    const char *sq = api_stop_sequence(j);
+    const char *sq = td_api_stop_sequence(j);
     json_object_set_new(o, "stop_reason", json_string(stop_reason(j)));
     json_object_set_new(o, "stop_sequence", sq && !strcmp(stop_reason(j), "stop_sequence") ? json_string(sq) : json_null());
     return o;
@@ -316,18 +316,18 @@ static int event(job *j, const char *type, json_t *fields) {
     }
     json_object_update(o, fields);
     json_decref(fields);
-    return api_sse(j, type, o);
+    return td_api_sse(j, type, o);
 }
 
-int anth_begin(job *j) {
+int td_anth_begin(job *j) {
     return event(j, "message_start", json_pack("{s:o}", "message", message_json(j, false))) || event(j, "ping", json_object()) ? -1 : 0;
 }
 
-int anth_open(job *j, int bi) {
+int td_anth_open(job *j, int bi) {
     return event(j, "content_block_start", json_pack("{s:i, s:o}", "index", bi, "content_block", block_json(&j->api->b[bi], false)));
 }
 
-int anth_delta(job *j, int bi, const char *text, size_t len) {
+int td_anth_delta(job *j, int bi, const char *text, size_t len) {
     api_block *b = &j->api->b[bi];
     json_t *d = b->kind == CP_REASONING ? json_pack("{s:s, s:s%}", "type", "thinking_delta", "thinking", text, len)
                 : b->kind == CP_CONTENT ? json_pack("{s:s, s:s%}", "type", "text_delta", "text", text, len)
@@ -335,17 +335,17 @@ int anth_delta(job *j, int bi, const char *text, size_t len) {
     return event(j, "content_block_delta", json_pack("{s:i, s:o}", "index", bi, "delta", d));
 }
 
-int anth_close(job *j, int bi) { return event(j, "content_block_stop", json_pack("{s:i}", "index", bi)); }
+int td_anth_close(job *j, int bi) { return event(j, "content_block_stop", json_pack("{s:i}", "index", bi)); }
 
-int anth_finish_stream(job *j) {
-    if (j->error[0]) return api_sse(j, "error", error_json("api_error", j->error));
-    const char *sq = api_stop_sequence(j), *why = stop_reason(j);
+int td_anth_finish_stream(job *j) {
+    if (j->error[0]) return td_api_sse(j, "error", error_json("api_error", j->error));
+    const char *sq = td_api_stop_sequence(j), *why = stop_reason(j);
     json_t *d = json_pack("{s:{s:s, s:o}, s:o}", "delta", "stop_reason", why, "stop_sequence",
                           sq && !strcmp(why, "stop_sequence") ? json_string(sq) : json_null(), "usage", usage_json(j, true));
     return event(j, "message_delta", d) || event(j, "message_stop", json_object()) ? -1 : 0;
 }
 
-void anth_finish_body(job *j) {
+void td_anth_finish_body(job *j) {
     json_t *o;
     if (j->error[0]) {
         o = error_json("api_error", j->error);
@@ -373,4 +373,4 @@ static const char *error_type(int status) {
     }
 }
 
-json_t *anth_error_body(int status, const char *msg) { return error_json(error_type(status), msg); }
+json_t *td_anth_error_body(int status, const char *msg) { return error_json(error_type(status), msg); }

@@ -22,8 +22,8 @@
 #include <string.h>
 #include "server/api.h"
 
-#define BAD(e, ...) (http_err_set((e), 400, "invalid_request_error", __VA_ARGS__), -1)
-#define NOMEM(e) (http_err_set((e), 500, "server_error", "out of memory"), -1)
+#define BAD(e, ...) (td_http_err_set((e), 400, "invalid_request_error", __VA_ARGS__), -1)
+#define NOMEM(e) (td_http_err_set((e), 500, "server_error", "out of memory"), -1)
 
 static bool absent(const json_t *v) { return !v || json_is_null(v); }
 
@@ -95,7 +95,7 @@ static rs_entry *find(struct resp_store *r, const char *id) {
     return NULL;
 }
 
-void api_store_free(srv *s) {
+void td_api_store_free(srv *s) {
     struct resp_store *r = s->rstore;
     if (!r) return;
     for (rs_entry *x = r->head, *n; x; x = n) {
@@ -168,17 +168,17 @@ static bool store_delete(srv *s, const char *id) {
     return x != NULL;
 }
 
-enum MHD_Result ep_response_item(srv *s, struct MHD_Connection *c, const char *method, const char *id) {
+enum MHD_Result td_ep_response_item(srv *s, struct MHD_Connection *c, const char *method, const char *id) {
     http_err e;
     bool del = !strcmp(method, "DELETE");
     if (del && store_delete(s, id))
-        return srv_reply_json(s, c, 200, json_pack("{s:s, s:s, s:b}", "id", id, "object", "response", "deleted", 1));
+        return td_srv_reply_json(s, c, 200, json_pack("{s:s, s:s, s:b}", "id", id, "object", "response", "deleted", 1));
     char *t = del ? NULL : store_copy(s, id, false);
     if (!t) {
-        http_err_set(&e, 404, "invalid_request_error", "Response with id '%.100s' not found.", id);
-        return srv_reply_error(s, c, &e);
+        td_http_err_set(&e, 404, "invalid_request_error", "Response with id '%.100s' not found.", id);
+        return td_srv_reply_error(s, c, &e);
     }
-    enum MHD_Result rc = srv_reply(s, c, 200, "application/json", t, strlen(t));
+    enum MHD_Result rc = td_srv_reply(s, c, 200, "application/json", t, strlen(t));
     free(t);
     return rc;
 }
@@ -197,7 +197,7 @@ static json_t *open_assistant(json_t *conv) {
 static int add_reasoning(json_t *m, sbuf *pending, http_err *e) {
     if (!pending->len) return 0;
     json_t *r = json_stringn(pending->p, pending->len);
-    sb_clear(pending);
+    td_sb_clear(pending);
     if (!r) return BAD(e, "reasoning text is not valid UTF-8");
     json_object_set_new(m, "reasoning_content", r);
     return 0;
@@ -215,7 +215,7 @@ static int input_item(const json_t *it, size_t i, json_t *conv, sbuf *reasoning,
         const char *role = json_string_value(json_object_get(it, "role"));
         if (!role || (strcmp(role, "user") && strcmp(role, "system") && strcmp(role, "developer") && strcmp(role, "assistant")))
             return BAD(e, "input[%zu]: role must be user, system, developer or assistant", i);
-        json_t *text = api_text_of(json_object_get(it, "content"), TEXT_PARTS, "\n", what, e);
+        json_t *text = td_api_text_of(json_object_get(it, "content"), TEXT_PARTS, "\n", what, e);
         if (!text) return -1;
         json_t *m = json_pack("{s:s, s:o}", "role", role, "content", text);
         if (!m || json_array_append_new(conv, m)) return NOMEM(e);
@@ -243,7 +243,7 @@ static int input_item(const json_t *it, size_t i, json_t *conv, sbuf *reasoning,
         const json_t *cid = json_object_get(it, "call_id");
         if (!json_is_string(cid)) return BAD(e, "input[%zu]: a function_call_output needs a string 'call_id'", i);
         snprintf(what, sizeof what, "input[%zu].output", i);
-        json_t *out = api_text_of(json_object_get(it, "output"), TEXT_PARTS, "\n", what, e);
+        json_t *out = td_api_text_of(json_object_get(it, "output"), TEXT_PARTS, "\n", what, e);
         if (!out) return -1;
         json_t *m = json_pack("{s:s, s:O, s:o}", "role", "tool", "tool_call_id", cid, "content", out);
         return m && !json_array_append_new(conv, m) ? 0 : NOMEM(e);
@@ -259,7 +259,7 @@ static int input_item(const json_t *it, size_t i, json_t *conv, sbuf *reasoning,
             json_array_foreach(arr, n, p) {
                 const json_t *t = json_object_get(p, "text");
                 if (!json_is_string(t)) return BAD(e, "input[%zu].%s[%zu] needs a string 'text'", i, keys[k], n);
-                if ((reasoning->len && sb_adds(reasoning, "\n")) || sb_add(reasoning, json_string_value(t), json_string_length(t)))
+                if ((reasoning->len && td_sb_adds(reasoning, "\n")) || td_sb_add(reasoning, json_string_value(t), json_string_length(t)))
                     return NOMEM(e);
             }
             if (json_array_size(arr)) break; /* the full text when given, else the summary */
@@ -285,7 +285,7 @@ static int translate_tools(const json_t *in, json_t *chat, http_err *e) {
             if (!json_is_string(name)) return BAD(e, "tools[%zu] needs a string 'name'", i);
             json_t *f = json_pack("{s:O}", "name", name);
             if (!f) return NOMEM(e);
-            api_pass(f, t, (const char *const[]){"description", "parameters", "strict", NULL});
+            td_api_pass(f, t, (const char *const[]){"description", "parameters", "strict", NULL});
             if (json_array_append_new(out, json_pack("{s:s, s:o}", "type", "function", "function", f))) return NOMEM(e);
         }
     }
@@ -323,14 +323,14 @@ static int translate_format(const json_t *in, json_t *chat, json_t *echo, http_e
     if (!strcmp(type, "json_schema")) {
         json_t *js = json_object();
         if (!js) return NOMEM(e);
-        api_pass(js, f, (const char *const[]){"name", "schema", "strict", "description", NULL});
+        td_api_pass(js, f, (const char *const[]){"name", "schema", "strict", "description", NULL});
         json_object_set_new(chat, "response_format", json_pack("{s:s, s:o}", "type", "json_schema", "json_schema", js));
         return 0;
     }
     return BAD(e, "'text.format.type' must be text, json_object or json_schema, got '%.64s'", type);
 }
 
-int resp_translate(srv *s, const json_t *in, json_t *chat, api_state *st, http_err *e) {
+int td_resp_translate(srv *s, const json_t *in, json_t *chat, api_state *st, http_err *e) {
     json_t *msgs = json_array(), *conv = json_array(), *echo = json_object();
     if (!msgs || !conv || !echo) {
         json_decref(msgs);
@@ -342,7 +342,7 @@ int resp_translate(srv *s, const json_t *in, json_t *chat, api_state *st, http_e
     st->echo = echo;
     json_object_set_new(chat, "messages", msgs);
     /* sampling and tandem/vLLM extensions pass through unchanged */
-    api_pass(chat, in, (const char *const[]){"model", "stream", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
+    td_api_pass(chat, in, (const char *const[]){"model", "stream", "temperature", "top_p", "top_k", "min_p", "repetition_penalty",
                                              "presence_penalty", "frequency_penalty", "seed", "stop", "ignore_eos", "logit_bias",
                                              "num_speculative_tokens", "chat_template_kwargs", "parallel_tool_calls",
                                              "structured_outputs", "skip_special_tokens", NULL});
@@ -363,7 +363,7 @@ int resp_translate(srv *s, const json_t *in, json_t *chat, api_state *st, http_e
         if (!json_is_string(prev)) return BAD(e, "'previous_response_id' must be a string");
         char *t = store_copy(s, json_string_value(prev), true);
         if (!t) {
-            http_err_set(e, 404, "invalid_request_error", "Previous response with id '%.100s' not found.", json_string_value(prev));
+            td_http_err_set(e, 404, "invalid_request_error", "Previous response with id '%.100s' not found.", json_string_value(prev));
             e->param = "previous_response_id";
             return -1;
         }
@@ -385,10 +385,10 @@ int resp_translate(srv *s, const json_t *in, json_t *chat, api_state *st, http_e
         size_t i;
         const json_t *it;
         json_array_foreach(input, i, it) if (input_item(it, i, conv, &reasoning, e)) {
-            sb_free(&reasoning);
+            td_sb_free(&reasoning);
             return -1;
         }
-        sb_free(&reasoning);
+        td_sb_free(&reasoning);
     } else if (!absent(input)) {
         return BAD(e, "'input' must be a string or an array of items");
     }
@@ -493,17 +493,17 @@ static int event(job *j, const char *type, json_t *fields) {
     json_object_update(o, fields);
     json_decref(fields);
     json_object_set_new(o, "sequence_number", json_integer(j->api->seq++));
-    return api_sse(j, type, o);
+    return td_api_sse(j, type, o);
 }
 
-int resp_begin(job *j) {
+int td_resp_begin(job *j) {
     return event(j, "response.created", json_pack("{s:o}", "response", response_json(j, "in_progress", false))) ||
                    event(j, "response.in_progress", json_pack("{s:o}", "response", response_json(j, "in_progress", false)))
                ? -1
                : 0;
 }
 
-int resp_open(job *j, int bi) {
+int td_resp_open(job *j, int bi) {
     api_block *b = &j->api->b[bi];
     if (event(j, "response.output_item.added", json_pack("{s:i, s:o}", "output_index", bi, "item", item_json(b, false, "in_progress"))))
         return -1;
@@ -512,7 +512,7 @@ int resp_open(job *j, int bi) {
                  json_pack("{s:s, s:i, s:i, s:o}", "item_id", b->id, "output_index", bi, "content_index", 0, "part", part_json(b, false)));
 }
 
-int resp_delta(job *j, int bi, const char *text, size_t len) {
+int td_resp_delta(job *j, int bi, const char *text, size_t len) {
     api_block *b = &j->api->b[bi];
     if (b->kind == CP_TOOL_START)
         return event(j, "response.function_call_arguments.delta",
@@ -525,7 +525,7 @@ int resp_delta(job *j, int bi, const char *text, size_t len) {
                            "logprobs"));
 }
 
-int resp_close(job *j, int bi, bool complete) {
+int td_resp_close(job *j, int bi, bool complete) {
     api_block *b = &j->api->b[bi];
     const char *status = complete ? "completed" : "incomplete";
     const char *t = b->text.p ? b->text.p : "";
@@ -556,8 +556,8 @@ static char *conv_with_output(api_state *st) {
     int bad = !m || !calls;
     for (int i = 0; !bad && i < st->nb; i++) {
         api_block *b = &st->b[i];
-        if (b->kind == CP_CONTENT) bad |= sb_add(&text, b->text.p ? b->text.p : "", b->text.len);
-        else if (b->kind == CP_REASONING) bad |= sb_add(&reasoning, b->text.p ? b->text.p : "", b->text.len);
+        if (b->kind == CP_CONTENT) bad |= td_sb_add(&text, b->text.p ? b->text.p : "", b->text.len);
+        else if (b->kind == CP_REASONING) bad |= td_sb_add(&reasoning, b->text.p ? b->text.p : "", b->text.len);
         else
             bad |= json_array_append_new(calls, json_pack("{s:s, s:s, s:{s:s, s:s}}", "id", b->call_id, "type", "function", "function", "name",
                                                           b->name ? b->name : "", "arguments", b->text.len ? b->text.p : "{}"));
@@ -573,8 +573,8 @@ static char *conv_with_output(api_state *st) {
     }
     json_decref(m);
     json_decref(calls);
-    sb_free(&text);
-    sb_free(&reasoning);
+    td_sb_free(&text);
+    td_sb_free(&reasoning);
     return out;
 }
 
@@ -595,12 +595,12 @@ static json_t *failed_json(job *j) {
     return o;
 }
 
-int resp_finish_stream(job *j) {
+int td_resp_finish_stream(job *j) {
     api_state *st = j->api;
     if (j->error[0]) return event(j, "response.failed", json_pack("{s:o}", "response", failed_json(j)));
     int rc = 0;
     if (!st->nb) { /* nothing came out: an empty message, so output_text is "" */
-        rc = !api_block_add(st, CP_CONTENT) || resp_open(j, 0) || resp_close(j, 0, true);
+        rc = !td_api_block_add(st, CP_CONTENT) || td_resp_open(j, 0) || td_resp_close(j, 0, true);
     }
     const char *status = final_status(j);
     json_t *r = response_json(j, status, true);
@@ -608,7 +608,7 @@ int resp_finish_stream(job *j) {
     return rc | event(j, !strcmp(status, "incomplete") ? "response.incomplete" : "response.completed", r ? json_pack("{s:o}", "response", r) : NULL);
 }
 
-void resp_finish_body(job *j) {
+void td_resp_finish_body(job *j) {
     json_t *o;
     if (j->error[0]) {
         o = json_pack("{s:{s:s, s:s, s:i}}", "error", "message", j->error, "type", "server_error", "code", 500);

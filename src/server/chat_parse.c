@@ -13,28 +13,28 @@
 
 /* ---- stop strings ------------------------------------------------------ */
 
-int stop_init(stop_matcher *m, const char *const *stops, int n, bool include_stop, td_err *err) {
+int td_stop_init(stop_matcher *m, const char *const *stops, int n, bool include_stop, td_err *err) {
     memset(m, 0, sizeof *m);
     m->include_stop = include_stop;
     if (n < 0 || n > STOP_MAX) return TD_FAIL(err, TD_ERR_ARG, "at most %d stop strings", STOP_MAX);
     for (int i = 0; i < n; i++) {
         size_t l = strlen(stops[i]);
         if (l == 0 || l > STOP_MAX_LEN) {
-            stop_free(m);
+            td_stop_free(m);
             return TD_FAIL(err, TD_ERR_ARG, "stop strings must be 1..%d bytes", STOP_MAX_LEN);
         }
         m->stops[i] = strdup(stops[i]);
-        if (!m->stops[i]) { stop_free(m); return NOMEM(err); }
+        if (!m->stops[i]) { td_stop_free(m); return NOMEM(err); }
         m->lens[i] = l;
         m->n = i + 1;
     }
     return 0;
 }
 
-int stop_push(stop_matcher *m, const char *text, size_t len, sbuf *out, td_err *err) {
+int td_stop_push(stop_matcher *m, const char *text, size_t len, sbuf *out, td_err *err) {
     if (m->hit) return 1;
-    if (m->n == 0) return sb_add(out, text, len) ? NOMEM(err) : 0;
-    if (sb_add(&m->held, text, len)) return NOMEM(err);
+    if (m->n == 0) return td_sb_add(out, text, len) ? NOMEM(err) : 0;
+    if (td_sb_add(&m->held, text, len)) return NOMEM(err);
     const char *h = m->held.p;
     size_t hl = m->held.len, best = (size_t)-1, best_len = 0;
     int best_i = -1;
@@ -44,32 +44,32 @@ int stop_push(stop_matcher *m, const char *text, size_t len, sbuf *out, td_err *
     }
     if (best != (size_t)-1) {
         size_t n = best + (m->include_stop ? best_len : 0);
-        if (sb_add(out, h, n)) return NOMEM(err);
+        if (td_sb_add(out, h, n)) return NOMEM(err);
         m->hit = true;
         m->hit_index = best_i;
-        sb_clear(&m->held);
+        td_sb_clear(&m->held);
         return 1;
     }
     size_t keep = 0;
     for (int i = 0; i < m->n; i++) {
-        size_t k = sb_partial_suffix(h, hl, m->stops[i]);
+        size_t k = td_sb_partial_suffix(h, hl, m->stops[i]);
         if (k > keep) keep = k;
     }
-    if (sb_add(out, h, hl - keep)) return NOMEM(err);
-    sb_consume(&m->held, hl - keep);
+    if (td_sb_add(out, h, hl - keep)) return NOMEM(err);
+    td_sb_consume(&m->held, hl - keep);
     return 0;
 }
 
-int stop_flush(stop_matcher *m, sbuf *out, td_err *err) {
+int td_stop_flush(stop_matcher *m, sbuf *out, td_err *err) {
     if (m->hit || !m->held.len) return 0;
-    if (sb_add(out, m->held.p, m->held.len)) return NOMEM(err);
-    sb_clear(&m->held);
+    if (td_sb_add(out, m->held.p, m->held.len)) return NOMEM(err);
+    td_sb_clear(&m->held);
     return 0;
 }
 
-void stop_free(stop_matcher *m) {
+void td_stop_free(stop_matcher *m) {
     for (int i = 0; i < m->n; i++) free(m->stops[i]);
-    sb_free(&m->held);
+    td_sb_free(&m->held);
     memset(m, 0, sizeof *m);
 }
 
@@ -136,19 +136,19 @@ static json_t *convert_as(const char *type, const char *s, size_t len) {
     return NULL;
 }
 
-/* A JSON string of the value; bytes that are not UTF-8 (cp_push takes any
+/* A JSON string of the value; bytes that are not UTF-8 (td_cp_push takes any
  * bytes) become U+FFFD instead of failing as "out of memory". */
 static json_t *string_value(const char *value, size_t len) {
     json_t *v = json_stringn(value, len);
     if (v) return v;
     size_t n = 0;
-    char *clean = tok_utf8_sanitize(value, len, &n);
+    char *clean = td_tok_utf8_sanitize(value, len, &n);
     v = clean ? json_stringn(clean, n) : NULL;
     free(clean);
     return v;
 }
 
-json_t *cp_convert_param(const json_t *tools, const char *fname, const char *param, const char *value, size_t len) {
+json_t *td_cp_convert_param(const json_t *tools, const char *fname, const char *param, const char *value, size_t len) {
     const json_t *schema = fname && param ? find_param_schema(tools, fname, param) : NULL;
     if (!schema) return string_value(value, len);
     const char *types[8];
@@ -172,7 +172,7 @@ json_t *cp_convert_param(const json_t *tools, const char *fname, const char *par
     return string_value(value, len);
 }
 
-int cp_reasoning_mode(const char *prompt, size_t len, bool thinking_enabled) {
+int td_cp_reasoning_mode(const char *prompt, size_t len, bool thinking_enabled) {
     if (!thinking_enabled) return 0;
     while (len && isspace((unsigned char)prompt[len - 1])) len--;
     return (len >= 7 && !memcmp(prompt + len - 7, "<think>", 7)) ? 2 : 1;
@@ -187,7 +187,7 @@ static const char T_THINK[] = "<think>", T_ENDTHINK[] = "</think>", T_CALL[] = "
                   T_FUNC[] = "<function=", T_ENDFUNC[] = "</function>", T_PARAM[] = "<parameter=", T_ENDPARAM[] = "</parameter>";
 #define TL(t) (sizeof(t) - 1)
 
-void cp_init(chat_parser *p, const cp_config *cfg, cp_emit_fn emit, void *user) {
+void td_cp_init(chat_parser *p, const cp_config *cfg, cp_emit_fn emit, void *user) {
     memset(p, 0, sizeof *p);
     p->cfg = *cfg;
     p->emit = emit;
@@ -207,7 +207,7 @@ static bool starts(const char *s, size_t n, const char *tag, size_t tl) { return
 static bool proper_prefix(const char *s, size_t n, const char *tag, size_t tl) { return n < tl && !memcmp(s, tag, n); }
 
 static void call_reset(chat_parser *p) {
-    sb_clear(&p->call);
+    td_sb_clear(&p->call);
     p->cpos = 0;
     p->fmt = FMT_UNKNOWN;
     p->started = p->args_done = p->args_open = false;
@@ -245,18 +245,18 @@ static int tool_args(chat_parser *p, const char *s, size_t n) { return emit_text
 static int xml_param(chat_parser *p, const char *v, size_t n, td_err *err) {
     if (n && v[0] == '\n') v++, n--;
     if (n && v[n - 1] == '\n') n--;
-    json_t *val = cp_convert_param(p->cfg.tools, p->fname, p->pname, v, n);
+    json_t *val = td_cp_convert_param(p->cfg.tools, p->fname, p->pname, v, n);
     char *js = val ? json_dumps(val, JSON_ENCODE_ANY) : NULL;
     json_decref(val);
     sbuf b = {0};
     int rc = 0;
-    if (!js || sb_adds(&b, p->n_params ? ", " : "{") || sb_json_str(&b, p->pname, strlen(p->pname)) || sb_adds(&b, ": ") ||
-        sb_adds(&b, js))
+    if (!js || td_sb_adds(&b, p->n_params ? ", " : "{") || td_sb_json_str(&b, p->pname, strlen(p->pname)) || td_sb_adds(&b, ": ") ||
+        td_sb_adds(&b, js))
         rc = NOMEM(err);
     else
         rc = tool_args(p, b.p, b.len);
     free(js);
-    sb_free(&b);
+    td_sb_free(&b);
     free(p->pname);
     p->pname = NULL;
     p->n_params++;
@@ -447,9 +447,9 @@ static int call_end(chat_parser *p, int step_rc, bool closed, td_err *err) {
         p->n_calls++;
     } else {
         sbuf b = {0};
-        if (sb_adds(&b, T_CALL) || sb_add(&b, p->call.p, p->call.len) || (closed && sb_adds(&b, T_ENDCALL))) rc = NOMEM(err);
+        if (td_sb_adds(&b, T_CALL) || td_sb_add(&b, p->call.p, p->call.len) || (closed && td_sb_adds(&b, T_ENDCALL))) rc = NOMEM(err);
         else rc = emit_text(p, CP_CONTENT, b.p, b.len);
-        sb_free(&b);
+        td_sb_free(&b);
     }
     call_reset(p);
     return rc;
@@ -464,7 +464,7 @@ static int run(chat_parser *p, bool final, td_err *err) {
         if (p->strip_nl && p->state != ST_TOOL && p->state != ST_AFTER_TOOL) {
             size_t i = 0;
             while (i < n && (s[i] == '\n' || s[i] == '\r')) i++;
-            sb_consume(&p->pend, i);
+            td_sb_consume(&p->pend, i);
             s = p->pend.p ? p->pend.p : empty, n = p->pend.len;
             if (!n) return 0;
             p->strip_nl = false;
@@ -474,7 +474,7 @@ static int run(chat_parser *p, bool final, td_err *err) {
             size_t i = 0;
             while (i < n && isspace((unsigned char)s[i])) i++;
             if (starts(s + i, n - i, T_THINK, TL(T_THINK))) {
-                sb_consume(&p->pend, i + TL(T_THINK));
+                td_sb_consume(&p->pend, i + TL(T_THINK));
                 p->state = ST_REASONING;
                 p->strip_nl = true;
                 continue;
@@ -491,14 +491,14 @@ static int run(chat_parser *p, bool final, td_err *err) {
             cp_kind k = reasoning ? CP_REASONING : CP_CONTENT;
             if (!reasoning && !p->cfg.parse_tools) {
                 rc = emit_text(p, k, s, n);
-                sb_clear(&p->pend);
+                td_sb_clear(&p->pend);
                 return rc;
             }
             const char *f = n ? memmem(s, n, tag, tl) : NULL;
             if (f) {
                 size_t pos = (size_t)(f - s);
                 if ((rc = emit_text(p, k, s, pos))) return rc;
-                sb_consume(&p->pend, pos + tl);
+                td_sb_consume(&p->pend, pos + tl);
                 if (reasoning) {
                     p->state = ST_CONTENT;
                     p->strip_nl = true;
@@ -508,16 +508,16 @@ static int run(chat_parser *p, bool final, td_err *err) {
                 }
                 continue;
             }
-            size_t keep = final ? 0 : sb_partial_suffix(s, n, tag);
+            size_t keep = final ? 0 : td_sb_partial_suffix(s, n, tag);
             rc = emit_text(p, k, s, n - keep);
-            sb_consume(&p->pend, n - keep);
+            td_sb_consume(&p->pend, n - keep);
             return rc;
         }
         case ST_TOOL: {
             const char *f = n ? memmem(s, n, T_ENDCALL, TL(T_ENDCALL)) : NULL;
-            size_t take = f ? (size_t)(f - s) : n - (final ? 0 : sb_partial_suffix(s, n, T_ENDCALL));
-            if (sb_add(&p->call, s, take)) return NOMEM(err);
-            sb_consume(&p->pend, take + (f ? TL(T_ENDCALL) : 0));
+            size_t take = f ? (size_t)(f - s) : n - (final ? 0 : td_sb_partial_suffix(s, n, T_ENDCALL));
+            if (td_sb_add(&p->call, s, take)) return NOMEM(err);
+            td_sb_consume(&p->pend, take + (f ? TL(T_ENDCALL) : 0));
             bool end = f || final;
             rc = call_step(p, end, err);
             if (rc < 0) return rc;
@@ -525,25 +525,25 @@ static int run(chat_parser *p, bool final, td_err *err) {
             bool was_call = p->started;
             if ((rc = call_end(p, rc, f != NULL, err))) return rc;
             p->state = was_call ? ST_AFTER_TOOL : ST_CONTENT;
-            sb_clear(&p->ws);
+            td_sb_clear(&p->ws);
             continue;
         }
         case ST_AFTER_TOOL: {
             size_t i = 0;
             while (i < n && isspace((unsigned char)s[i])) i++;
-            if (sb_add(&p->ws, s, i)) return NOMEM(err);
-            sb_consume(&p->pend, i);
+            if (td_sb_add(&p->ws, s, i)) return NOMEM(err);
+            td_sb_consume(&p->pend, i);
             s = p->pend.p ? p->pend.p : empty, n = p->pend.len;
             if (!n) return 0;
             if (starts(s, n, T_CALL, TL(T_CALL))) {
-                sb_consume(&p->pend, TL(T_CALL));
-                sb_clear(&p->ws);
+                td_sb_consume(&p->pend, TL(T_CALL));
+                td_sb_clear(&p->ws);
                 call_reset(p);
                 p->state = ST_TOOL;
                 continue;
             }
             if (!final && proper_prefix(s, n, T_CALL, TL(T_CALL))) return 0;
-            sb_clear(&p->ws);
+            td_sb_clear(&p->ws);
             p->state = ST_CONTENT;
             continue;
         }
@@ -553,12 +553,12 @@ static int run(chat_parser *p, bool final, td_err *err) {
     }
 }
 
-int cp_push(chat_parser *p, const char *text, size_t len, td_err *err) {
-    if (sb_add(&p->pend, text, len)) return NOMEM(err);
+int td_cp_push(chat_parser *p, const char *text, size_t len, td_err *err) {
+    if (td_sb_add(&p->pend, text, len)) return NOMEM(err);
     return run(p, false, err);
 }
 
-int cp_finish(chat_parser *p, td_err *err) {
+int td_cp_finish(chat_parser *p, td_err *err) {
     int rc = run(p, true, err);
     if (rc) return rc;
     if (p->state == ST_TOOL) { /* empty unterminated call */
@@ -569,9 +569,9 @@ int cp_finish(chat_parser *p, td_err *err) {
     return rc;
 }
 
-void cp_free(chat_parser *p) {
+void td_cp_free(chat_parser *p) {
     call_reset(p);
-    sb_free(&p->pend);
-    sb_free(&p->ws);
-    sb_free(&p->call);
+    td_sb_free(&p->pend);
+    td_sb_free(&p->ws);
+    td_sb_free(&p->call);
 }

@@ -40,14 +40,14 @@ typedef struct stop_matcher {
 } stop_matcher;
 
 /* Copies the strings (each 1..STOP_MAX_LEN bytes, at most STOP_MAX). */
-int stop_init(stop_matcher *m, const char *const *stops, int n, bool include_stop, td_err *err);
+int td_stop_init(stop_matcher *m, const char *const *stops, int n, bool include_stop, td_err *err);
 /* Appends text; releases (appends to out) what can no longer start a stop
  * string. Returns 1 when a stop string matched (text up to it released,
  * the rest dropped), 0 otherwise, TD_ERR_NOMEM on allocation failure. */
-int stop_push(stop_matcher *m, const char *text, size_t len, sbuf *out, td_err *err);
+int td_stop_push(stop_matcher *m, const char *text, size_t len, sbuf *out, td_err *err);
 /* End of generation: releases the held tail. */
-int stop_flush(stop_matcher *m, sbuf *out, td_err *err);
-void stop_free(stop_matcher *m);
+int td_stop_flush(stop_matcher *m, sbuf *out, td_err *err);
+void td_stop_free(stop_matcher *m);
 
 /* ---- reasoning and tool calls ------------------------------------------ */
 
@@ -107,17 +107,17 @@ typedef struct chat_parser {
     int args_depth;
 } chat_parser;
 
-void cp_init(chat_parser *p, const cp_config *cfg, cp_emit_fn emit, void *user);
-int cp_push(chat_parser *p, const char *text, size_t len, td_err *err);
+void td_cp_init(chat_parser *p, const cp_config *cfg, cp_emit_fn emit, void *user);
+int td_cp_push(chat_parser *p, const char *text, size_t len, td_err *err);
 /* End of output: flushes held text, closes an unterminated tool call. */
-int cp_finish(chat_parser *p, td_err *err);
-void cp_free(chat_parser *p);
+int td_cp_finish(chat_parser *p, td_err *err);
+void td_cp_free(chat_parser *p);
 
 /* Converts an XML parameter value to JSON by the schema type of parameter
  * `param` of function `fname` in tools (string when unknown). New ref. */
-json_t *cp_convert_param(const json_t *tools, const char *fname, const char *param, const char *value, size_t len);
+json_t *td_cp_convert_param(const json_t *tools, const char *fname, const char *param, const char *value, size_t len);
 
 /* 2 when the rendered prompt ends inside an open <think> block, 1 when
  * thinking is allowed but not started, 0 when disabled. */
-int cp_reasoning_mode(const char *prompt, size_t len, bool thinking_enabled);
+int td_cp_reasoning_mode(const char *prompt, size_t len, bool thinking_enabled);
 #endif

@@ -56,18 +56,18 @@ static void allow_origin(const srv *s, struct MHD_Response *r, const char *origi
     if (s->cfg.allow_credentials) MHD_add_response_header(r, "Access-Control-Allow-Credentials", "true");
 }
 
-void srv_cors_headers(srv *s, struct MHD_Connection *c, struct MHD_Response *r) {
+void td_srv_cors_headers(srv *s, struct MHD_Connection *c, struct MHD_Response *r) {
     if (!s->cfg.n_allowed_origins || !r) return;
     const char *origin = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin");
     if (origin_ok(s, origin)) allow_origin(s, r, origin);
 }
 
-bool srv_cors_is_preflight(srv *s, struct MHD_Connection *c, const char *method) {
+bool td_srv_cors_is_preflight(srv *s, struct MHD_Connection *c, const char *method) {
     return s->cfg.n_allowed_origins && !strcmp(method, "OPTIONS") && MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin") &&
            MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Access-Control-Request-Method");
 }
 
-enum MHD_Result srv_cors_preflight(srv *s, struct MHD_Connection *c) {
+enum MHD_Result td_srv_cors_preflight(srv *s, struct MHD_Connection *c) {
     const char *origin = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Origin");
     const char *rm = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Access-Control-Request-Method");
     const char *rh = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Access-Control-Request-Headers");
@@ -100,6 +100,6 @@ enum MHD_Result srv_cors_preflight(srv *s, struct MHD_Connection *c) {
     int status = why ? 400 : 200;
     enum MHD_Result q = MHD_queue_response(c, (unsigned)status, r);
     MHD_destroy_response(r);
-    metrics_http(&s->metrics, status);
+    td_metrics_http(&s->metrics, status);
     return q;
 }

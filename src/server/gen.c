@@ -16,31 +16,31 @@
 
 static int on_event(void *user, const cp_event *ev);
 
-job *job_new(srv *s, oai_req *r, int n_prompt, int reasoning_mode, td_err *err) {
+job *td_job_new(srv *s, oai_req *r, int n_prompt, int reasoning_mode, td_err *err) {
     job *j = TD_CALLOC(err, 1, sizeof *j);
     if (!j) return NULL;
     if (pthread_mutex_init(&j->mu, NULL)) { free(j); TD_FAIL(err, TD_ERR_INTERNAL, "mutex"); return NULL; }
     j->srv = s;
     j->refs = 1;
     pthread_mutex_lock(&s->jobs_mu);
-    s->n_open++; /* job_unref's decrement balances it */
+    s->n_open++; /* td_job_unref's decrement balances it */
     pthread_mutex_unlock(&s->jobs_mu);
     j->fd = -1;
     j->req = *r;
     memset(r, 0, sizeof *r);
     j->n_prompt = n_prompt;
     j->n_ctx = s->n_ctx;
-    uint64_t id = srv_next_id(s);
+    uint64_t id = td_srv_next_id(s);
     snprintf(j->id, sizeof j->id, "%s-%016llx%08llx", j->req.kind == OAI_CHAT ? "chatcmpl" : "cmpl",
              (unsigned long long)(s->id_base ^ (id * 0x9e3779b97f4a7c15ull)), (unsigned long long)(id & 0xffffffffull));
     j->created = (long long)time(NULL);
-    j->t_arrival = srv_now();
-    tok_stream_init(&j->ts, s->tok, j->req.skip_special);
-    bool ok = stop_init(&j->stop, (const char *const *)j->req.stops, j->req.n_stops, j->req.include_stop, err) == 0;
+    j->t_arrival = td_srv_now();
+    td_tok_stream_init(&j->ts, s->tok, j->req.skip_special);
+    bool ok = td_stop_init(&j->stop, (const char *const *)j->req.stops, j->req.n_stops, j->req.include_stop, err) == 0;
     if (j->req.kind == OAI_CHAT) {
         cp_config cfg = {.reasoning = reasoning_mode, .parse_tools = j->req.parse_tools, .tools = j->req.tools,
                          .id_seed = s->id_base ^ (id << 20)};
-        cp_init(&j->cp, &cfg, on_event, j);
+        td_cp_init(&j->cp, &cfg, on_event, j);
         j->use_cp = true;
         j->calls = json_array();
         ok = ok && j->calls;
@@ -51,48 +51,48 @@ job *job_new(srv *s, oai_req *r, int n_prompt, int reasoning_mode, td_err *err) 
         ok = ok && j->lp_pending && j->lp_all;
     }
     if (!j->req.seed_set && !s->cfg.sampling_seed_set) j->req.sampling.seed = s->id_base ^ (id * 0xbf58476d1ce4e5b9ull);
-    if (ok && so_job_init(j, reasoning_mode, err)) ok = false; /* structured outputs: the grammar matcher */
+    if (ok && td_so_job_init(j, reasoning_mode, err)) ok = false; /* structured outputs: the grammar matcher */
     if (!ok) {
         if (!err || !err->code) TD_FAIL(err, TD_ERR_NOMEM, "out of memory");
-        job_unref(j);
+        td_job_unref(j);
         return NULL;
     }
     return j;
 }
 
-void job_ref(job *j) {
+void td_job_ref(job *j) {
     pthread_mutex_lock(&j->mu);
     j->refs++;
     pthread_mutex_unlock(&j->mu);
 }
 
-void job_unref(job *j) {
+void td_job_unref(job *j) {
     if (!j) return;
     pthread_mutex_lock(&j->mu);
     int left = --j->refs;
     pthread_mutex_unlock(&j->mu);
     if (left) return;
     srv *s = j->srv;
-    if (j->group) group_free(j);
+    if (j->group) td_group_free(j);
     json_decref(j->gchoice);
-    api_state_free(j->api);
-    tok_stream_free(&j->ts);
-    stop_free(&j->stop);
-    if (j->use_cp) cp_free(&j->cp);
-    so_job_free(j);
-    sb_free(&j->scratch);
-    sb_free(&j->out);
-    sb_free(&j->dtext);
-    sb_free(&j->content);
-    sb_free(&j->reasoning);
-    sb_free(&j->raw);
-    for (int i = 0; i < j->cargs_cap; i++) sb_free(&j->cargs[i]);
+    td_api_state_free(j->api);
+    td_tok_stream_free(&j->ts);
+    td_stop_free(&j->stop);
+    if (j->use_cp) td_cp_free(&j->cp);
+    td_so_job_free(j);
+    td_sb_free(&j->scratch);
+    td_sb_free(&j->out);
+    td_sb_free(&j->dtext);
+    td_sb_free(&j->content);
+    td_sb_free(&j->reasoning);
+    td_sb_free(&j->raw);
+    for (int i = 0; i < j->cargs_cap; i++) td_sb_free(&j->cargs[i]);
     free(j->cargs);
     json_decref(j->calls);
     json_decref(j->lp_pending);
     json_decref(j->lp_all);
     free(j->body);
-    oai_req_free(&j->req);
+    td_oai_req_free(&j->req);
     pthread_mutex_destroy(&j->mu);
     free(j);
     pthread_mutex_lock(&s->jobs_mu);
@@ -116,7 +116,7 @@ static json_t *bytes_json(const char *s) {
 }
 
 static char *token_text(job *j, int32_t id) {
-    if (!j->req.tokens_as_ids) return oai_token_text(j->srv, id);
+    if (!j->req.tokens_as_ids) return td_oai_token_text(j->srv, id);
     char *t = malloc(24);
     if (t) snprintf(t, 24, "token_id:%d", (int)id);
     return t;
@@ -176,14 +176,14 @@ static const char *finish_reason(const job *j) {
     }
 }
 
-int job_cp_event(job *j, const cp_event *ev) { return on_event(j, ev); }
+int td_job_cp_event(job *j, const cp_event *ev) { return on_event(j, ev); }
 
 /* ---- streamed output ------------------------------------------------------ */
 
 static int sse(job *j, json_t *obj) { /* steals obj */
     char *s = obj ? json_dumps(obj, JSON_COMPACT) : NULL;
     json_decref(obj);
-    int rc = !s || sb_adds(&j->out, "data: ") || sb_adds(&j->out, s) || sb_adds(&j->out, "\n\n") ? -1 : 0;
+    int rc = !s || td_sb_adds(&j->out, "data: ") || td_sb_adds(&j->out, s) || td_sb_adds(&j->out, "\n\n") ? -1 : 0;
     free(s);
     return rc;
 }
@@ -230,7 +230,7 @@ static int flush_delta(job *j) {
     if (!j->dkind) return 0;
     int rc;
     if (j->dialect) { /* Responses / Anthropic events (api_common.c) */
-        rc = api_stream_delta(j, j->dkind, j->dindex, j->dtext.p, j->dtext.len);
+        rc = td_api_stream_delta(j, j->dkind, j->dindex, j->dtext.p, j->dtext.len);
     } else if (j->req.kind != OAI_CHAT) {
         rc = emit_chunk(j, NULL, j->dtext.p, j->dtext.len, NULL);
     } else {
@@ -242,7 +242,7 @@ static int flush_delta(job *j) {
         rc = d ? emit_chunk(j, d, NULL, 0, NULL) : -1;
     }
     j->dkind = 0;
-    sb_clear(&j->dtext);
+    td_sb_clear(&j->dtext);
     return rc;
 }
 
@@ -262,9 +262,9 @@ static int cargs_at(job *j, int i) {
 static int on_event(void *user, const cp_event *ev) {
     job *j = user;
     /* tool_choice required / named: the constrained text is held back and
-     * becomes the tool calls when the request ends (so_tools_finish) */
+     * becomes the tool calls when the request ends (td_so_tools_finish) */
     if ((j->req.so_kind == SO_TOOLS || j->req.so_kind == SO_TOOL) && ev->kind == CP_CONTENT)
-        return sb_add(&j->content, ev->text, ev->len) ? TD_ERR_NOMEM : 0;
+        return td_sb_add(&j->content, ev->text, ev->len) ? TD_ERR_NOMEM : 0;
     /* parallel_tool_calls: false: the first call only, as vLLM */
     if (j->req.no_parallel_tools && ev->index > 0 && (ev->kind == CP_TOOL_START || ev->kind == CP_TOOL_ARGS)) return 0;
     /* A streamed chat holds everything from its first tool call to the end,
@@ -278,7 +278,7 @@ static int on_event(void *user, const cp_event *ev) {
         j->n_calls++;
         if (live) {
             if (flush_delta(j)) return TD_ERR_NOMEM;
-            if (j->dialect) return api_stream_tool(j, ev) ? TD_ERR_NOMEM : 0;
+            if (j->dialect) return td_api_stream_tool(j, ev) ? TD_ERR_NOMEM : 0;
             json_t *d = json_pack("{s:[{s:i, s:s, s:s, s:{s:s, s:s}}]}", "tool_calls", "index", ev->index, "id", ev->id, "type", "function",
                                   "function", "name", ev->name, "arguments", "");
             return d && !emit_chunk(j, d, NULL, 0, NULL) ? 0 : TD_ERR_NOMEM;
@@ -291,21 +291,21 @@ static int on_event(void *user, const cp_event *ev) {
         if (j->dkind && (j->dkind != (int)ev->kind || j->dindex != ev->index) && flush_delta(j)) return TD_ERR_NOMEM;
         j->dkind = (int)ev->kind;
         j->dindex = ev->index;
-        return sb_add(&j->dtext, ev->text, ev->len) ? TD_ERR_NOMEM : 0;
+        return td_sb_add(&j->dtext, ev->text, ev->len) ? TD_ERR_NOMEM : 0;
     }
     sbuf *b = ev->kind == CP_REASONING ? &j->reasoning : ev->kind == CP_CONTENT ? &j->content : NULL;
     if (!b) {
         if (cargs_at(j, ev->index)) return TD_ERR_NOMEM;
         b = &j->cargs[ev->index];
     }
-    return sb_add(b, ev->text, ev->len) ? TD_ERR_NOMEM : 0;
+    return td_sb_add(b, ev->text, ev->len) ? TD_ERR_NOMEM : 0;
 }
 
 /* The chat parser's input is kept while tools are parsed: the content to
  * fall back to when a call's arguments are not valid JSON. */
 static int feed_cp(job *j, const char *t, size_t n, td_err *err) {
-    if (j->req.parse_tools && sb_add(&j->raw, t, n)) return TD_FAIL(err, TD_ERR_NOMEM, "out of memory");
-    return cp_push(&j->cp, t, n, err);
+    if (j->req.parse_tools && td_sb_add(&j->raw, t, n)) return TD_FAIL(err, TD_ERR_NOMEM, "out of memory");
+    return td_cp_push(&j->cp, t, n, err);
 }
 
 /* Every parsed call's arguments are a JSON object (vLLM's tool parsers
@@ -363,8 +363,8 @@ static int release_tools(job *j) {
 /* Text out of the detokenizer: stop strings, then the chat parser.
  * Returns 1 when a stop string matched, <0 on error. */
 static int process_text(job *j, const char *t, size_t n, td_err *err) {
-    sb_clear(&j->scratch);
-    int hit = stop_push(&j->stop, t, n, &j->scratch, err);
+    td_sb_clear(&j->scratch);
+    int hit = td_stop_push(&j->stop, t, n, &j->scratch, err);
     if (hit < 0) return hit;
     int rc = 0;
     if (j->scratch.len) {
@@ -380,7 +380,7 @@ static int process_text(job *j, const char *t, size_t n, td_err *err) {
 /* A client that does not read: its unsent SSE bytes over --max-stream-buffer
  * cancel the request; the buffer is dropped and the socket shut down, so
  * libmicrohttpd closes the connection (job lock held). Returns true then. */
-bool job_backlog_over(job *j) {
+bool td_job_backlog_over(job *j) {
     srv *s = j->srv;
     size_t pending = j->out.len - j->out_sent;
     if (!j->req.stream || !s->cfg.max_stream_buffer || pending <= s->cfg.max_stream_buffer) return false;
@@ -388,10 +388,10 @@ bool job_backlog_over(job *j) {
     j->conn_gone = true;
     bool count = !j->cancel_sent;
     j->cancel_sent = true;
-    sb_free(&j->out);
+    td_sb_free(&j->out);
     j->out_sent = 0;
     if (j->fd >= 0) shutdown(j->fd, SHUT_RDWR);
-    if (count) metrics_add(&s->metrics, &s->metrics.cancelled_disconnect, 1);
+    if (count) td_metrics_add(&s->metrics, &s->metrics.cancelled_disconnect, 1);
     fprintf(stderr, "tandem serve: %s cancelled: the client is not reading (%zu bytes unsent, over --max-stream-buffer %zu)\n", j->id,
             pending, s->cfg.max_stream_buffer);
     return true;
@@ -400,13 +400,13 @@ bool job_backlog_over(job *j) {
 static int on_token(void *user, const td_token_event *ev) {
     job *j = user;
     srv *s = j->srv;
-    double now = srv_now();
+    double now = td_srv_now();
     pthread_mutex_lock(&j->mu);
     if (!j->t_first) {
         j->t_first = now;
-        metrics_observe(&s->metrics, M_TTFT, now - j->t_arrival);
+        td_metrics_observe(&s->metrics, M_TTFT, now - j->t_arrival);
     } else {
-        metrics_observe(&s->metrics, M_ITL, now - j->t_last);
+        td_metrics_observe(&s->metrics, M_ITL, now - j->t_last);
     }
     j->t_last = now;
     if (j->conn_gone) {
@@ -421,25 +421,25 @@ static int on_token(void *user, const td_token_event *ev) {
     td_err err = {0};
     const char *text = NULL;
     size_t len = 0;
-    int rc = tok_stream_push(&j->ts, ev->token, &text, &len, &err);
+    int rc = td_tok_stream_push(&j->ts, ev->token, &text, &len, &err);
     if (rc == 0) rc = process_text(j, text, len, &err);
     if (rc >= 0 && j->req.stream && flush_delta(j)) rc = TD_ERR_NOMEM;
-    if (rc >= 0 && j->dialect) api_on_token(j);
+    if (rc >= 0 && j->dialect) td_api_on_token(j);
     if (rc < 0) snprintf(j->error, sizeof j->error, "output processing failed: %.400s", td_err_text(&err));
-    if (job_backlog_over(j)) rc = -1;
-    if (j->lead) group_flush(j);
-    srv_wake(j);
+    if (td_job_backlog_over(j)) rc = -1;
+    if (j->lead) td_group_flush(j);
+    td_srv_wake(j);
     bool fan = j->fan_pending; /* the prompt is in the prefix cache now: its other samples */
     j->fan_pending = false;
     pthread_mutex_unlock(&j->mu);
-    if (fan) group_fan_out(j);
+    if (fan) td_group_fan_out(j);
     return rc < 0 ? 2 : rc == 1 ? 1 : 0;
 }
 
 /* The error text as valid UTF-8 (a cut message may end inside a character). */
 static void clean_error(job *j) {
     char t[sizeof j->error];
-    srv_utf8_clean(j->error, t, sizeof t);
+    td_srv_utf8_clean(j->error, t, sizeof t);
     memcpy(j->error, t, sizeof t);
 }
 
@@ -448,7 +448,7 @@ static void finish_stream(job *j) {
     clean_error(j);
     if (j->dialect) { /* Responses / Anthropic: their closing events, no [DONE] */
         rc |= j->error[0] ? 0 : flush_delta(j);
-        rc |= api_finish_stream(j);
+        rc |= td_api_finish_stream(j);
         if (rc) fprintf(stderr, "tandem serve: out of memory finishing %s\n", j->id);
         j->out_done = true;
         return;
@@ -466,11 +466,11 @@ static void finish_stream(job *j) {
             rc |= sse(j, c);
         }
     }
-    if (j->group || j->lead) { /* one of several choices: group_member_done ends the stream */
+    if (j->group || j->lead) { /* one of several choices: td_group_member_done ends the stream */
         if (rc) fprintf(stderr, "tandem serve: out of memory finishing %s\n", j->id);
         return;
     }
-    rc |= sb_adds(&j->out, "data: [DONE]\n\n");
+    rc |= td_sb_adds(&j->out, "data: [DONE]\n\n");
     if (rc) fprintf(stderr, "tandem serve: out of memory finishing %s\n", j->id);
     j->out_done = true;
 }
@@ -481,8 +481,8 @@ static void tools_fallback(job *j) {
     if (j->req.kind != OAI_CHAT || !j->n_calls || tools_valid(j)) return;
     size_t n;
     const char *p = raw_content(j, &n);
-    sb_clear(&j->content);
-    sb_add(&j->content, p, n);
+    td_sb_clear(&j->content);
+    td_sb_add(&j->content, p, n);
     j->n_calls = 0;
 }
 
@@ -491,10 +491,10 @@ static void finish_body(job *j) {
     clean_error(j);
     if (j->dialect) { /* Responses / Anthropic body (api_common.c) */
         if (!j->error[0]) tools_fallback(j);
-        api_finish_body(j);
+        td_api_finish_body(j);
         return;
     }
-    if (j->error[0] && (j->group || j->lead)) return; /* group_member_done reports it */
+    if (j->error[0] && (j->group || j->lead)) return; /* td_group_member_done reports it */
     if (j->error[0]) {
         o = json_pack("{s:{s:s, s:s, s:i}}", "error", "message", j->error, "type", "server_error", "code", 500);
         j->body_status = 500;
@@ -519,11 +519,11 @@ static void finish_body(job *j) {
             choice = json_pack("{s:i, s:o, s:o, s:s}", "index", j->choice_index, "message", msg, "logprobs", lp, "finish_reason", finish_reason(j));
         } else {
             sbuf t = {0};
-            if (j->req.echo && j->req.prompt_text) sb_adds(&t, j->req.prompt_text);
-            sb_add(&t, j->content.p ? j->content.p : "", j->content.len);
+            if (j->req.echo && j->req.prompt_text) td_sb_adds(&t, j->req.prompt_text);
+            td_sb_add(&t, j->content.p ? j->content.p : "", j->content.len);
             choice = json_pack("{s:i, s:s%, s:o, s:s}", "index", j->choice_index, "text", t.p ? t.p : "", t.len, "logprobs", lp, "finish_reason",
                                finish_reason(j));
-            sb_free(&t);
+            td_sb_free(&t);
         }
         if (j->group || j->lead) { /* one of several choices: the lead assembles the body */
             j->gchoice = choice;
@@ -541,7 +541,7 @@ static void finish_body(job *j) {
 static void on_done(void *user, const td_gen_result *res, const char *error) {
     job *j = user;
     srv *s = j->srv;
-    double now = srv_now();
+    double now = td_srv_now();
     pthread_mutex_lock(&j->mu);
     if (res) j->res = *res;
     if (error && !j->error[0]) snprintf(j->error, sizeof j->error, "%.500s", error);
@@ -549,11 +549,11 @@ static void on_done(void *user, const td_gen_result *res, const char *error) {
         td_err err = {0};
         const char *text = NULL;
         size_t len = 0;
-        int rc = tok_stream_flush(&j->ts, &text, &len, &err);
+        int rc = td_tok_stream_flush(&j->ts, &text, &len, &err);
         if (rc == 0 && len) rc = process_text(j, text, len, &err);
         if (rc >= 0 && !j->stop.hit) {
-            sb_clear(&j->scratch);
-            rc = stop_flush(&j->stop, &j->scratch, &err);
+            td_sb_clear(&j->scratch);
+            rc = td_stop_flush(&j->stop, &j->scratch, &err);
             if (rc == 0 && j->scratch.len) {
                 if (j->use_cp) rc = feed_cp(j, j->scratch.p, j->scratch.len, &err);
                 else {
@@ -562,22 +562,22 @@ static void on_done(void *user, const td_gen_result *res, const char *error) {
                 }
             }
         }
-        if (rc >= 0 && j->use_cp) rc = cp_finish(&j->cp, &err);
-        if (rc >= 0 && so_tools_finish(j)) rc = TD_FAIL(&err, TD_ERR_NOMEM, "out of memory");
+        if (rc >= 0 && j->use_cp) rc = td_cp_finish(&j->cp, &err);
+        if (rc >= 0 && td_so_tools_finish(j)) rc = TD_FAIL(&err, TD_ERR_NOMEM, "out of memory");
         if (rc < 0) snprintf(j->error, sizeof j->error, "output processing failed: %.400s", err.msg);
     }
     srv_finish_id f = j->error[0] ? F_ERROR : j->res.finish == TD_FINISH_LENGTH ? F_LENGTH : j->res.finish == TD_FINISH_CANCEL ? F_ABORT : F_STOP;
-    metrics_add(&s->metrics, &s->metrics.finished[f], 1);
-    if (j->n_calls) metrics_add(&s->metrics, &s->metrics.tool_calls, (uint64_t)j->n_calls);
-    metrics_observe(&s->metrics, M_E2E, now - j->t_arrival);
-    metrics_request_done(&s->metrics, now - j->t_arrival, j->n_prompt, res);
+    td_metrics_add(&s->metrics, &s->metrics.finished[f], 1);
+    if (j->n_calls) td_metrics_add(&s->metrics, &s->metrics.tool_calls, (uint64_t)j->n_calls);
+    td_metrics_observe(&s->metrics, M_E2E, now - j->t_arrival);
+    td_metrics_request_done(&s->metrics, now - j->t_arrival, j->n_prompt, res);
     if (!j->conn_gone) {
         if (j->req.stream) finish_stream(j);
         else finish_body(j);
     }
-    if (j->group || j->lead) group_member_done(j); /* the lead is finished when every choice is */
+    if (j->group || j->lead) td_group_member_done(j); /* the lead is finished when every choice is */
     if (!j->group) j->finished = true;
-    srv_wake(j);
+    td_srv_wake(j);
     if (!s->cfg.quiet)
         fprintf(stderr, "tandem serve: %s %s prompt %d (cached %d) generated %d finish %s%s%s %.3fs\n", j->id, j->req.stream ? "stream" : "",
                 j->n_prompt, j->res.n_reused, j->res.n_generated, finish_reason(j), j->error[0] ? " error: " : "", j->error,
@@ -589,19 +589,19 @@ static void on_done(void *user, const td_gen_result *res, const char *error) {
     j->fan_pending = false;
     job *lead = j->lead;
     pthread_mutex_unlock(&j->mu);
-    if (fan) group_fan_out(j);
-    srv_job_finished(s, j);
-    job_unref(j);
-    job_unref(lead); /* a follower's reference on its lead (group.c) */
+    if (fan) td_group_fan_out(j);
+    td_srv_job_finished(s, j);
+    td_job_unref(j);
+    td_job_unref(lead); /* a follower's reference on its lead (group.c) */
 }
 
-void job_sched_request(job *j, const int32_t *prompt, int n_prompt, td_request *r) {
+void td_job_sched_request(job *j, const int32_t *prompt, int n_prompt, td_request *r) {
     srv *s = j->srv;
     memset(r, 0, sizeof *r);
     r->prompt = prompt;
     r->n_prompt = n_prompt;
     r->sampling = j->req.sampling;
-    int32_t eos = tok_eos_id(s->tok);
+    int32_t eos = td_tok_eos_id(s->tok);
     if (!j->req.ignore_eos && eos >= 0) j->req.stop_ids[j->req.n_stop_ids++] = eos;
     r->gen.max_tokens = j->req.max_tokens;
     r->gen.spec_depth = j->req.spec_depth >= 0 ? j->req.spec_depth : s->cfg.spec_depth;
@@ -611,17 +611,17 @@ void job_sched_request(job *j, const int32_t *prompt, int n_prompt, td_request *
     r->gen.stop_ids = j->req.stop_ids;
     r->gen.n_stop = j->req.n_stop_ids;
     r->top_logprobs = j->req.logprobs;
-    r->gen.constraint = so_job_constraint(j);
+    r->gen.constraint = td_so_job_constraint(j);
     r->on_token = on_token;
     r->on_done = on_done;
     r->user = j;
 }
 
-int job_stream_begin(job *j) {
+int td_job_stream_begin(job *j) {
     int rc = 0;
     pthread_mutex_lock(&j->mu);
     if (j->dialect) {
-        rc = api_stream_begin(j);
+        rc = td_api_stream_begin(j);
     } else if (j->req.kind == OAI_CHAT) {
         json_t *d = json_pack("{s:s, s:s}", "role", "assistant", "content", "");
         rc = d ? emit_chunk(j, d, NULL, 0, NULL) : -1;
@@ -632,7 +632,7 @@ int job_stream_begin(job *j) {
     return rc;
 }
 
-ssize_t job_stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
+ssize_t td_job_stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
     job *j = cls;
     (void)pos;
     pthread_mutex_lock(&j->mu);
@@ -642,7 +642,7 @@ ssize_t job_stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
         memcpy(buf, j->out.p + j->out_sent, n);
         j->out_sent += n;
         if (j->out_sent == j->out.len) {
-            sb_clear(&j->out);
+            td_sb_clear(&j->out);
             j->out_sent = 0;
         }
         pthread_mutex_unlock(&j->mu);
@@ -662,12 +662,12 @@ ssize_t job_stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
     return 0;
 }
 
-void job_stream_free(void *cls) { job_unref(cls); }
+void td_job_stream_free(void *cls) { td_job_unref(cls); }
 
-void job_keepalive(job *j, double now) {
+void td_job_keepalive(job *j, double now) {
     if (!j->req.stream || j->t_first || j->finished || j->conn_gone || !j->submitted || j->lead) return;
     if (!j->t_keepalive) j->t_keepalive = j->t_arrival;
     if (now - j->t_keepalive < SRV_KEEPALIVE_S) return;
     j->t_keepalive = now;
-    if ((j->dialect ? api_keepalive(j) : emit_chunk(j, j->req.kind == OAI_CHAT ? json_object() : NULL, NULL, 0, NULL)) == 0) srv_wake(j);
+    if ((j->dialect ? td_api_keepalive(j) : emit_chunk(j, j->req.kind == OAI_CHAT ? json_object() : NULL, NULL, 0, NULL)) == 0) td_srv_wake(j);
 }

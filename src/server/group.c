@@ -44,10 +44,10 @@ static void group_complete(job *L) {
                                   "created", (json_int_t)L->created, "model", L->srv->model_name, "choices", "usage", group_usage(g));
             char *t = c ? json_dumps(c, JSON_COMPACT) : NULL;
             json_decref(c);
-            rc |= !t || sb_adds(&L->out, "data: ") || sb_adds(&L->out, t) || sb_adds(&L->out, "\n\n");
+            rc |= !t || td_sb_adds(&L->out, "data: ") || td_sb_adds(&L->out, t) || td_sb_adds(&L->out, "\n\n");
             free(t);
         }
-        if (!L->conn_gone) rc |= sb_adds(&L->out, "data: [DONE]\n\n");
+        if (!L->conn_gone) rc |= td_sb_adds(&L->out, "data: [DONE]\n\n");
         if (rc) fprintf(stderr, "tandem serve: out of memory finishing %s\n", L->id);
         L->out_done = true;
         return;
@@ -55,7 +55,7 @@ static void group_complete(job *L) {
     json_t *o;
     if (g->error[0]) {
         char msg[sizeof g->error];
-        srv_utf8_clean(g->error, msg, sizeof msg);
+        td_srv_utf8_clean(g->error, msg, sizeof msg);
         o = json_pack("{s:{s:s, s:s, s:i}}", "error", "message", msg, "type", g->error_status == 503 ? "service_unavailable_error" : "server_error",
                       "code", g->error_status);
         L->body_status = g->error_status;
@@ -76,7 +76,7 @@ static void group_complete(job *L) {
     if (!L->body) L->body_status = 500;
 }
 
-void group_member_done(job *j) {
+void td_group_member_done(job *j) {
     job *L = j->lead ? j->lead : j;
     job_group *g = L->group;
     if (j != L) pthread_mutex_lock(&L->mu);
@@ -91,8 +91,8 @@ void group_member_done(job *j) {
         g->error_status = strstr(j->error, "busy") ? 503 : 500;
     }
     if (L->req.stream) {
-        if (j != L && !L->conn_gone && j->out.len) sb_add(&L->out, j->out.p, j->out.len);
-        if (j != L) sb_clear(&j->out);
+        if (j != L && !L->conn_gone && j->out.len) td_sb_add(&L->out, j->out.p, j->out.len);
+        if (j != L) td_sb_clear(&j->out);
     } else {
         g->choices[c] = j->gchoice;
         j->gchoice = NULL;
@@ -101,57 +101,57 @@ void group_member_done(job *j) {
         group_complete(L);
         L->finished = true;
     }
-    srv_wake(L);
+    td_srv_wake(L);
     if (j != L) pthread_mutex_unlock(&L->mu);
 }
 
-void group_flush(job *j) {
+void td_group_flush(job *j) {
     job *L = j->lead;
     if (!L || !j->out.len) return;
     pthread_mutex_lock(&L->mu);
-    if (!L->conn_gone && !L->out_done && sb_add(&L->out, j->out.p, j->out.len) == 0) job_backlog_over(L);
-    srv_wake(L);
+    if (!L->conn_gone && !L->out_done && td_sb_add(&L->out, j->out.p, j->out.len) == 0) td_job_backlog_over(L);
+    td_srv_wake(L);
     pthread_mutex_unlock(&L->mu);
-    sb_clear(&j->out);
+    td_sb_clear(&j->out);
 }
 
-/* Submits j (scheduler and connection bookkeeping as ep_generate). Returns
+/* Submits j (scheduler and connection bookkeeping as td_ep_generate). Returns
  * the scheduler's status; on failure nothing is left submitted. */
 static int submit(srv *s, job *j, td_request *tr, td_err *err) {
     pthread_mutex_lock(&s->jobs_mu);
     j->counted_active = true;
     s->n_active++;
     pthread_mutex_unlock(&s->jobs_mu);
-    srv_track(s, j);
+    td_srv_track(s, j);
     uint64_t id = 0;
     pthread_rwlock_rdlock(&s->sched_lock);
     int src = s->sched && atomic_load(&s->ready) == 1 ? td_sched_submit(s->sched, tr, &id, err) : TD_ERR_LIMIT;
     if (src == TD_ERR_LIMIT && !s->sched) err->msg[0] = 0;
     pthread_rwlock_unlock(&s->sched_lock);
     if (src) {
-        srv_untrack(s, j);
-        srv_job_finished(s, j);
+        td_srv_untrack(s, j);
+        td_srv_job_finished(s, j);
         return src;
     }
-    metrics_add(&s->metrics, &s->metrics.requests, 1);
-    if (j->req.stream) metrics_add(&s->metrics, &s->metrics.stream_requests, 1);
+    td_metrics_add(&s->metrics, &s->metrics.requests, 1);
+    if (j->req.stream) td_metrics_add(&s->metrics, &s->metrics.stream_requests, 1);
     pthread_mutex_lock(&j->mu);
     j->sched_id = id;
     j->submitted = true;
     bool gone = j->conn_gone && !j->finished && !j->cancel_sent; /* the client left while we submitted */
     if (gone) j->cancel_sent = true;
     pthread_mutex_unlock(&j->mu);
-    if (gone) srv_cancel(s, id);
+    if (gone) td_srv_cancel(s, id);
     return 0;
 }
 
 /* Starts follower j: submitted, or finished at once with the reason it could
  * not be (through its own on_done, so every choice reports exactly once). */
 static void follower_start(srv *s, job *j, const int32_t *ids, int n) {
-    job_ref(j->lead); /* dropped at the end of j's on_done */
+    td_job_ref(j->lead); /* dropped at the end of j's on_done */
     td_request tr;
-    job_sched_request(j, ids, n, &tr);
-    job_ref(j); /* the scheduler's, dropped by on_done */
+    td_job_sched_request(j, ids, n, &tr);
+    td_job_ref(j); /* the scheduler's, dropped by on_done */
     pthread_mutex_lock(&j->mu);
     bool gone = j->conn_gone;
     pthread_mutex_unlock(&j->mu);
@@ -164,11 +164,11 @@ static void follower_start(srv *s, job *j, const int32_t *ids, int n) {
     char msg[300];
     if (src == TD_ERR_LIMIT) snprintf(msg, sizeof msg, "the server is busy (request queue full); retry later");
     else snprintf(msg, sizeof msg, "%.280s", err.msg[0] ? td_err_text(&err) : "cannot submit the request");
-    if (src == TD_ERR_LIMIT && !gone) metrics_add(&s->metrics, &s->metrics.rejected_queue_full, 1);
+    if (src == TD_ERR_LIMIT && !gone) td_metrics_add(&s->metrics, &s->metrics.rejected_queue_full, 1);
     tr.on_done(tr.user, &res, gone ? NULL : msg);
 }
 
-void group_fan_out(job *j) {
+void td_group_fan_out(job *j) {
     job_group *g = group_of(j);
     if (!g || g->n < 2) return;
     int p = j->choice_index / g->n;
@@ -181,19 +181,19 @@ void group_fan_out(job *j) {
     for (int k = 1; k < g->n; k++) follower_start(s, g->m[p * g->n + k], g->ids[p], g->n_ids[p]);
 }
 
-void group_conn_gone(srv *s, job *L) {
+void td_group_conn_gone(srv *s, job *L) {
     job_group *g = L->group;
-    for (int c = 1; c < g->n_choices; c++) srv_conn_gone(s, g->m[c]);
+    for (int c = 1; c < g->n_choices; c++) td_srv_conn_gone(s, g->m[c]);
 }
 
-void group_free(job *L) {
+void td_group_free(job *L) {
     job_group *g = L->group;
     L->group = NULL;
     if (!g) return;
     for (int c = 1; c < g->n_choices; c++)
         if (g->m[c]) {
-            srv_untrack(L->srv, g->m[c]);
-            job_unref(g->m[c]);
+            td_srv_untrack(L->srv, g->m[c]);
+            td_job_unref(g->m[c]);
         }
     for (int p = 0; p < g->n_prompts; p++) free(g->ids[p]);
     for (int c = 0; c < g->n_choices; c++) json_decref(g->choices[c]);
@@ -206,13 +206,13 @@ void group_free(job *L) {
     free(g);
 }
 
-/* Tokens of prompt item p (a string or a token-id list, validated by oai_parse). */
+/* Tokens of prompt item p (a string or a token-id list, validated by td_oai_parse). */
 static int item_ids(srv *s, const json_t *p, int32_t **ids, int *n, http_err *e) {
     if (json_is_string(p)) {
         td_err err = {0};
         size_t len = 0;
-        if (tok_encode(s->tok, json_string_value(p), json_string_length(p), true, ids, &len, &err)) {
-            http_err_set(e, 400, "invalid_request_error", "cannot tokenize the prompt: %.400s", td_err_text(&err));
+        if (td_tok_encode(s->tok, json_string_value(p), json_string_length(p), true, ids, &len, &err)) {
+            td_http_err_set(e, 400, "invalid_request_error", "cannot tokenize the prompt: %.400s", td_err_text(&err));
             return -1;
         }
         *n = (int)len;
@@ -221,7 +221,7 @@ static int item_ids(srv *s, const json_t *p, int32_t **ids, int *n, http_err *e)
     size_t k = json_array_size(p), i;
     const json_t *v;
     *ids = malloc((k ? k : 1) * sizeof **ids);
-    if (!*ids) return http_err_set(e, 500, "server_error", "out of memory"), -1;
+    if (!*ids) return td_http_err_set(e, 500, "server_error", "out of memory"), -1;
     json_array_foreach(p, i, v)(*ids)[i] = (int32_t)json_integer_value(v);
     *n = (int)k;
     return 0;
@@ -247,21 +247,21 @@ static job_group *group_alloc(int n, int n_prompts) {
 
 /* Frees a group whose lead was never created. */
 static void group_discard(job_group *g) {
-    for (int c = 0; c < g->n_choices; c++) job_unref(g->m[c]);
+    for (int c = 0; c < g->n_choices; c++) td_job_unref(g->m[c]);
     for (int p = 0; p < g->n_prompts; p++) free(g->ids[p]);
     free(g->m), free(g->choices), free(g->ids), free(g->n_ids), free(g->fanned);
     pthread_mutex_destroy(&g->mu);
     free(g);
 }
 
-void ep_generate_group(srv *s, task *t, oai_req *r, int32_t *ids, size_t n_ids, int reasoning, const json_t *body) {
+void td_ep_generate_group(srv *s, task *t, oai_req *r, int32_t *ids, size_t n_ids, int reasoning, const json_t *body) {
     http_err *e = &t->e;
     int n = r->n, P = r->prompt_list ? (int)json_array_size(r->prompt_list) : 1;
     job_group *g = group_alloc(n, P);
     if (!g) {
         free(ids);
-        oai_req_free(r);
-        http_err_set(e, 500, "server_error", "out of memory");
+        td_oai_req_free(r);
+        td_http_err_set(e, 500, "server_error", "out of memory");
         return;
     }
     g->ids[0] = ids;
@@ -270,9 +270,9 @@ void ep_generate_group(srv *s, task *t, oai_req *r, int32_t *ids, size_t n_ids, 
     int rc = 0;
     for (int p = 1; p < P && !rc; p++) { /* every prompt is checked before anything runs */
         rc = item_ids(s, json_array_get(list, (size_t)p), &g->ids[p], &g->n_ids[p], e);
-        if (!rc && g->n_ids[p] == 0) rc = -1, http_err_set(e, 400, "invalid_request_error", "prompt %d is empty", p);
+        if (!rc && g->n_ids[p] == 0) rc = -1, td_http_err_set(e, 400, "invalid_request_error", "prompt %d is empty", p);
         if (!rc && g->n_ids[p] >= s->n_ctx) {
-            http_err_set(e, 400, "exceed_context_size_error", "request (%d tokens) exceeds the available context size (%d tokens)", g->n_ids[p],
+            td_http_err_set(e, 400, "exceed_context_size_error", "request (%d tokens) exceeds the available context size (%d tokens)", g->n_ids[p],
                          s->n_ctx);
             e->n_prompt = g->n_ids[p];
             e->n_ctx = s->n_ctx;
@@ -287,8 +287,8 @@ void ep_generate_group(srv *s, task *t, oai_req *r, int32_t *ids, size_t n_ids, 
         if (c == 0) {
             mr = *r; /* the lead takes the parsed request */
             memset(r, 0, sizeof *r);
-        } else if (oai_parse(s, body, t->kind, &mr, e)) { /* each choice its own copy of everything the request holds */
-            oai_req_free(&mr);
+        } else if (td_oai_parse(s, body, t->kind, &mr, e)) { /* each choice its own copy of everything the request holds */
+            td_oai_req_free(&mr);
             rc = -1;
             break;
         }
@@ -310,10 +310,10 @@ void ep_generate_group(srv *s, task *t, oai_req *r, int32_t *ids, size_t n_ids, 
         int room = s->n_ctx - g->n_ids[p];
         if (mr.max_tokens < 0) mr.max_tokens = s->cfg.default_max_tokens > 0 ? s->cfg.default_max_tokens : room;
         if (mr.max_tokens > room) mr.max_tokens = room;
-        job *j = job_new(s, &mr, g->n_ids[p], reasoning, &err);
+        job *j = td_job_new(s, &mr, g->n_ids[p], reasoning, &err);
         if (!j) {
-            oai_req_free(&mr);
-            http_err_set(e, 500, "server_error", "cannot start the request: %.400s", td_err_text(&err));
+            td_oai_req_free(&mr);
+            td_http_err_set(e, 500, "server_error", "cannot start the request: %.400s", td_err_text(&err));
             rc = -1;
             break;
         }
@@ -331,7 +331,7 @@ void ep_generate_group(srv *s, task *t, oai_req *r, int32_t *ids, size_t n_ids, 
         }
     }
     json_decref(list);
-    oai_req_free(r);
+    td_oai_req_free(r);
     if (rc) {
         group_discard(g);
         return;
@@ -340,26 +340,26 @@ void ep_generate_group(srv *s, task *t, oai_req *r, int32_t *ids, size_t n_ids, 
     L->group = g;
     if (L->req.stream) /* every choice's role (or echo) chunk first, in index order */
         for (int c = 0; c < g->n_choices && !rc; c++) {
-            rc = job_stream_begin(g->m[c]);
+            rc = td_job_stream_begin(g->m[c]);
             if (!rc && c) {
-                rc = sb_add(&L->out, g->m[c]->out.p, g->m[c]->out.len);
-                sb_clear(&g->m[c]->out);
+                rc = td_sb_add(&L->out, g->m[c]->out.p, g->m[c]->out.len);
+                td_sb_clear(&g->m[c]->out);
             }
         }
     if (rc) {
-        job_unref(L); /* frees the group */
-        http_err_set(e, 500, "server_error", "out of memory");
+        td_job_unref(L); /* frees the group */
+        td_http_err_set(e, 500, "server_error", "out of memory");
         return;
     }
     td_request tr;
     int n0 = g->n_ids[0];
-    job_sched_request(L, g->ids[0], n0, &tr);
-    job_ref(L); /* the scheduler's */
+    td_job_sched_request(L, g->ids[0], n0, &tr);
+    td_job_ref(L); /* the scheduler's */
     int src = submit(s, L, &tr, &err);
     if (src) {
-        job_unref(L); /* the scheduler's */
-        job_unref(L); /* ours: frees the group */
-        srv_submit_error(s, src, &err, n0, e);
+        td_job_unref(L); /* the scheduler's */
+        td_job_unref(L); /* ours: frees the group */
+        td_srv_submit_error(s, src, &err, n0, e);
         return;
     }
     /* sample 0 of the other prompts now; the other samples at their first token */

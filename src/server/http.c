@@ -37,13 +37,13 @@
 #include "server/srv_internal.h"
 #include "util/err.h"
 
-double srv_now(void) {
+double td_srv_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-uint64_t srv_next_id(srv *s) { return atomic_fetch_add(&s->next_id, 1) + 1; }
+uint64_t td_srv_next_id(srv *s) { return atomic_fetch_add(&s->next_id, 1) + 1; }
 
 /* ---- replies ------------------------------------------------------------- */
 
@@ -65,7 +65,7 @@ static size_t utf8_char(const unsigned char *p, size_t n) {
     return cp < min || cp > 0x10ffff || (cp >= 0xd800 && cp <= 0xdfff) ? 0 : len;
 }
 
-size_t srv_utf8_clean(const char *in, char *out, size_t cap) {
+size_t td_srv_utf8_clean(const char *in, char *out, size_t cap) {
     if (!cap) return 0;
     const unsigned char *p = (const unsigned char *)in;
     size_t n = strlen(in), o = 0;
@@ -87,25 +87,25 @@ size_t srv_utf8_clean(const char *in, char *out, size_t cap) {
     return o;
 }
 
-enum MHD_Result srv_reply(srv *s, struct MHD_Connection *c, int status, const char *ctype, const char *body, size_t len) {
+enum MHD_Result td_srv_reply(srv *s, struct MHD_Connection *c, int status, const char *ctype, const char *body, size_t len) {
     struct MHD_Response *r = MHD_create_response_from_buffer(len, (void *)body, MHD_RESPMEM_MUST_COPY);
     if (!r) return MHD_NO;
     if (ctype) MHD_add_response_header(r, MHD_HTTP_HEADER_CONTENT_TYPE, ctype);
-    srv_cors_headers(s, c, r);
+    td_srv_cors_headers(s, c, r);
     enum MHD_Result rc = MHD_queue_response(c, (unsigned)status, r);
     MHD_destroy_response(r);
-    metrics_http(&s->metrics, status);
+    td_metrics_http(&s->metrics, status);
     return rc;
 }
 
-enum MHD_Result srv_reply_json(srv *s, struct MHD_Connection *c, int status, json_t *body) {
+enum MHD_Result td_srv_reply_json(srv *s, struct MHD_Connection *c, int status, json_t *body) {
     char *t = body ? json_dumps(body, JSON_COMPACT) : NULL;
     json_decref(body);
     if (!t) {
         static const char oom[] = "{\"error\":{\"message\":\"out of memory\",\"type\":\"server_error\",\"code\":500}}";
-        return srv_reply(s, c, 500, "application/json", oom, sizeof oom - 1);
+        return td_srv_reply(s, c, 500, "application/json", oom, sizeof oom - 1);
     }
-    enum MHD_Result rc = srv_reply(s, c, status, "application/json", t, strlen(t));
+    enum MHD_Result rc = td_srv_reply(s, c, status, "application/json", t, strlen(t));
     free(t);
     return rc;
 }
@@ -116,9 +116,9 @@ enum MHD_Result srv_reply_json(srv *s, struct MHD_Connection *c, int status, jso
  * anywhere below (routing, auth, parsing, the job) takes that API's form. */
 static _Thread_local int reply_dialect;
 
-enum MHD_Result srv_reply_error(srv *s, struct MHD_Connection *c, const http_err *e) {
+enum MHD_Result td_srv_reply_error(srv *s, struct MHD_Connection *c, const http_err *e) {
     char msg[4 * sizeof e->msg]; /* every byte escaped at worst */
-    srv_utf8_clean(e->msg, msg, sizeof msg);
+    td_srv_utf8_clean(e->msg, msg, sizeof msg);
     json_t *err = json_pack("{s:s, s:s, s:i}", "message", msg, "type", e->type ? e->type : "invalid_request_error", "code", e->status);
     if (err) json_object_set_new(err, "param", e->param ? json_string(e->param) : json_null());
     if (err && e->n_ctx > 0) {
@@ -128,7 +128,7 @@ enum MHD_Result srv_reply_error(srv *s, struct MHD_Connection *c, const http_err
     json_t *o = err ? json_pack("{s:o}", "error", err) : NULL;
     if (reply_dialect == DIALECT_ANTHROPIC) { /* {"type":"error","error":{"type":...,"message":...}} */
         json_decref(o);
-        o = anth_error_body(e->status, msg);
+        o = td_anth_error_body(e->status, msg);
     }
     char *t = o ? json_dumps(o, JSON_COMPACT) : NULL;
     json_decref(o);
@@ -140,35 +140,35 @@ enum MHD_Result srv_reply_error(srv *s, struct MHD_Connection *c, const http_err
     if (e->retry_after) MHD_add_response_header(r, MHD_HTTP_HEADER_RETRY_AFTER, "1");
     if (e->status == 401) MHD_add_response_header(r, MHD_HTTP_HEADER_WWW_AUTHENTICATE, "Bearer");
     if (e->allow) MHD_add_response_header(r, MHD_HTTP_HEADER_ALLOW, e->allow);
-    srv_cors_headers(s, c, r);
+    td_srv_cors_headers(s, c, r);
     enum MHD_Result rc = MHD_queue_response(c, (unsigned)e->status, r);
     MHD_destroy_response(r);
-    metrics_http(&s->metrics, e->status);
+    td_metrics_http(&s->metrics, e->status);
     return rc;
 }
 
 static enum MHD_Result reply_err(srv *s, struct MHD_Connection *c, int status, const char *type, const char *msg) {
     http_err e;
-    http_err_set(&e, status, type, "%s", msg);
-    return srv_reply_error(s, c, &e);
+    td_http_err_set(&e, status, type, "%s", msg);
+    return td_srv_reply_error(s, c, &e);
 }
 
 static enum MHD_Result reply_405(srv *s, struct MHD_Connection *c, const char *allow) {
     http_err e;
-    http_err_set(&e, 405, "invalid_request_error", "method not allowed (allowed: %s)", allow);
+    td_http_err_set(&e, 405, "invalid_request_error", "method not allowed (allowed: %s)", allow);
     e.allow = allow;
-    return srv_reply_error(s, c, &e);
+    return td_srv_reply_error(s, c, &e);
 }
 
 /* ---- scheduler access ------------------------------------------------------ */
 
-void srv_cancel(srv *s, uint64_t id) {
+void td_srv_cancel(srv *s, uint64_t id) {
     pthread_rwlock_rdlock(&s->sched_lock);
     if (s->sched) td_sched_cancel(s->sched, id);
     pthread_rwlock_unlock(&s->sched_lock);
 }
 
-void srv_wake(job *j) {
+void td_srv_wake(job *j) {
     bool has = !j->req.stream || j->out.len > j->out_sent || j->out_done || j->finished;
     if (j->suspended && has) {
         j->suspended = false;
@@ -176,7 +176,7 @@ void srv_wake(job *j) {
     }
 }
 
-void srv_track(srv *s, job *j) {
+void td_srv_track(srv *s, job *j) {
     pthread_mutex_lock(&s->jobs_mu);
     j->next = s->jobs;
     j->prev = NULL;
@@ -186,8 +186,8 @@ void srv_track(srv *s, job *j) {
     pthread_mutex_unlock(&s->jobs_mu);
 }
 
-void srv_conn_gone(srv *s, job *j) {
-    srv_untrack(s, j);
+void td_srv_conn_gone(srv *s, job *j) {
+    td_srv_untrack(s, j);
     pthread_mutex_lock(&j->mu);
     j->conn_gone = true;
     j->fd = -1;
@@ -196,12 +196,12 @@ void srv_conn_gone(srv *s, job *j) {
     uint64_t id = j->sched_id;
     pthread_mutex_unlock(&j->mu);
     if (cancel) {
-        metrics_add(&s->metrics, &s->metrics.cancelled_disconnect, 1);
-        srv_cancel(s, id);
+        td_metrics_add(&s->metrics, &s->metrics.cancelled_disconnect, 1);
+        td_srv_cancel(s, id);
     }
 }
 
-void srv_untrack(srv *s, job *j) {
+void td_srv_untrack(srv *s, job *j) {
     pthread_mutex_lock(&s->jobs_mu);
     if (j->listed) {
         if (j->prev) j->prev->next = j->next;
@@ -212,7 +212,7 @@ void srv_untrack(srv *s, job *j) {
     pthread_mutex_unlock(&s->jobs_mu);
 }
 
-void srv_job_finished(srv *s, job *j) {
+void td_srv_job_finished(srv *s, job *j) {
     pthread_mutex_lock(&s->jobs_mu);
     if (j->counted_active) {
         j->counted_active = false;
@@ -254,10 +254,10 @@ static void *watchdog_main(void *arg) {
         if (s->stopping) break;
         uint64_t ids[64];
         int n = 0;
-        double now = srv_now();
+        double now = td_srv_now();
         for (job *j = s->jobs; j && n < 64; j = j->next) {
             pthread_mutex_lock(&j->mu);
-            job_keepalive(j, now);
+            td_job_keepalive(j, now);
             if (j->submitted && !j->finished && !j->cancel_sent && j->fd >= 0 && peer_gone(j)) {
                 j->cancel_sent = true;
                 j->conn_gone = true;
@@ -267,8 +267,8 @@ static void *watchdog_main(void *arg) {
         }
         if (!n) continue;
         pthread_mutex_unlock(&s->jobs_mu);
-        for (int i = 0; i < n; i++) srv_cancel(s, ids[i]);
-        metrics_add(&s->metrics, &s->metrics.cancelled_disconnect, (uint64_t)n);
+        for (int i = 0; i < n; i++) td_srv_cancel(s, ids[i]);
+        td_metrics_add(&s->metrics, &s->metrics.cancelled_disconnect, (uint64_t)n);
         pthread_mutex_lock(&s->jobs_mu);
     }
     pthread_mutex_unlock(&s->jobs_mu);
@@ -299,10 +299,10 @@ static void task_free(task *t) {
 #define INLINE_BODY_MAX (64u << 10)
 
 static void run_task(srv *s, task *t) {
-    if (t->what == TASK_GENERATE) ep_generate(s, t);
-    else if (t->what == TASK_TOKENIZE) ep_tokenize(s, t);
-    else if (t->what == TASK_COUNT_TOKENS) ep_count_tokens(s, t);
-    else ep_detokenize(s, t);
+    if (t->what == TASK_GENERATE) td_ep_generate(s, t);
+    else if (t->what == TASK_TOKENIZE) td_ep_tokenize(s, t);
+    else if (t->what == TASK_COUNT_TOKENS) td_ep_count_tokens(s, t);
+    else td_ep_detokenize(s, t);
     free(t->body);
     t->body = NULL;
     pthread_mutex_lock(&s->tasks_mu);
@@ -385,12 +385,12 @@ static enum MHD_Result task_answer(srv *s, struct MHD_Connection *c, conn_ctx *c
     enum MHD_Result rc;
     if (t->job) {
         ctx->job = t->job;
-        rc = ep_generate_respond(s, c, t->job);
+        rc = td_ep_generate_respond(s, c, t->job);
     } else if (t->e.status || !t->reply) {
-        if (!t->e.status) http_err_set(&t->e, 500, "server_error", "no result");
-        rc = srv_reply_error(s, c, &t->e);
+        if (!t->e.status) td_http_err_set(&t->e, 500, "server_error", "no result");
+        rc = td_srv_reply_error(s, c, &t->e);
     } else {
-        rc = srv_reply(s, c, t->status, "application/json", t->reply, strlen(t->reply));
+        rc = td_srv_reply(s, c, t->status, "application/json", t->reply, strlen(t->reply));
     }
     task_free(t);
     return rc;
@@ -429,15 +429,15 @@ static int check_framing(struct MHD_Connection *c, http_err *e) {
     framing f = {0};
     MHD_get_connection_values(c, MHD_HEADER_KIND, scan_header, &f);
     if (f.te_other) {
-        http_err_set(e, 501, "invalid_request_error", "unsupported Transfer-Encoding: only a single 'chunked' is accepted");
+        td_http_err_set(e, 501, "invalid_request_error", "unsupported Transfer-Encoding: only a single 'chunked' is accepted");
         return -1;
     }
     if (f.n_te && f.n_cl) {
-        http_err_set(e, 400, "invalid_request_error", "both Transfer-Encoding and Content-Length");
+        td_http_err_set(e, 400, "invalid_request_error", "both Transfer-Encoding and Content-Length");
         return -1;
     }
     if (f.cl_conflict) {
-        http_err_set(e, 400, "invalid_request_error", "conflicting Content-Length headers");
+        td_http_err_set(e, 400, "invalid_request_error", "conflicting Content-Length headers");
         return -1;
     }
     return 0;
@@ -480,18 +480,18 @@ static bool is(const char *url, const char *a) { return !strcmp(url, a); }
 
 static enum MHD_Result route(srv *s, struct MHD_Connection *c, const char *url, const char *method, conn_ctx *ctx) {
     bool get = !strcmp(method, "GET") || !strcmp(method, "HEAD"), post = !strcmp(method, "POST");
-    if (srv_cors_is_preflight(s, c, method)) return srv_cors_preflight(s, c); /* any route, before auth */
+    if (td_srv_cors_is_preflight(s, c, method)) return td_srv_cors_preflight(s, c); /* any route, before auth */
     if (is(url, "/health") || is(url, "/v1/health")) {
         if (!get) return reply_405(s, c, "GET, HEAD");
         int r = atomic_load(&s->ready);
-        if (r == 1) return srv_reply(s, c, 200, "text/plain", "", 0);
+        if (r == 1) return td_srv_reply(s, c, 200, "text/plain", "", 0);
         return reply_err(s, c, 503, "service_unavailable_error", r == 0 ? "the model is loading" : "the server is shutting down");
     }
     if (!authorized(s, c)) {
         http_err e;
-        http_err_set(&e, 401, "authentication_error", "Incorrect API key provided.");
+        td_http_err_set(&e, 401, "authentication_error", "Incorrect API key provided.");
         e.param = NULL;
-        return srv_reply_error(s, c, &e);
+        return td_srv_reply_error(s, c, &e);
     }
     int kind = 0, dialect = DIALECT_CHAT;
     enum { R_NONE, R_GET, R_POST, R_ITEM } want = R_NONE;
@@ -511,13 +511,13 @@ static enum MHD_Result route(srv *s, struct MHD_Connection *c, const char *url, 
     if (want == R_GET && !get) return reply_405(s, c, "GET, HEAD");
     if (want == R_POST && !post) return reply_405(s, c, "POST");
     if (want == R_ITEM && !get && strcmp(method, "DELETE")) return reply_405(s, c, "GET, HEAD, DELETE");
-    if (is(url, "/metrics")) return ep_metrics(s, c);
-    if (is(url, "/version")) return srv_reply_json(s, c, 200, json_pack("{s:s}", "version", "tandem-0.1"));
+    if (is(url, "/metrics")) return td_ep_metrics(s, c);
+    if (is(url, "/version")) return td_srv_reply_json(s, c, 200, json_pack("{s:s}", "version", "tandem-0.1"));
     if (atomic_load(&s->ready) != 1)
         return reply_err(s, c, 503, "service_unavailable_error",
                          atomic_load(&s->ready) == 0 ? "the model is loading" : "the server is shutting down");
-    if (is(url, "/v1/models")) return ep_models(s, c);
-    if (want == R_ITEM) return ep_response_item(s, c, method, url + 14);
+    if (is(url, "/v1/models")) return td_ep_models(s, c);
+    if (want == R_ITEM) return td_ep_response_item(s, c, method, url + 14);
     if (kind) return hand_off(s, c, ctx, TASK_GENERATE, kind, dialect);
     if (dialect == DIALECT_ANTHROPIC) return hand_off(s, c, ctx, TASK_COUNT_TOKENS, 0, dialect);
     return hand_off(s, c, ctx, strstr(url, "/detokenize") ? TASK_DETOKENIZE : TASK_TOKENIZE, 0, 0);
@@ -538,7 +538,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         http_err fe;
         if (check_framing(c, &fe)) {
             ctx->answered = true;
-            return srv_reply_error(s, c, &fe);
+            return td_srv_reply_error(s, c, &fe);
         }
         const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
         if (cl && strtoull(cl, NULL, 10) > s->cfg.max_body) {
@@ -553,8 +553,8 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         if (!ctx->answered && !ctx->too_large) {
             if (ctx->body.len + *upload_size > s->cfg.max_body) {
                 ctx->too_large = true;
-                sb_free(&ctx->body);
-            } else if (sb_add(&ctx->body, upload, *upload_size)) {
+                td_sb_free(&ctx->body);
+            } else if (td_sb_add(&ctx->body, upload, *upload_size)) {
                 return MHD_NO;
             }
         }
@@ -576,7 +576,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         j->body = NULL;
         pthread_mutex_unlock(&j->mu);
         enum MHD_Result rc;
-        if (body) rc = srv_reply(s, c, st, "application/json", body, strlen(body));
+        if (body) rc = td_srv_reply(s, c, st, "application/json", body, strlen(body));
         else rc = reply_err(s, c, 500, "server_error", "the request was cancelled");
         free(body);
         return rc;
@@ -600,16 +600,16 @@ static void on_completed(void *cls, struct MHD_Connection *c, void **con_cls, en
     *con_cls = NULL;
     if (ctx->task) { /* closed before the worker's answer was sent (workers are joined first) */
         if (!ctx->job) ctx->job = ctx->task->job;
-        else job_unref(ctx->task->job);
+        else td_job_unref(ctx->task->job);
         task_free(ctx->task);
     }
     job *j = ctx->job;
     if (j) {
-        srv_conn_gone(s, j);
-        if (j->group) group_conn_gone(s, j); /* n > 1: the other choices too */
-        job_unref(j);
+        td_srv_conn_gone(s, j);
+        if (j->group) td_group_conn_gone(s, j); /* n > 1: the other choices too */
+        td_job_unref(j);
     }
-    sb_free(&ctx->body);
+    td_sb_free(&ctx->body);
     free(ctx);
 }
 
@@ -626,26 +626,26 @@ static void mhd_log(void *cls, const char *fmt, va_list ap) {
     fprintf(stderr, "tandem serve: http: %s\n", m);
 }
 
-int srv_port(const srv *s) { return s->port; }
+int td_srv_port(const srv *s) { return s->port; }
 
 static void srv_release(srv *s) {
     if (!s) return;
-    so_release(s);
-    tpl_free(s->chat_tpl);
+    td_so_release(s);
+    td_tpl_free(s->chat_tpl);
     free(s->host);
     free(s->api_key);
     free(s->model_name);
     free(s->model_dir);
     free(s->bos);
     free(s->eos);
-    metrics_destroy(&s->metrics);
+    td_metrics_destroy(&s->metrics);
     pthread_rwlock_destroy(&s->sched_lock);
     pthread_cond_destroy(&s->jobs_cv);
     pthread_mutex_destroy(&s->jobs_mu);
     pthread_cond_destroy(&s->tasks_cv);
     pthread_mutex_destroy(&s->tasks_mu);
     free(s->workers);
-    api_store_free(s);
+    td_api_store_free(s);
     free(s);
 }
 
@@ -659,7 +659,7 @@ static void stop_workers(srv *s) {
     s->n_workers = 0;
 }
 
-int srv_start(const srv_config *cfg, srv **out, td_err *err) {
+int td_srv_start(const srv_config *cfg, srv **out, td_err *err) {
     *out = NULL;
     srv *s = TD_CALLOC(err, 1, sizeof *s);
     if (!s) return TD_ERR_NOMEM;
@@ -671,7 +671,7 @@ int srv_start(const srv_config *cfg, srv **out, td_err *err) {
     s->api_key = cfg->api_key && *cfg->api_key ? strdup(cfg->api_key) : NULL;
     s->model_name = strdup(cfg->served_model_name ? cfg->served_model_name : "tandem");
     s->model_dir = strdup(cfg->model_dir ? cfg->model_dir : "");
-    if (metrics_init(&s->metrics) || pthread_rwlock_init(&s->sched_lock, NULL) || pthread_mutex_init(&s->jobs_mu, NULL) ||
+    if (td_metrics_init(&s->metrics) || pthread_rwlock_init(&s->sched_lock, NULL) || pthread_mutex_init(&s->jobs_mu, NULL) ||
         pthread_cond_init(&s->jobs_cv, NULL) || pthread_mutex_init(&s->tasks_mu, NULL) || pthread_cond_init(&s->tasks_cv, NULL)) {
         free(s);
         return TD_FAIL(err, TD_ERR_INTERNAL, "cannot create locks");
@@ -680,7 +680,7 @@ int srv_start(const srv_config *cfg, srv **out, td_err *err) {
         srv_release(s);
         return TD_FAIL(err, TD_ERR_NOMEM, "out of memory");
     }
-    s->t_start = srv_now();
+    s->t_start = td_srv_now();
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     s->id_base = ((uint64_t)ts.tv_sec * 1000000007ull) ^ (uint64_t)ts.tv_nsec ^ ((uint64_t)getpid() << 32);
@@ -755,18 +755,18 @@ int srv_start(const srv_config *cfg, srv **out, td_err *err) {
     return TD_OK;
 }
 
-int srv_set_model(srv *s, const srv_model *m, td_err *err) {
+int td_srv_set_model(srv *s, const srv_model *m, td_err *err) {
     s->tok = m->tok;
     s->eng = m->eng;
     s->n_ctx = m->n_ctx;
     td_model_info mi;
     td_engine_info(m->eng, &mi);
     s->vocab = mi.vocab_size;
-    const char *t = tok_chat_template(m->tok);
-    if (t && tpl_parse(t, strlen(t), &s->chat_tpl, err)) return err ? err->code : TD_ERR_FORMAT;
-    if (tok_bos_token(m->tok) && !(s->bos = strdup(tok_bos_token(m->tok)))) return TD_FAIL(err, TD_ERR_NOMEM, "out of memory");
-    if (tok_eos_token(m->tok) && !(s->eos = strdup(tok_eos_token(m->tok)))) return TD_FAIL(err, TD_ERR_NOMEM, "out of memory");
-    int src = so_init(s, err); /* structured outputs: the grammar vocabulary */
+    const char *t = td_tok_chat_template(m->tok);
+    if (t && td_tpl_parse(t, strlen(t), &s->chat_tpl, err)) return err ? err->code : TD_ERR_FORMAT;
+    if (td_tok_bos_token(m->tok) && !(s->bos = strdup(td_tok_bos_token(m->tok)))) return TD_FAIL(err, TD_ERR_NOMEM, "out of memory");
+    if (td_tok_eos_token(m->tok) && !(s->eos = strdup(td_tok_eos_token(m->tok)))) return TD_FAIL(err, TD_ERR_NOMEM, "out of memory");
+    int src = td_so_init(s, err); /* structured outputs: the grammar vocabulary */
     if (src) return src;
     pthread_rwlock_wrlock(&s->sched_lock);
     s->sched = m->sched;
@@ -775,11 +775,11 @@ int srv_set_model(srv *s, const srv_model *m, td_err *err) {
     return TD_OK;
 }
 
-int srv_drain(srv *s, double timeout_s) {
+int td_srv_drain(srv *s, double timeout_s) {
     if (atomic_load(&s->ready) == 1) atomic_store(&s->ready, 2);
-    double end = srv_now() + timeout_s;
+    double end = td_srv_now() + timeout_s;
     pthread_mutex_lock(&s->jobs_mu);
-    while (s->n_active > 0 && srv_now() < end) {
+    while (s->n_active > 0 && td_srv_now() < end) {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         ts.tv_nsec += 50 * 1000 * 1000;
@@ -791,7 +791,7 @@ int srv_drain(srv *s, double timeout_s) {
     return n;
 }
 
-td_sched *srv_detach_sched(srv *s) {
+td_sched *td_srv_detach_sched(srv *s) {
     if (atomic_load(&s->ready) == 1) atomic_store(&s->ready, 2);
     pthread_rwlock_wrlock(&s->sched_lock);
     td_sched *sc = s->sched;
@@ -800,12 +800,12 @@ td_sched *srv_detach_sched(srv *s) {
     return sc;
 }
 
-void srv_free(srv *s, double timeout_s) {
+void td_srv_free(srv *s, double timeout_s) {
     if (!s) return;
     if (atomic_load(&s->ready) == 1) atomic_store(&s->ready, 2);
-    double end = srv_now() + timeout_s;
+    double end = td_srv_now() + timeout_s;
     pthread_mutex_lock(&s->jobs_mu);
-    while (s->n_open > 0 && srv_now() < end) {
+    while (s->n_open > 0 && td_srv_now() < end) {
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
         ts.tv_nsec += 50 * 1000 * 1000;

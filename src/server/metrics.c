@@ -14,7 +14,7 @@ static const double e2e_b[] = {0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.
 static const double tok_b[] = {1, 2, 5, 10, 20, 50, 100, 200, 500, 1e3, 2e3, 5e3, 1e4, 2e4, 5e4, 1e5, 2e5, 5e5, 1e6, 2e6, 5e6, 1e7};
 static const int codes[SRV_N_CODES] = {200, 400, 401, 404, 405, 413, 415, 500, 503, 501};
 
-int metrics_init(srv_metrics *m) {
+int td_metrics_init(srv_metrics *m) {
     memset(m, 0, sizeof *m);
     m->hist[M_TTFT] = (srv_hist){.bounds = ttft_b, .nb = (int)(sizeof ttft_b / sizeof ttft_b[0])};
     m->hist[M_ITL] = (srv_hist){.bounds = itl_b, .nb = (int)(sizeof itl_b / sizeof itl_b[0])};
@@ -25,9 +25,9 @@ int metrics_init(srv_metrics *m) {
     return pthread_mutex_init(&m->mu, NULL) ? -1 : 0;
 }
 
-void metrics_destroy(srv_metrics *m) { pthread_mutex_destroy(&m->mu); }
+void td_metrics_destroy(srv_metrics *m) { pthread_mutex_destroy(&m->mu); }
 
-void metrics_observe(srv_metrics *m, srv_hist_id id, double v) {
+void td_metrics_observe(srv_metrics *m, srv_hist_id id, double v) {
     pthread_mutex_lock(&m->mu);
     srv_hist *h = &m->hist[id];
     int i = 0;
@@ -38,7 +38,7 @@ void metrics_observe(srv_metrics *m, srv_hist_id id, double v) {
     pthread_mutex_unlock(&m->mu);
 }
 
-void metrics_http(srv_metrics *m, int status) {
+void td_metrics_http(srv_metrics *m, int status) {
     int i = 0;
     while (i < SRV_N_CODES && codes[i] != status) i++;
     pthread_mutex_lock(&m->mu);
@@ -46,47 +46,47 @@ void metrics_http(srv_metrics *m, int status) {
     pthread_mutex_unlock(&m->mu);
 }
 
-void metrics_add(srv_metrics *m, uint64_t *counter, uint64_t n) {
+void td_metrics_add(srv_metrics *m, uint64_t *counter, uint64_t n) {
     pthread_mutex_lock(&m->mu);
     *counter += n;
     pthread_mutex_unlock(&m->mu);
 }
 
-void metrics_request_done(srv_metrics *m, double e2e, int n_prompt, const td_gen_result *res) {
+void td_metrics_request_done(srv_metrics *m, double e2e, int n_prompt, const td_gen_result *res) {
     if (!res || res->n_prompt <= 0) return; /* never admitted */
     double infer = res->prefill_seconds + res->decode_seconds, queue = e2e - infer;
-    metrics_observe(m, M_QUEUE, queue > 0 ? queue : 0);
-    metrics_observe(m, M_PREFILL, res->prefill_seconds);
-    metrics_observe(m, M_DECODE, res->decode_seconds);
-    metrics_observe(m, M_INFER, infer);
-    metrics_observe(m, M_PROMPT_TOKENS, n_prompt);
-    metrics_observe(m, M_GEN_TOKENS, res->n_generated);
+    td_metrics_observe(m, M_QUEUE, queue > 0 ? queue : 0);
+    td_metrics_observe(m, M_PREFILL, res->prefill_seconds);
+    td_metrics_observe(m, M_DECODE, res->decode_seconds);
+    td_metrics_observe(m, M_INFER, infer);
+    td_metrics_observe(m, M_PROMPT_TOKENS, n_prompt);
+    td_metrics_observe(m, M_GEN_TOKENS, res->n_generated);
 }
 
 /* model_name="..." with Prometheus label escaping. */
 static int label(sbuf *b, const char *name) {
-    if (sb_adds(b, "model_name=\"")) return -1;
+    if (td_sb_adds(b, "model_name=\"")) return -1;
     for (const char *p = name; *p; p++) {
         const char *e = *p == '\\' ? "\\\\" : *p == '"' ? "\\\"" : *p == '\n' ? "\\n" : NULL;
-        if (e ? sb_adds(b, e) : sb_add(b, p, 1)) return -1;
+        if (e ? td_sb_adds(b, e) : td_sb_add(b, p, 1)) return -1;
     }
-    return sb_adds(b, "\"");
+    return td_sb_adds(b, "\"");
 }
 
 static int head(sbuf *b, const char *name, const char *type, const char *help) {
-    return sb_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+    return td_sb_printf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
 static int sample_u(sbuf *b, const char *name, const char *model, const char *extra, uint64_t v) {
-    if (sb_printf(b, "%s{", name) || label(b, model)) return -1;
-    if (extra && sb_printf(b, ",%s", extra)) return -1;
-    return sb_printf(b, "} %llu\n", (unsigned long long)v);
+    if (td_sb_printf(b, "%s{", name) || label(b, model)) return -1;
+    if (extra && td_sb_printf(b, ",%s", extra)) return -1;
+    return td_sb_printf(b, "} %llu\n", (unsigned long long)v);
 }
 
 static int sample_d(sbuf *b, const char *name, const char *model, const char *extra, double v) {
-    if (sb_printf(b, "%s{", name) || label(b, model)) return -1;
-    if (extra && sb_printf(b, ",%s", extra)) return -1;
-    return sb_printf(b, "} %.9g\n", v);
+    if (td_sb_printf(b, "%s{", name) || label(b, model)) return -1;
+    if (extra && td_sb_printf(b, ",%s", extra)) return -1;
+    return td_sb_printf(b, "} %.9g\n", v);
 }
 
 static int counter(sbuf *b, const char *name, const char *help, const char *model, uint64_t v) {
@@ -134,7 +134,7 @@ static int iteration_hist(sbuf *b, const char *model, const struct td_sched_stat
     return histogram(b, "vllm:iteration_tokens_total", "Tokens per engine step (prefilled + generated).", model, &h);
 }
 
-int metrics_render(srv_metrics *m, const metrics_ctx *c, sbuf *out) {
+int td_metrics_render(srv_metrics *m, const metrics_ctx *c, sbuf *out) {
     struct td_sched_stats z;
     memset(&z, 0, sizeof z);
     const struct td_sched_stats *st = c->have_stats ? c->st : &z;

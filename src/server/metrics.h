@@ -40,14 +40,14 @@ typedef struct srv_metrics {
     uint64_t stream_requests, requests;
 } srv_metrics;
 
-int metrics_init(srv_metrics *m);
-void metrics_destroy(srv_metrics *m);
-void metrics_observe(srv_metrics *m, srv_hist_id h, double seconds);
-void metrics_http(srv_metrics *m, int status);
-void metrics_add(srv_metrics *m, uint64_t *counter, uint64_t n); /* counter inside m */
+int td_metrics_init(srv_metrics *m);
+void td_metrics_destroy(srv_metrics *m);
+void td_metrics_observe(srv_metrics *m, srv_hist_id h, double seconds);
+void td_metrics_http(srv_metrics *m, int status);
+void td_metrics_add(srv_metrics *m, uint64_t *counter, uint64_t n); /* counter inside m */
 /* A request that ran finished: queue (arrival to admission), prefill,
  * decode and inference times, its prompt and generated token counts. */
-void metrics_request_done(srv_metrics *m, double e2e_s, int n_prompt, const td_gen_result *res);
+void td_metrics_request_done(srv_metrics *m, double e2e_s, int n_prompt, const td_gen_result *res);
 
 typedef struct metrics_ctx {
     const char *model_name;
@@ -61,5 +61,5 @@ typedef struct metrics_ctx {
 } metrics_ctx;
 
 /* Prometheus text format (version 0.0.4). Returns 0 or -1 (out of memory). */
-int metrics_render(srv_metrics *m, const metrics_ctx *c, sbuf *out);
+int td_metrics_render(srv_metrics *m, const metrics_ctx *c, sbuf *out);
 #endif

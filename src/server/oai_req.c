@@ -7,7 +7,7 @@
 #include <string.h>
 #include "server/srv_internal.h"
 
-void http_err_set(http_err *e, int status, const char *type, const char *fmt, ...) {
+void td_http_err_set(http_err *e, int status, const char *type, const char *fmt, ...) {
     va_list ap;
     memset(e, 0, sizeof *e);
     e->status = status;
@@ -24,12 +24,12 @@ void http_err_set(http_err *e, int status, const char *type, const char *fmt, ..
     }
 }
 
-#define BAD(e, ...) (http_err_set((e), 400, "invalid_request_error", __VA_ARGS__), -1)
+#define BAD(e, ...) (td_http_err_set((e), 400, "invalid_request_error", __VA_ARGS__), -1)
 
 static bool absent(const json_t *v) { return !v || json_is_null(v); }
 
 /* An error naming the request field it is about. */
-#define BADP(e, p, ...) (http_err_set((e), 400, "invalid_request_error", __VA_ARGS__), (e)->param = (p), -1)
+#define BADP(e, p, ...) (td_http_err_set((e), 400, "invalid_request_error", __VA_ARGS__), (e)->param = (p), -1)
 
 /* logit_bias: {"token id": bias in [-100, 100]} (OpenAI, vLLM). */
 static int logit_bias_field(srv *s, const json_t *b, oai_req *r, http_err *e) {
@@ -166,16 +166,16 @@ static int flatten_content(const json_t *c, json_t **out, http_err *e) {
     json_array_foreach(c, i, p) {
         const char *type = json_string_value(json_object_get(p, "type"));
         const char *text = json_string_value(json_object_get(p, "text"));
-        if (!json_is_object(p) || !type) { sb_free(&b); return BAD(e, "content parts must be objects with a 'type'"); }
+        if (!json_is_object(p) || !type) { td_sb_free(&b); return BAD(e, "content parts must be objects with a 'type'"); }
         if (strcmp(type, "text") != 0 && strcmp(type, "input_text") != 0) {
-            sb_free(&b);
+            td_sb_free(&b);
             return BAD(e, "content part type '%.64s' is not supported (text only)", type);
         }
-        if (!text) { sb_free(&b); return BAD(e, "text content parts need a string 'text'"); }
-        if ((n++ && sb_adds(&b, "\n")) || sb_adds(&b, text)) { sb_free(&b); return BAD(e, "out of memory"); }
+        if (!text) { td_sb_free(&b); return BAD(e, "text content parts need a string 'text'"); }
+        if ((n++ && td_sb_adds(&b, "\n")) || td_sb_adds(&b, text)) { td_sb_free(&b); return BAD(e, "out of memory"); }
     }
     *out = json_stringn(b.p ? b.p : "", b.len);
-    sb_free(&b);
+    td_sb_free(&b);
     return *out ? 0 : BAD(e, "out of memory");
 }
 
@@ -207,7 +207,7 @@ static int norm_tool_calls(const json_t *tc, json_t *m, http_err *e) {
     return 0;
 }
 
-int oai_chat_fields(const json_t *b, oai_req *r, http_err *e) {
+int td_oai_chat_fields(const json_t *b, oai_req *r, http_err *e) {
     const json_t *msgs = json_object_get(b, "messages");
     if (!json_is_array(msgs) || json_array_size(msgs) == 0) return BAD(e, "'messages' must be a non-empty array");
     if (json_array_size(msgs) > 100000) return BAD(e, "too many messages");
@@ -372,7 +372,7 @@ static int choices_check(srv *s, const oai_req *r, size_t n_prompts, http_err *e
     return 0;
 }
 
-int oai_parse(srv *s, const json_t *b, int kind, oai_req *r, http_err *e) {
+int td_oai_parse(srv *s, const json_t *b, int kind, oai_req *r, http_err *e) {
     memset(r, 0, sizeof *r);
     r->kind = kind;
     r->max_tokens = -1;
@@ -386,7 +386,7 @@ int oai_parse(srv *s, const json_t *b, int kind, oai_req *r, http_err *e) {
         if (!json_is_string(model)) return BAD(e, "'model' must be a string");
         const char *m = json_string_value(model);
         if (strcmp(m, s->model_name) && strcmp(m, s->model_dir)) {
-            http_err_set(e, 404, "not_found_error", "The model `%.200s` does not exist.", m);
+            td_http_err_set(e, 404, "not_found_error", "The model `%.200s` does not exist.", m);
             e->param = "model";
             return -1;
         }
@@ -422,17 +422,17 @@ int oai_parse(srv *s, const json_t *b, int kind, oai_req *r, http_err *e) {
         bool par = true;
         if (bool_field(b, "parallel_tool_calls", &par, e) < 0) return -1;
         r->no_parallel_tools = !par;
-        if (oai_chat_fields(b, r, e) || so_parse(s, b, r, e)) return -1;
+        if (td_oai_chat_fields(b, r, e) || td_so_parse(s, b, r, e)) return -1;
         return choices_check(s, r, 1, e);
     }
     if ((rc = int_field(b, "logprobs", 0, TD_MAX_TOP_LOGPROBS, &x, e)) < 0) return -1;
     if (rc) r->logprobs = (int)x;
     if (bool_field(b, "echo", &r->echo, e) < 0) return -1;
-    if (prompt_field(s, b, r, e) || so_parse(s, b, r, e)) return -1;
+    if (prompt_field(s, b, r, e) || td_so_parse(s, b, r, e)) return -1;
     return choices_check(s, r, r->prompt_list ? json_array_size(r->prompt_list) : 1, e);
 }
 
-void oai_req_free(oai_req *r) {
+void td_oai_req_free(oai_req *r) {
     for (int i = 0; i < r->n_stops; i++) free(r->stops[i]);
     json_decref(r->messages);
     json_decref(r->tools);
@@ -441,16 +441,16 @@ void oai_req_free(oai_req *r) {
     free(r->prompt_ids);
     free(r->logit_bias);
     json_decref(r->prompt_list);
-    so_req_free(r);
+    td_so_req_free(r);
     memset(r, 0, sizeof *r);
 }
 
-int oai_render_chat(srv *s, const oai_req *r, char **text, size_t *len, http_err *e) {
+int td_oai_render_chat(srv *s, const oai_req *r, char **text, size_t *len, http_err *e) {
     if (!s->chat_tpl) return BAD(e, "this model has no chat template; use /v1/completions");
     td_err err = {0};
     tpl_chat_args a = {.messages = r->messages, .tools = r->tools, .kwargs = r->kwargs,
                        .add_generation_prompt = r->add_generation_prompt, .bos_token = s->bos, .eos_token = s->eos};
-    if (tpl_apply_chat(s->chat_tpl, &a, text, len, &err)) {
+    if (td_tpl_apply_chat(s->chat_tpl, &a, text, len, &err)) {
         /* Template errors (raise_exception) describe the request: 400. */
         const char *m = err.msg;
         const char *p = strstr(m, ": ");
@@ -465,8 +465,8 @@ int oai_render_chat(srv *s, const oai_req *r, char **text, size_t *len, http_err
     return 0;
 }
 
-char *oai_token_text(srv *s, int32_t id) {
+char *td_oai_token_text(srv *s, int32_t id) {
     size_t n = 0, ol;
-    const uint8_t *b = tok_id_bytes(s->tok, id, &n);
-    return tok_utf8_sanitize(b ? (const char *)b : "", b ? n : 0, &ol);
+    const uint8_t *b = td_tok_id_bytes(s->tok, id, &n);
+    return td_tok_utf8_sanitize(b ? (const char *)b : "", b ? n : 0, &ol);
 }

@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-int sb_reserve(sbuf *b, size_t extra) {
+int td_sb_reserve(sbuf *b, size_t extra) {
     if (extra > SIZE_MAX / 2 - b->len) return -1;
     size_t need = b->len + extra + 1;
     if (need <= b->cap) return 0;
@@ -17,22 +17,22 @@ int sb_reserve(sbuf *b, size_t extra) {
     return 0;
 }
 
-int sb_add(sbuf *b, const char *s, size_t n) {
-    if (sb_reserve(b, n)) return -1;
+int td_sb_add(sbuf *b, const char *s, size_t n) {
+    if (td_sb_reserve(b, n)) return -1;
     if (n) memcpy(b->p + b->len, s, n);
     b->len += n;
     b->p[b->len] = 0;
     return 0;
 }
 
-int sb_adds(sbuf *b, const char *s) { return sb_add(b, s, strlen(s)); }
+int td_sb_adds(sbuf *b, const char *s) { return td_sb_add(b, s, strlen(s)); }
 
-int sb_printf(sbuf *b, const char *fmt, ...) {
+int td_sb_printf(sbuf *b, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     int n = vsnprintf(NULL, 0, fmt, ap);
     va_end(ap);
-    if (n < 0 || sb_reserve(b, (size_t)n)) return -1;
+    if (n < 0 || td_sb_reserve(b, (size_t)n)) return -1;
     va_start(ap, fmt);
     vsnprintf(b->p + b->len, (size_t)n + 1, fmt, ap);
     va_end(ap);
@@ -40,10 +40,10 @@ int sb_printf(sbuf *b, const char *fmt, ...) {
     return 0;
 }
 
-int sb_json_str(sbuf *b, const char *s, size_t n) {
+int td_sb_json_str(sbuf *b, const char *s, size_t n) {
     static const char hex[] = "0123456789abcdef";
-    if (sb_reserve(b, n + 2)) return -1;
-    if (sb_add(b, "\"", 1)) return -1;
+    if (td_sb_reserve(b, n + 2)) return -1;
+    if (td_sb_add(b, "\"", 1)) return -1;
     size_t run = 0; /* bytes copied verbatim in one go */
     for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)s[i];
@@ -59,33 +59,33 @@ int sb_json_str(sbuf *b, const char *s, size_t n) {
             esc = u;
         }
         if (!esc) continue;
-        if (sb_add(b, s + run, i - run) || sb_adds(b, esc)) return -1;
+        if (td_sb_add(b, s + run, i - run) || td_sb_adds(b, esc)) return -1;
         run = i + 1;
     }
-    if (sb_add(b, s + run, n - run)) return -1;
-    return sb_add(b, "\"", 1);
+    if (td_sb_add(b, s + run, n - run)) return -1;
+    return td_sb_add(b, "\"", 1);
 }
 
-void sb_consume(sbuf *b, size_t n) {
-    if (n >= b->len) { sb_clear(b); return; }
+void td_sb_consume(sbuf *b, size_t n) {
+    if (n >= b->len) { td_sb_clear(b); return; }
     memmove(b->p, b->p + n, b->len - n);
     b->len -= n;
     b->p[b->len] = 0;
 }
 
-void sb_clear(sbuf *b) {
+void td_sb_clear(sbuf *b) {
     b->len = 0;
     if (b->p) b->p[0] = 0;
 }
 
-void sb_free(sbuf *b) {
+void td_sb_free(sbuf *b) {
     free(b->p);
     b->p = NULL;
     b->len = b->cap = 0;
 }
 
-char *sb_take(sbuf *b) {
-    if (!b->p && sb_reserve(b, 0)) return NULL;
+char *td_sb_take(sbuf *b) {
+    if (!b->p && td_sb_reserve(b, 0)) return NULL;
     if (!b->p) return NULL;
     b->p[b->len] = 0;
     char *p = b->p;
@@ -94,7 +94,7 @@ char *sb_take(sbuf *b) {
     return p;
 }
 
-size_t sb_partial_suffix(const char *s, size_t n, const char *tag) {
+size_t td_sb_partial_suffix(const char *s, size_t n, const char *tag) {
     size_t tl = strlen(tag);
     size_t k = tl ? tl - 1 : 0;
     if (k > n) k = n;

@@ -11,19 +11,19 @@ typedef struct sbuf {
 } sbuf;
 
 /* Each returns 0, or -1 when out of memory (the buffer is left as it was). */
-int sb_reserve(sbuf *b, size_t extra);
-int sb_add(sbuf *b, const char *s, size_t n);
-int sb_adds(sbuf *b, const char *s);
-int sb_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+int td_sb_reserve(sbuf *b, size_t extra);
+int td_sb_add(sbuf *b, const char *s, size_t n);
+int td_sb_adds(sbuf *b, const char *s);
+int td_sb_printf(sbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 /* Appends s (n bytes) as a JSON string literal, quotes included. */
-int sb_json_str(sbuf *b, const char *s, size_t n);
+int td_sb_json_str(sbuf *b, const char *s, size_t n);
 /* Drops the first n bytes. */
-void sb_consume(sbuf *b, size_t n);
-void sb_clear(sbuf *b);
-void sb_free(sbuf *b);
+void td_sb_consume(sbuf *b, size_t n);
+void td_sb_clear(sbuf *b);
+void td_sb_free(sbuf *b);
 /* Hands the buffer over (caller frees); the sbuf is empty afterwards.
  * Never NULL unless out of memory. */
-char *sb_take(sbuf *b);
+char *td_sb_take(sbuf *b);
 /* Length of the longest suffix of s[0..n) that is a proper prefix of tag. */
-size_t sb_partial_suffix(const char *s, size_t n, const char *tag);
+size_t td_sb_partial_suffix(const char *s, size_t n, const char *tag);
 #endif

@@ -4,11 +4,11 @@
  *
  * HTTP comes from libmicrohttpd; see src/server/README.md for why.
  *
- * Life cycle: srv_start binds the port at once and answers /health with 503;
- * srv_set_model makes it serve requests (200); srv_drain stops taking new
- * generations and waits for those in flight; srv_detach_sched hands the
+ * Life cycle: td_srv_start binds the port at once and answers /health with 503;
+ * td_srv_set_model makes it serve requests (200); td_srv_drain stops taking new
+ * generations and waits for those in flight; td_srv_detach_sched hands the
  * scheduler back so the caller can free it (cancelling what is left, which
- * ends their streams); srv_free closes the listener and every connection. */
+ * ends their streams); td_srv_free closes the listener and every connection. */
 #ifndef TANDEM_SERVER_H
 #define TANDEM_SERVER_H
 #include <stdbool.h>
@@ -19,7 +19,7 @@
 
 typedef struct srv_config {
     const char *host;               /* default "127.0.0.1" */
-    int port;                       /* 0 = any free port (see srv_port) */
+    int port;                       /* 0 = any free port (see td_srv_port) */
     const char *api_key;            /* NULL: no auth */
     const char *served_model_name;  /* "model" in requests and /v1/models */
     const char *model_dir;
@@ -55,23 +55,23 @@ enum { SRV_REASONING_BOTH = 0, SRV_REASONING_NEW, SRV_REASONING_CONTENT }; /* re
 
 typedef struct srv srv;
 
-int srv_start(const srv_config *cfg, srv **out, td_err *err);
-int srv_port(const srv *s);
+int td_srv_start(const srv_config *cfg, srv **out, td_err *err);
+int td_srv_port(const srv *s);
 
-/* Borrowed; they must outlive the server (sched until srv_detach_sched). */
+/* Borrowed; they must outlive the server (sched until td_srv_detach_sched). */
 typedef struct srv_model {
     tokenizer *tok;
     td_engine *eng;
     td_sched *sched;
     int n_ctx;                      /* context window (tokens) */
 } srv_model;
-int srv_set_model(srv *s, const srv_model *m, td_err *err);
+int td_srv_set_model(srv *s, const srv_model *m, td_err *err);
 
 /* Refuses new generations (503) and waits up to timeout_s for the running
  * ones. Returns how many are still running. */
-int srv_drain(srv *s, double timeout_s);
+int td_srv_drain(srv *s, double timeout_s);
 /* Stops using the scheduler and returns it (NULL if none). */
-td_sched *srv_detach_sched(srv *s);
+td_sched *td_srv_detach_sched(srv *s);
 /* Waits up to timeout_s for open responses to finish, then stops. */
-void srv_free(srv *s, double timeout_s);
+void td_srv_free(srv *s, double timeout_s);
 #endif

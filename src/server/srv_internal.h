@@ -38,7 +38,7 @@ struct srv {
     srv_metrics metrics;
     _Atomic uint64_t next_id;       /* request ids, seeds */
     uint64_t id_base;
-    /* model: set once by srv_set_model */
+    /* model: set once by td_srv_set_model */
     _Atomic int ready;              /* 0 loading, 1 serving, 2 draining */
     tokenizer *tok;
     td_engine *eng;
@@ -79,10 +79,10 @@ typedef struct http_err {
     const char *allow;              /* 405: the Allow header */
 } http_err;
 /* A message cut by the buffer loses its partial last UTF-8 character. */
-void http_err_set(http_err *e, int status, const char *type, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
+void td_http_err_set(http_err *e, int status, const char *type, const char *fmt, ...) __attribute__((format(printf, 4, 5)));
 /* Copies in to out (cap bytes, NUL included) as valid UTF-8: an invalid
  * byte becomes the text \xNN; stops at a character boundary. Returns the length. */
-size_t srv_utf8_clean(const char *in, char *out, size_t cap);
+size_t td_srv_utf8_clean(const char *in, char *out, size_t cap);
 
 /* Work handed from a polling thread to a prompt worker (http.c), the
  * connection suspended meanwhile. */
@@ -153,14 +153,14 @@ typedef struct oai_req {
 #define SRV_MAX_N 16
 #define SRV_MAX_CHOICES 128
 
-int oai_parse(srv *s, const json_t *body, int kind, oai_req *r, http_err *e);
-void oai_req_free(oai_req *r);
+int td_oai_parse(srv *s, const json_t *body, int kind, oai_req *r, http_err *e);
+void td_oai_req_free(oai_req *r);
 /* Messages/tools/kwargs validation shared with /tokenize. */
-int oai_chat_fields(const json_t *body, oai_req *r, http_err *e);
+int td_oai_chat_fields(const json_t *body, oai_req *r, http_err *e);
 /* Renders the chat template; *text malloc'd. */
-int oai_render_chat(srv *s, const oai_req *r, char **text, size_t *len, http_err *e);
+int td_oai_render_chat(srv *s, const oai_req *r, char **text, size_t *len, http_err *e);
 /* Token text for logprobs (sanitized UTF-8, malloc'd). */
-char *oai_token_text(srv *s, int32_t id);
+char *td_oai_token_text(srv *s, int32_t id);
 
 /* ---- generation (gen.c) ---- */
 struct job {
@@ -233,23 +233,23 @@ struct job {
 };
 
 /* Creates a job for a parsed request (takes over r); refs = 1. */
-job *job_new(srv *s, oai_req *r, int n_prompt, int reasoning_mode, td_err *err);
-void job_ref(job *j);
-void job_unref(job *j);
+job *td_job_new(srv *s, oai_req *r, int n_prompt, int reasoning_mode, td_err *err);
+void td_job_ref(job *j);
+void td_job_unref(job *j);
 /* Fills the scheduler request (callbacks point into gen.c). */
-void job_sched_request(job *j, const int32_t *prompt, int n_prompt, td_request *out);
+void td_job_sched_request(job *j, const int32_t *prompt, int n_prompt, td_request *out);
 /* First SSE bytes (role chunk / echo), before the response is queued. */
-int job_stream_begin(job *j);
+int td_job_stream_begin(job *j);
 /* Content reader for streamed responses. */
-ssize_t job_stream_read(void *cls, uint64_t pos, char *buf, size_t max);
-void job_stream_free(void *cls);
+ssize_t td_job_stream_read(void *cls, uint64_t pos, char *buf, size_t max);
+void td_job_stream_free(void *cls);
 /* While a streamed request waits for its first token (queue, long
  * prefill), an empty delta every SRV_KEEPALIVE_S seconds (job lock held). */
 #define SRV_KEEPALIVE_S 2.0
-void job_keepalive(job *j, double now);
+void td_job_keepalive(job *j, double now);
 
 /* Over --max-stream-buffer: the stream is cancelled (job lock held). */
-bool job_backlog_over(job *j);
+bool td_job_backlog_over(job *j);
 
 /* ---- n > 1 and list prompts (group.c) ---- */
 struct job_group {
@@ -266,97 +266,97 @@ struct job_group {
     char error[512];
     int error_status;
 };
-/* From ep_generate (a prompt worker): builds and submits every choice
+/* From td_ep_generate (a prompt worker): builds and submits every choice
  * (takes over r and ids, the first prompt's tokens); t->job or t->e. */
-void ep_generate_group(srv *s, task *t, oai_req *r, int32_t *ids, size_t n, int reasoning, const json_t *body);
+void td_ep_generate_group(srv *s, task *t, oai_req *r, int32_t *ids, size_t n, int reasoning, const json_t *body);
 /* A follower's new SSE bytes to the lead's stream (follower's lock held). */
-void group_flush(job *j);
+void td_group_flush(job *j);
 /* Submits the other samples of j's prompt (no locks held). */
-void group_fan_out(job *j);
+void td_group_fan_out(job *j);
 /* A member's on_done: its result to the group; the last one completes the
  * response (member's lock held). */
-void group_member_done(job *j);
+void td_group_member_done(job *j);
 /* The lead's connection is gone: cancel every choice (no locks held). */
-void group_conn_gone(srv *s, job *lead);
+void td_group_conn_gone(srv *s, job *lead);
 /* The lead is freed: drop the followers. */
-void group_free(job *lead);
+void td_group_free(job *lead);
 
 /* ---- CORS (cors.c) ---- */
 /* Access-Control-* headers on r when the request's Origin is allowed. */
-void srv_cors_headers(srv *s, struct MHD_Connection *c, struct MHD_Response *r);
+void td_srv_cors_headers(srv *s, struct MHD_Connection *c, struct MHD_Response *r);
 /* OPTIONS with Origin and Access-Control-Request-Method, CORS configured. */
-bool srv_cors_is_preflight(srv *s, struct MHD_Connection *c, const char *method);
-enum MHD_Result srv_cors_preflight(srv *s, struct MHD_Connection *c);
+bool td_srv_cors_is_preflight(srv *s, struct MHD_Connection *c, const char *method);
+enum MHD_Result td_srv_cors_preflight(srv *s, struct MHD_Connection *c);
 
 /* ---- http.c helpers used by the other files ---- */
-double srv_now(void);
-uint64_t srv_next_id(srv *s);
-enum MHD_Result srv_reply(srv *s, struct MHD_Connection *c, int status, const char *ctype, const char *body, size_t len);
-enum MHD_Result srv_reply_json(srv *s, struct MHD_Connection *c, int status, json_t *body); /* steals body */
-enum MHD_Result srv_reply_error(srv *s, struct MHD_Connection *c, const http_err *e);
+double td_srv_now(void);
+uint64_t td_srv_next_id(srv *s);
+enum MHD_Result td_srv_reply(srv *s, struct MHD_Connection *c, int status, const char *ctype, const char *body, size_t len);
+enum MHD_Result td_srv_reply_json(srv *s, struct MHD_Connection *c, int status, json_t *body); /* steals body */
+enum MHD_Result td_srv_reply_error(srv *s, struct MHD_Connection *c, const http_err *e);
 /* Resumes the job's connection if it is suspended (job lock held). */
-void srv_wake(job *j);
+void td_srv_wake(job *j);
 /* Cancels a submitted request (no locks held). */
-void srv_cancel(srv *s, uint64_t id);
+void td_srv_cancel(srv *s, uint64_t id);
 /* Registers a submitted job with the watchdog. */
-void srv_track(srv *s, job *j);
-void srv_untrack(srv *s, job *j);
+void td_srv_track(srv *s, job *j);
+void td_srv_untrack(srv *s, job *j);
 /* The job's client is gone: untracks it, marks it, cancels it if it runs (no locks held). */
-void srv_conn_gone(srv *s, job *j);
+void td_srv_conn_gone(srv *s, job *j);
 /* The reply for a td_sched_submit failure src of an n_prompt-token request. */
-void srv_submit_error(srv *s, int src, const td_err *err, int n_prompt, http_err *e);
-void srv_job_finished(srv *s, job *j);
+void td_srv_submit_error(srv *s, int src, const td_err *err, int n_prompt, http_err *e);
+void td_srv_job_finished(srv *s, job *j);
 
 /* ---- endpoints.c ---- */
-enum MHD_Result ep_models(srv *s, struct MHD_Connection *c);
-enum MHD_Result ep_metrics(srv *s, struct MHD_Connection *c);
+enum MHD_Result td_ep_models(srv *s, struct MHD_Connection *c);
+enum MHD_Result td_ep_metrics(srv *s, struct MHD_Connection *c);
 /* On a prompt worker (no libmicrohttpd calls): fill t's result. */
-void ep_tokenize(srv *s, task *t);
-void ep_detokenize(srv *s, task *t);
+void td_ep_tokenize(srv *s, task *t);
+void td_ep_detokenize(srv *s, task *t);
 /* Parses, renders, tokenizes and submits; on success t->job. */
-void ep_generate(srv *s, task *t);
+void td_ep_generate(srv *s, task *t);
 /* Back on a polling thread: the streamed response, or the suspended wait
  * for the non-streamed one (j is the connection context's reference). */
-enum MHD_Result ep_generate_respond(srv *s, struct MHD_Connection *c, job *j);
+enum MHD_Result td_ep_generate_respond(srv *s, struct MHD_Connection *c, job *j);
 
 /* ---- Responses and Anthropic Messages (api_common.c, api_responses.c,
  * api_anthropic.c; see api.h) ---- */
 /* Replaces *body (a Responses or Messages request) with the chat-completions
- * body oai_parse takes; *st: the output state for the job. */
-int api_translate(srv *s, int dialect, json_t **body, api_state **st, http_err *e);
-void api_state_free(api_state *st);
+ * body td_oai_parse takes; *st: the output state for the job. */
+int td_api_translate(srv *s, int dialect, json_t **body, api_state **st, http_err *e);
+void td_api_state_free(api_state *st);
 /* gen.c's hooks for a job with a dialect (job lock held). */
-int api_stream_begin(job *j);
-int api_stream_delta(job *j, int kind, int index, const char *text, size_t len);
-int api_stream_tool(job *j, const cp_event *ev);
-void api_on_token(job *j);
-int api_finish_stream(job *j);
-void api_finish_body(job *j);
-int api_keepalive(job *j);
+int td_api_stream_begin(job *j);
+int td_api_stream_delta(job *j, int kind, int index, const char *text, size_t len);
+int td_api_stream_tool(job *j, const cp_event *ev);
+void td_api_on_token(job *j);
+int td_api_finish_stream(job *j);
+void td_api_finish_body(job *j);
+int td_api_keepalive(job *j);
 /* GET / DELETE /v1/responses/{id} (polling thread). */
-enum MHD_Result ep_response_item(srv *s, struct MHD_Connection *c, const char *method, const char *id);
-void api_store_free(srv *s);
+enum MHD_Result td_ep_response_item(srv *s, struct MHD_Connection *c, const char *method, const char *id);
+void td_api_store_free(srv *s);
 /* POST /v1/messages/count_tokens (prompt worker). */
-void ep_count_tokens(srv *s, task *t);
+void td_ep_count_tokens(srv *s, task *t);
 /* Anthropic's error body for an HTTP status. */
-json_t *anth_error_body(int status, const char *msg);
+json_t *td_anth_error_body(int status, const char *msg);
 /* ---- structured outputs (structured.c) ---- */
 enum { SO_NONE = 0, SO_TEXT, SO_TOOLS, SO_TOOL };
-/* Grammar vocabulary from the tokenizer, at srv_set_model; so_release frees the cache. */
-int so_init(srv *s, td_err *err);
-void so_release(srv *s);
+/* Grammar vocabulary from the tokenizer, at td_srv_set_model; td_so_release frees the cache. */
+int td_so_init(srv *s, td_err *err);
+void td_so_release(srv *s);
 /* response_format / structured_outputs / guided_* / tool_choice required or
  * named: sets r->so_kind and compiles (or finds) r->so_g. */
-int so_parse(srv *s, const json_t *body, oai_req *r, http_err *e);
-void so_req_free(oai_req *r);
-void so_grammar_unref(so_grammar *g);
-void so_cache_stats(srv *s, uint64_t *hits, uint64_t *misses);
+int td_so_parse(srv *s, const json_t *body, oai_req *r, http_err *e);
+void td_so_req_free(oai_req *r);
+void td_so_grammar_unref(so_grammar *g);
+void td_so_cache_stats(srv *s, uint64_t *hits, uint64_t *misses);
 /* The job's matcher (reasoning_mode 2: the grammar starts after </think>). */
-int so_job_init(job *j, int reasoning_mode, td_err *err);
-const td_constraint *so_job_constraint(job *j);
-void so_job_free(job *j);
+int td_so_job_init(job *j, int reasoning_mode, td_err *err);
+const td_constraint *td_so_job_constraint(job *j);
+void td_so_job_free(job *j);
 /* SO_TOOLS / SO_TOOL: the held-back text becomes tool calls (job lock held). */
-int so_tools_finish(job *j);
+int td_so_tools_finish(job *j);
 /* gen.c: a chat-parser event into the job's output (job lock held). */
-int job_cp_event(job *j, const cp_event *ev);
+int td_job_cp_event(job *j, const cp_event *ev);
 #endif

@@ -57,18 +57,18 @@ struct so_cache {
 
 /* ---- the cache ------------------------------------------------------------ */
 
-int so_init(srv *s, td_err *err) {
+int td_so_init(srv *s, td_err *err) {
     so_cache *c = TD_CALLOC(err, 1, sizeof *c);
     if (!c) return TD_ERR_NOMEM;
     if (pthread_mutex_init(&c->mu, NULL)) { free(c); return TD_FAIL(err, TD_ERR_INTERNAL, "mutex"); }
-    int V = s->vocab, nt = tok_vocab_size(s->tok);
+    int V = s->vocab, nt = td_tok_vocab_size(s->tok);
     const uint8_t **bytes = TD_CALLOC(err, (size_t)V, sizeof *bytes);
     size_t *lens = TD_CALLOC(err, (size_t)V, sizeof *lens);
     int rc = bytes && lens ? 0 : TD_ERR_NOMEM;
     for (int i = 0; i < V && i < nt && !rc; i++) {
-        if (tok_is_special(s->tok, i)) continue; /* control tokens: never inside constrained text */
+        if (td_tok_is_special(s->tok, i)) continue; /* control tokens: never inside constrained text */
         size_t n = 0;
-        const uint8_t *b = tok_id_bytes(s->tok, i, &n);
+        const uint8_t *b = td_tok_id_bytes(s->tok, i, &n);
         if (b && n) bytes[i] = b, lens[i] = n;
     }
     td_model_info mi = {0};
@@ -76,7 +76,7 @@ int so_init(srv *s, td_err *err) {
     int32_t ends[16];
     int n_end = 0;
     for (int i = 0; i < mi.n_eos && n_end < 15; i++) ends[n_end++] = mi.eos_token_ids[i];
-    if (tok_eos_id(s->tok) >= 0) ends[n_end++] = tok_eos_id(s->tok);
+    if (td_tok_eos_id(s->tok) >= 0) ends[n_end++] = td_tok_eos_id(s->tok);
     if (!rc) rc = td_grammar_vocab_new(V, bytes, lens, ends, n_end, &c->vocab, err);
     free(bytes);
     free(lens);
@@ -88,7 +88,7 @@ int so_init(srv *s, td_err *err) {
     c->vocab_n = V;
     memcpy(c->ends, ends, sizeof ends);
     c->n_end = n_end;
-    c->think_end = tok_token_id(s->tok, "</think>");
+    c->think_end = td_tok_token_id(s->tok, "</think>");
     s->so = c;
     return TD_OK;
 }
@@ -100,7 +100,7 @@ static void grammar_unref_locked(so_grammar *h) {
     free(h);
 }
 
-void so_release(srv *s) {
+void td_so_release(srv *s) {
     so_cache *c = s->so;
     if (!c) return;
     for (int i = 0; i < c->n; i++) grammar_unref_locked(c->e[i]);
@@ -110,7 +110,7 @@ void so_release(srv *s) {
     s->so = NULL;
 }
 
-void so_grammar_unref(so_grammar *h) {
+void td_so_grammar_unref(so_grammar *h) {
     if (!h) return;
     so_cache *c = h->c;
     pthread_mutex_lock(&c->mu);
@@ -124,8 +124,8 @@ enum { K_SCHEMA = 's', K_OBJECT = 'o', K_REGEX = 'r', K_CHOICE = 'c' };
 static int grammar_get(srv *s, const char *key, size_t klen, bool strict, so_grammar **out, http_err *e) {
     so_cache *c = s->so;
     *out = NULL;
-    if (!c) { http_err_set(e, 500, "server_error", "structured outputs are not available"); return -1; }
-    if (klen > SO_KEY_MAX) { http_err_set(e, 400, "invalid_request_error", "the output constraint is too large (%zu bytes, max %u)", klen, SO_KEY_MAX); return -1; }
+    if (!c) { td_http_err_set(e, 500, "server_error", "structured outputs are not available"); return -1; }
+    if (klen > SO_KEY_MAX) { td_http_err_set(e, 400, "invalid_request_error", "the output constraint is too large (%zu bytes, max %u)", klen, SO_KEY_MAX); return -1; }
     pthread_mutex_lock(&c->mu);
     for (int i = 0; i < c->n; i++)
         if (c->e[i]->klen == klen && !memcmp(c->e[i]->key, key, klen)) {
@@ -172,8 +172,8 @@ static int grammar_get(srv *s, const char *key, size_t klen, bool strict, so_gra
     if (rc) {
         const char *m = strstr(err.msg, ": ");
         const char *why = m && !strncmp(err.msg, "src/", 4) ? m + 2 : err.msg;
-        if (rc == TD_ERR_NOMEM) http_err_set(e, 500, "server_error", "cannot compile the output constraint: %.400s", why);
-        else http_err_set(e, 400, "invalid_request_error", "%s: %.400s", rc == TD_ERR_UNSUPPORTED ? "unsupported output constraint" : "invalid output constraint", why);
+        if (rc == TD_ERR_NOMEM) td_http_err_set(e, 500, "server_error", "cannot compile the output constraint: %.400s", why);
+        else td_http_err_set(e, 400, "invalid_request_error", "%s: %.400s", rc == TD_ERR_UNSUPPORTED ? "unsupported output constraint" : "invalid output constraint", why);
         return -1;
     }
     so_grammar *h = calloc(1, sizeof *h);
@@ -181,7 +181,7 @@ static int grammar_get(srv *s, const char *key, size_t klen, bool strict, so_gra
     if (!k) {
         free(h);
         td_grammar_free(g);
-        http_err_set(e, 500, "server_error", "out of memory");
+        td_http_err_set(e, 500, "server_error", "out of memory");
         return -1;
     }
     memcpy(k, key, klen);
@@ -200,7 +200,7 @@ static int grammar_get(srv *s, const char *key, size_t klen, bool strict, so_gra
     return 0;
 }
 
-void so_cache_stats(srv *s, uint64_t *hits, uint64_t *misses) {
+void td_so_cache_stats(srv *s, uint64_t *hits, uint64_t *misses) {
     *hits = *misses = 0;
     if (!s->so) return;
     pthread_mutex_lock(&s->so->mu);
@@ -214,28 +214,28 @@ void so_cache_stats(srv *s, uint64_t *hits, uint64_t *misses) {
 static bool absent(const json_t *v) { return !v || json_is_null(v); }
 
 static int bad(http_err *e, const char *param, const char *msg) {
-    http_err_set(e, 400, "invalid_request_error", "%s", msg);
+    td_http_err_set(e, 400, "invalid_request_error", "%s", msg);
     e->param = param;
     return -1;
 }
 
 /* key = kind + compact JSON of v (a schema object, or a string holding one) */
 static int schema_key(char kind, const json_t *v, sbuf *key, http_err *e, const char *param) {
-    sb_clear(key);
-    if (sb_add(key, &kind, 1)) return bad(e, param, "out of memory");
+    td_sb_clear(key);
+    if (td_sb_add(key, &kind, 1)) return bad(e, param, "out of memory");
     if (json_is_string(v)) { /* vLLM accepts the schema as a JSON string */
         json_error_t je;
         json_t *p = json_loadb(json_string_value(v), json_string_length(v), 0, &je);
         if (!json_is_object(p)) { json_decref(p); return bad(e, param, "the JSON schema string is not a JSON object"); }
         char *t = json_dumps(p, JSON_COMPACT);
         json_decref(p);
-        int rc = !t || sb_adds(key, t);
+        int rc = !t || td_sb_adds(key, t);
         free(t);
         return rc ? bad(e, param, "out of memory") : 0;
     }
     if (!json_is_object(v) && !json_is_boolean(v)) return bad(e, param, "the JSON schema must be an object");
     char *t = json_dumps(v, JSON_COMPACT | JSON_ENCODE_ANY);
-    int rc = !t || sb_adds(key, t);
+    int rc = !t || td_sb_adds(key, t);
     free(t);
     return rc ? bad(e, param, "out of memory") : 0;
 }
@@ -243,22 +243,22 @@ static int schema_key(char kind, const json_t *v, sbuf *key, http_err *e, const 
 static int choice_key(const json_t *v, sbuf *key, http_err *e, const char *param) {
     if (!json_is_array(v) || !json_array_size(v)) return bad(e, param, "'choice' must be a non-empty array of strings");
     if (json_array_size(v) > 4096) return bad(e, param, "'choice' has more than 4096 strings");
-    sb_clear(key);
-    if (sb_add(key, "c", 1)) return bad(e, param, "out of memory");
+    td_sb_clear(key);
+    if (td_sb_add(key, "c", 1)) return bad(e, param, "out of memory");
     size_t i;
     const json_t *c;
     json_array_foreach(v, i, c) {
         if (!json_is_string(c) || memchr(json_string_value(c), 0, json_string_length(c)))
             return bad(e, param, "'choice' must hold strings (without NUL)");
-        if (sb_add(key, json_string_value(c), json_string_length(c)) || sb_add(key, "", 1)) return bad(e, param, "out of memory");
+        if (td_sb_add(key, json_string_value(c), json_string_length(c)) || td_sb_add(key, "", 1)) return bad(e, param, "out of memory");
     }
     return 0;
 }
 
 static int regex_key(const json_t *v, sbuf *key, http_err *e, const char *param) {
     if (!json_is_string(v)) return bad(e, param, "'regex' must be a string");
-    sb_clear(key);
-    return sb_add(key, "r", 1) || sb_add(key, json_string_value(v), json_string_length(v)) ? bad(e, param, "out of memory") : 0;
+    td_sb_clear(key);
+    return td_sb_add(key, "r", 1) || td_sb_add(key, json_string_value(v), json_string_length(v)) ? bad(e, param, "out of memory") : 0;
 }
 
 /* The function of tools named name, or NULL. */
@@ -297,7 +297,7 @@ static json_t *required_schema(const json_t *tools, bool one, bool *strict) {
     return s;
 }
 
-int so_parse(srv *s, const json_t *b, oai_req *r, http_err *e) {
+int td_so_parse(srv *s, const json_t *b, oai_req *r, http_err *e) {
     sbuf key = {0};
     int n = 0, rc = 0;
     bool strict = false;
@@ -309,7 +309,7 @@ int so_parse(srv *s, const json_t *b, oai_req *r, http_err *e) {
         param = "response_format";
         if (!json_is_object(rf) || !type) rc = bad(e, param, "'response_format' must be an object with a 'type'");
         else if (!strcmp(type, "text")) ;
-        else if (!strcmp(type, "json_object")) n++, rc = sb_add(&key, "o", 1) ? bad(e, param, "out of memory") : 0;
+        else if (!strcmp(type, "json_object")) n++, rc = td_sb_add(&key, "o", 1) ? bad(e, param, "out of memory") : 0;
         else if (!strcmp(type, "json_schema")) {
             const json_t *js = json_object_get(rf, "json_schema");
             const json_t *sc = json_object_get(js, "schema");
@@ -336,14 +336,14 @@ int so_parse(srv *s, const json_t *b, oai_req *r, http_err *e) {
             else if (!strcmp(k, "json_object")) {
                 if (json_is_true(v)) {
                     n++;
-                    sb_clear(&key);
-                    rc = sb_add(&key, "o", 1) ? bad(e, param, "out of memory") : 0;
+                    td_sb_clear(&key);
+                    rc = td_sb_add(&key, "o", 1) ? bad(e, param, "out of memory") : 0;
                 }
             } else if (!strcmp(k, "disable_any_whitespace") || !strcmp(k, "disable_fallback") || !strcmp(k, "disable_additional_properties") ||
                        !strcmp(k, "whitespace_pattern")) {
                 /* options of vLLM's backends; ours is always bounded-whitespace */
             } else {
-                http_err_set(e, 400, "invalid_request_error", "unsupported output constraint: 'structured_outputs.%.64s' (supported: json, regex, choice, json_object)", k);
+                td_http_err_set(e, 400, "invalid_request_error", "unsupported output constraint: 'structured_outputs.%.64s' (supported: json, regex, choice, json_object)", k);
                 e->param = param;
                 rc = -1;
             }
@@ -378,7 +378,7 @@ int so_parse(srv *s, const json_t *b, oai_req *r, http_err *e) {
             const json_t *f = name ? find_tool(r->tools, name) : NULL;
             if (!name) rc = bad(e, param, "'tool_choice' must be {\"type\": \"function\", \"function\": {\"name\": ...}}");
             else if (!f) {
-                http_err_set(e, 400, "invalid_request_error", "tool_choice names the function '%.100s', which is not in 'tools'", name);
+                td_http_err_set(e, 400, "invalid_request_error", "tool_choice names the function '%.100s', which is not in 'tools'", name);
                 e->param = param;
                 rc = -1;
             } else {
@@ -393,18 +393,18 @@ int so_parse(srv *s, const json_t *b, oai_req *r, http_err *e) {
         if (!rc) rc = schema_key(K_SCHEMA, schema, &key, e, param);
         json_decref(schema);
         n = 1;
-        if (!rc) r->parse_tools = false; /* the constrained text itself becomes the calls (so_tools_finish) */
+        if (!rc) r->parse_tools = false; /* the constrained text itself becomes the calls (td_so_tools_finish) */
     } else if (!rc && n) {
         r->so_kind = SO_TEXT;
     }
     if (!rc && n) rc = grammar_get(s, key.p, key.len, strict, &r->so_g, e);
     if (rc) r->so_kind = SO_NONE;
-    sb_free(&key);
+    td_sb_free(&key);
     return rc;
 }
 
-void so_req_free(oai_req *r) {
-    so_grammar_unref(r->so_g);
+void td_so_req_free(oai_req *r) {
+    td_so_grammar_unref(r->so_g);
     r->so_g = NULL;
 }
 
@@ -444,7 +444,7 @@ static int cb_accept(void *u, int32_t t) {
     return td_matcher_finished(j->so_m) || td_matcher_must_end(j->so_m) ? 1 : 0;
 }
 
-int so_job_init(job *j, int reasoning_mode, td_err *err) {
+int td_so_job_init(job *j, int reasoning_mode, td_err *err) {
     if (!j->req.so_g) return TD_OK;
     so_cache *c = j->srv->so;
     int rc = td_matcher_new(j->req.so_g->g, c->vocab, &j->so_m, err);
@@ -465,9 +465,9 @@ int so_job_init(job *j, int reasoning_mode, td_err *err) {
     return TD_OK;
 }
 
-const td_constraint *so_job_constraint(job *j) { return j->so_m ? &j->so_cons : NULL; }
+const td_constraint *td_so_job_constraint(job *j) { return j->so_m ? &j->so_cons : NULL; }
 
-void so_job_free(job *j) {
+void td_so_job_free(job *j) {
     td_matcher_free(j->so_m);
     j->so_m = NULL;
     free(j->so_all);
@@ -480,7 +480,7 @@ void so_job_free(job *j) {
  * text (held back in j->content) becomes tool calls through the same events
  * the chat parser sends, or — cut short (max_tokens), not valid JSON —
  * plain content, as vLLM falls back. */
-int so_tools_finish(job *j) {
+int td_so_tools_finish(job *j) {
     if (j->req.so_kind != SO_TOOLS && j->req.so_kind != SO_TOOL) return 0;
     json_error_t je;
     json_t *v = j->content.len ? json_loadb(j->content.p, j->content.len, 0, &je) : NULL;
@@ -491,29 +491,29 @@ int so_tools_finish(job *j) {
         json_array_foreach(v, i, it) ok = ok && json_is_string(json_object_get(it, "name")) && json_is_object(json_object_get(it, "parameters"));
     sbuf text = {0};
     int rc = 0;
-    if (sb_add(&text, j->content.p ? j->content.p : "", j->content.len)) rc = TD_ERR_NOMEM;
-    sb_clear(&j->content);
+    if (td_sb_add(&text, j->content.p ? j->content.p : "", j->content.len)) rc = TD_ERR_NOMEM;
+    td_sb_clear(&j->content);
     int kind = j->req.so_kind;
     j->req.so_kind = SO_TEXT; /* from here on, events go out as usual */
     if (!ok) {
         cp_event ev = {.kind = CP_CONTENT, .text = text.p ? text.p : "", .len = text.len};
-        if (!rc && text.len) rc = job_cp_event(j, &ev);
+        if (!rc && text.len) rc = td_job_cp_event(j, &ev);
     } else {
         size_t n = kind == SO_TOOL ? 1 : json_array_size(v);
         for (i = 0; i < n && !rc; i++) {
             const char *name = kind == SO_TOOL ? j->req.so_tool : json_string_value(json_object_get(json_array_get(v, i), "name"));
             const json_t *args = kind == SO_TOOL ? v : json_object_get(json_array_get(v, i), "parameters");
             char id[48];
-            snprintf(id, sizeof id, "chatcmpl-tool-%016llx%04zx", (unsigned long long)(srv_next_id(j->srv) * 0x9e3779b97f4a7c15ull), i);
+            snprintf(id, sizeof id, "chatcmpl-tool-%016llx%04zx", (unsigned long long)(td_srv_next_id(j->srv) * 0x9e3779b97f4a7c15ull), i);
             char *a = json_dumps(args, JSON_COMPACT | JSON_ENCODE_ANY);
             cp_event st = {.kind = CP_TOOL_START, .index = (int)i, .id = id, .name = name};
             cp_event ar = {.kind = CP_TOOL_ARGS, .index = (int)i, .text = a ? a : "{}", .len = a ? strlen(a) : 2};
-            rc = a ? job_cp_event(j, &st) : TD_ERR_NOMEM;
-            if (!rc) rc = job_cp_event(j, &ar);
+            rc = a ? td_job_cp_event(j, &st) : TD_ERR_NOMEM;
+            if (!rc) rc = td_job_cp_event(j, &ar);
             free(a);
         }
     }
     json_decref(v);
-    sb_free(&text);
+    td_sb_free(&text);
     return rc;
 }

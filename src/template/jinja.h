@@ -59,16 +59,16 @@ typedef struct jarena {
     jlimits *lim;      /* set while rendering: limits enforced */
 } jarena;
 /* Fails the render that owns a (a->lim set) with a message at lim->at. */
-_Noreturn void jlimit_fail(jarena *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-void jlimit_clock(jarena *a); /* reads the clock; fails past the deadline */
+_Noreturn void td_jlimit_fail(jarena *a, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void td_jlimit_clock(jarena *a); /* reads the clock; fails past the deadline */
 /* Accounts w units of work: the clock is read every TPL_CLOCK_EVERY. */
 static inline void jwork(jarena *a, size_t w) {
     jlimits *l = a->lim;
-    if (l && (l->countdown -= (int64_t)(w > (size_t)1 << 40 ? (size_t)1 << 40 : w)) < 0) jlimit_clock(a);
+    if (l && (l->countdown -= (int64_t)(w > (size_t)1 << 40 ? (size_t)1 << 40 : w)) < 0) td_jlimit_clock(a);
 }
-void *ja_alloc(jarena *a, size_t n);
-char *ja_strndup(jarena *a, const char *s, size_t n);
-void ja_free(jarena *a);
+void *td_ja_alloc(jarena *a, size_t n);
+char *td_ja_strndup(jarena *a, const char *s, size_t n);
+void td_ja_free(jarena *a);
 
 /* ---- values (Python semantics) ---- */
 typedef enum { V_UNDEF, V_NONE, V_BOOL, V_INT, V_FLOAT, V_STR, V_LIST, V_DICT, V_MACRO, V_FUNC } jvkind;
@@ -90,8 +90,8 @@ typedef struct jv {
         const char *undef;      /* V_UNDEF: name, for messages (may be NULL) */
     };
 } jv;
-/* depth: 1 + the deepest item's depth (scalars are 0); kept by jl_push,
- * jd_set and jv_from_json */
+/* depth: 1 + the deepest item's depth (scalars are 0); kept by td_jl_push,
+ * td_jd_set and td_jv_from_json */
 struct jlist { size_t n, cap; jv *v; uint32_t depth; };
 struct jdict { size_t n, cap; jv *k, *v; uint32_t depth; };
 
@@ -104,35 +104,35 @@ static inline jv jv_str(const char *p, size_t n) { jv v = {.k = V_STR}; v.s.p = 
 
 /* growable byte buffer in the arena */
 typedef struct jbuf { char *p; size_t n, cap; jarena *a; } jbuf;
-void jb_put(jbuf *b, const char *s, size_t n);
-static inline void jb_puts(jbuf *b, const char *s) { jb_put(b, s, strlen(s)); }
-void jb_printf(jbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+void td_jb_put(jbuf *b, const char *s, size_t n);
+static inline void jb_puts(jbuf *b, const char *s) { td_jb_put(b, s, strlen(s)); }
+void td_jb_printf(jbuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
-jlist *jl_new(jarena *a, size_t cap);
-void jl_push(jarena *a, jlist *l, jv v);
-jdict *jd_new(jarena *a, size_t cap);
-void jd_set(jarena *a, jdict *d, jv key, jv val);
-bool jd_get(const jdict *d, const char *key, size_t n, jv *out);
-bool jd_getv(const jdict *d, jv key, jv *out);
+jlist *td_jl_new(jarena *a, size_t cap);
+void td_jl_push(jarena *a, jlist *l, jv v);
+jdict *td_jd_new(jarena *a, size_t cap);
+void td_jd_set(jarena *a, jdict *d, jv key, jv val);
+bool td_jd_get(const jdict *d, const char *key, size_t n, jv *out);
+bool td_jd_getv(const jdict *d, jv key, jv *out);
 static inline jv jv_list(jlist *l) { jv v = {.k = V_LIST}; v.l = l; return v; }
 static inline jv jv_dict(jdict *d) { jv v = {.k = V_DICT}; v.d = d; return v; }
 
-bool jv_truthy(jv v);
-bool jv_eq(jv a, jv b);
+bool td_jv_truthy(jv v);
+bool td_jv_eq(jv a, jv b);
 /* Python str() (and repr() when repr is true) appended to b. */
-void jv_str_to(jbuf *b, jv v, bool repr);
+void td_jv_str_to(jbuf *b, jv v, bool repr);
 /* json.dumps(v, ensure_ascii=False, indent, separators, sort_keys);
  * returns false (with *bad set) on an unserialisable value. */
-bool jv_json_to(jbuf *b, jv v, const char *indent, int level, const char *item_sep, const char *key_sep,
+bool td_jv_json_to(jbuf *b, jv v, const char *indent, int level, const char *item_sep, const char *key_sep,
                 bool sort_keys, jv *bad);
-jv jv_from_json(jarena *a, const json_t *j);
-const char *jv_type_name(jv v);
+jv td_jv_from_json(jarena *a, const json_t *j);
+const char *td_jv_type_name(jv v);
 /* Python repr of a float (shortest round-trip). */
-void jv_float_repr(char out[40], double f);
+void td_jv_float_repr(char out[40], double f);
 /* number of code points */
-size_t ju_len(const char *s, size_t n);
+size_t td_ju_len(const char *s, size_t n);
 /* byte offset of code point index i (clamped to n) */
-size_t ju_off(const char *s, size_t n, size_t i);
+size_t td_ju_off(const char *s, size_t n, size_t i);
 
 /* ---- tokens ---- */
 typedef enum {
@@ -179,8 +179,8 @@ typedef struct jparse {
     int depth;           /* nesting, bounded by TPL_MAX_NESTING */
 } jparse;
 
-int jinja_lex(jarena *a, const char *src, size_t len, jtok **toks, size_t *nt, td_err *err);
-jnode *jinja_parse(jparse *p);
+int td_jinja_lex(jarena *a, const char *src, size_t len, jtok **toks, size_t *nt, td_err *err);
+jnode *td_jinja_parse(jparse *p);
 
 struct tpl {
     jarena arena;
@@ -199,27 +199,27 @@ typedef struct jctx {
     td_err *err;
     jframe *root;
     int depth;            /* macro recursion guard */
-    int edepth;           /* jeval/jexec recursion, bounded by TPL_MAX_EVAL_DEPTH */
+    int edepth;           /* td_jeval/td_jexec recursion, bounded by TPL_MAX_EVAL_DEPTH */
     jlimits lim;          /* c->a->lim points here while rendering */
 } jctx;
 
-_Noreturn void jfail(jctx *c, const jnode *n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-jv jeval(jctx *c, jframe *f, const jnode *n);
-int jexec(jctx *c, jframe *f, const jnode *n, jbuf *out);
-jlist *jiter(jctx *c, const jnode *n, jv v);     /* items a for loop visits */
-int jv_cmp(jctx *c, const jnode *n, jv a, jv b);  /* Python ordering or error */
-bool jv_contains(jctx *c, const jnode *n, jv hay, jv needle);
-jv jcall_macro(jctx *c, const jnode *macro, jv *args, int nargs, const char **kw, jv *kwv, int nkw, const jnode *at);
+_Noreturn void td_jfail(jctx *c, const jnode *n, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+jv td_jeval(jctx *c, jframe *f, const jnode *n);
+int td_jexec(jctx *c, jframe *f, const jnode *n, jbuf *out);
+jlist *td_jiter(jctx *c, const jnode *n, jv v);     /* items a for loop visits */
+int td_jv_cmp(jctx *c, const jnode *n, jv a, jv b);  /* Python ordering or error */
+bool td_jv_contains(jctx *c, const jnode *n, jv hay, jv needle);
+jv td_jcall_macro(jctx *c, const jnode *macro, jv *args, int nargs, const char **kw, jv *kwv, int nkw, const jnode *at);
 
 /* builtins (jinja_builtins.c) */
-jv jfilter(jctx *c, jframe *f, const jnode *n, jv v, jv *args, int nargs, const char **kw, jv *kwv, int nkw);
-bool jtest(jctx *c, const jnode *n, const char *name, jv v, jv *args, int nargs);
+jv td_jfilter(jctx *c, jframe *f, const jnode *n, jv v, jv *args, int nargs, const char **kw, jv *kwv, int nkw);
+bool td_jtest(jctx *c, const jnode *n, const char *name, jv v, jv *args, int nargs);
 /* method call obj.name(args); sets *found=false if no such method */
-jv jmethod(jctx *c, const jnode *n, jv obj, const char *name, jv *args, int nargs, const char **kw, jv *kwv,
+jv td_jmethod(jctx *c, const jnode *n, jv obj, const char *name, jv *args, int nargs, const char **kw, jv *kwv,
            int nkw, bool *found);
 enum { FN_RANGE = 1, FN_NAMESPACE, FN_DICT, FN_RAISE, FN_STRFTIME, FN_JOINER, FN_CYCLER };
-jv jcall_global(jctx *c, const jnode *n, int fn, jv *args, int nargs, const char **kw, jv *kwv, int nkw);
+jv td_jcall_global(jctx *c, const jnode *n, int fn, jv *args, int nargs, const char **kw, jv *kwv, int nkw);
 /* "integer overflow" error at n */
-_Noreturn void jint_overflow(jctx *c, const jnode *n);
-jv jstr_value(jctx *c, jv v); /* str(v) as a V_STR */
+_Noreturn void td_jint_overflow(jctx *c, const jnode *n);
+jv td_jstr_value(jctx *c, jv v); /* str(v) as a V_STR */
 #endif

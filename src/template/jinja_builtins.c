@@ -10,7 +10,7 @@
 #include "template/jinja.h"
 
 /* ---- helpers ---- */
-static jv mkstr(jctx *c, const char *s, size_t n) { return jv_str(ja_strndup(c->a, s, n), n); }
+static jv mkstr(jctx *c, const char *s, size_t n) { return jv_str(td_ja_strndup(c->a, s, n), n); }
 
 static int32_t next_cp(const char *s, size_t n, size_t *i) {
     utf8proc_int32_t cp = -1;
@@ -33,7 +33,7 @@ static bool in_chars(int32_t cp, jv chars) {
 
 /* strip(chars): which = 1 left, 2 right, 3 both */
 static jv py_strip(jctx *c, const jnode *n, jv s, jv chars, int which) {
-    if (chars.k != V_NONE && chars.k != V_UNDEF && chars.k != V_STR) jfail(c, n, "strip arg must be None or str");
+    if (chars.k != V_NONE && chars.k != V_UNDEF && chars.k != V_STR) td_jfail(c, n, "strip arg must be None or str");
     bool ws = chars.k != V_STR;
     size_t a = 0, b = s.s.n;
     if (which & 1)
@@ -57,7 +57,7 @@ static jv py_strip(jctx *c, const jnode *n, jv s, jv chars, int which) {
 
 static jv map_case(jctx *c, jv s, int mode) { /* 0 lower, 1 upper, 2 title, 3 capitalize */
     jbuf b = {.a = c->a};
-    jb_put(&b, "", 0);
+    td_jb_put(&b, "", 0);
     bool prev_cased = false, first = true;
     for (size_t i = 0; i < s.s.n;) {
         int32_t cp = next_cp(s.s.p, s.s.n, &i);
@@ -71,23 +71,23 @@ static jv map_case(jctx *c, jv s, int mode) { /* 0 lower, 1 upper, 2 title, 3 ca
         prev_cased = k == UTF8PROC_CATEGORY_LU || k == UTF8PROC_CATEGORY_LL || k == UTF8PROC_CATEGORY_LT;
         utf8proc_uint8_t enc[4];
         utf8proc_ssize_t el = utf8proc_encode_char(o, enc);
-        jb_put(&b, (const char *)enc, (size_t)el);
+        td_jb_put(&b, (const char *)enc, (size_t)el);
     }
     return jv_str(b.p, b.n);
 }
 
 static jv str_replace(jctx *c, jv s, jv old, jv new, int64_t count) {
     jbuf b = {.a = c->a};
-    jb_put(&b, "", 0);
+    td_jb_put(&b, "", 0);
     if (!old.s.n) { /* Python inserts between every code point */
         size_t i = 0;
         int64_t k = 0;
         while (i <= s.s.n) {
-            if (count < 0 || k < count) { jb_put(&b, new.s.p, new.s.n); k++; }
+            if (count < 0 || k < count) { td_jb_put(&b, new.s.p, new.s.n); k++; }
             if (i == s.s.n) break;
             size_t j = i;
             next_cp(s.s.p, s.s.n, &j);
-            jb_put(&b, s.s.p + i, j - i);
+            td_jb_put(&b, s.s.p + i, j - i);
             i = j;
         }
         return jv_str(b.p, b.n);
@@ -97,22 +97,22 @@ static jv str_replace(jctx *c, jv s, jv old, jv new, int64_t count) {
     while (i < s.s.n) {
         const char *hit = (count < 0 || k < count) ? memmem(s.s.p + i, s.s.n - i, old.s.p, old.s.n) : NULL;
         if (!hit) break;
-        jb_put(&b, s.s.p + i, (size_t)(hit - (s.s.p + i)));
-        jb_put(&b, new.s.p, new.s.n);
+        td_jb_put(&b, s.s.p + i, (size_t)(hit - (s.s.p + i)));
+        td_jb_put(&b, new.s.p, new.s.n);
         i = (size_t)(hit - s.s.p) + old.s.n;
         k++;
     }
-    jb_put(&b, s.s.p + i, s.s.n - i);
+    td_jb_put(&b, s.s.p + i, s.s.n - i);
     return jv_str(b.p, b.n);
 }
 
 static jv str_split(jctx *c, jv s, jv sep, int64_t maxsplit, bool from_right) {
-    jlist *l = jl_new(c->a, 8);
+    jlist *l = td_jl_new(c->a, 8);
     if (sep.k != V_STR) { /* runs of whitespace, empty strings dropped */
         size_t i = 0;
         int64_t k = 0;
         if (from_right) { /* rsplit(None): collect all then merge the head */
-            jlist *all = jl_new(c->a, 8);
+            jlist *all = td_jl_new(c->a, 8);
             jv r = str_split(c, s, jv_none(), -1, false);
             all = r.l;
             if (maxsplit < 0 || (int64_t)all->n <= maxsplit + 1) return r;
@@ -120,8 +120,8 @@ static jv str_split(jctx *c, jv s, jv sep, int64_t maxsplit, bool from_right) {
             size_t keep = all->n - (size_t)maxsplit;
             const char *start_of = all->v[keep].s.p;
             jv head = py_strip(c, NULL, jv_str(s.s.p, (size_t)(start_of - s.s.p)), jv_none(), 3);
-            jl_push(c->a, l, head);
-            for (size_t j = keep; j < all->n; j++) jl_push(c->a, l, all->v[j]);
+            td_jl_push(c->a, l, head);
+            for (size_t j = keep; j < all->n; j++) td_jl_push(c->a, l, all->v[j]);
             return jv_list(l);
         }
         while (i < s.s.n) {
@@ -138,11 +138,11 @@ static jv str_split(jctx *c, jv s, jv sep, int64_t maxsplit, bool from_right) {
                     if (!py_space(next_cp(s.s.p, s.s.n, &t))) break;
                     e = q;
                 }
-                jl_push(c->a, l, jv_str(s.s.p + i, e - i));
+                td_jl_push(c->a, l, jv_str(s.s.p + i, e - i));
                 break;
             }
             while (j < s.s.n) { size_t t = j; if (py_space(next_cp(s.s.p, s.s.n, &t))) break; j = t; }
-            jl_push(c->a, l, jv_str(s.s.p + i, j - i));
+            td_jl_push(c->a, l, jv_str(s.s.p + i, j - i));
             k++;
             i = j;
         }
@@ -154,8 +154,8 @@ static jv str_split(jctx *c, jv s, jv sep, int64_t maxsplit, bool from_right) {
         int64_t k = 0;
         for (;;) {
             const char *hit = (maxsplit < 0 || k < maxsplit) ? memmem(s.s.p + i, s.s.n - i, sep.s.p, sep.s.n) : NULL;
-            if (!hit) { jl_push(c->a, l, jv_str(s.s.p + i, s.s.n - i)); break; }
-            jl_push(c->a, l, jv_str(s.s.p + i, (size_t)(hit - s.s.p) - i));
+            if (!hit) { td_jl_push(c->a, l, jv_str(s.s.p + i, s.s.n - i)); break; }
+            td_jl_push(c->a, l, jv_str(s.s.p + i, (size_t)(hit - s.s.p) - i));
             i = (size_t)(hit - s.s.p) + sep.s.n;
             k++;
         }
@@ -163,7 +163,7 @@ static jv str_split(jctx *c, jv s, jv sep, int64_t maxsplit, bool from_right) {
     }
     /* rsplit with a separator: scan from the right, then reverse */
     jwork(c->a, (s.s.n >> 6) * (1 + (sep.s.n >> 4)));
-    jlist *rev = jl_new(c->a, 8);
+    jlist *rev = td_jl_new(c->a, 8);
     size_t end = s.s.n;
     int64_t k = 0;
     for (;;) {
@@ -171,13 +171,13 @@ static jv str_split(jctx *c, jv s, jv sep, int64_t maxsplit, bool from_right) {
         if (maxsplit < 0 || k < maxsplit)
             for (size_t p = end >= sep.s.n ? end - sep.s.n + 1 : 0; p-- > 0;)
                 if (!memcmp(s.s.p + p, sep.s.p, sep.s.n)) { hit = s.s.p + p; break; }
-        if (!hit) { jl_push(c->a, rev, jv_str(s.s.p, end)); break; }
+        if (!hit) { td_jl_push(c->a, rev, jv_str(s.s.p, end)); break; }
         size_t hp = (size_t)(hit - s.s.p);
-        jl_push(c->a, rev, jv_str(s.s.p + hp + sep.s.n, end - hp - sep.s.n));
+        td_jl_push(c->a, rev, jv_str(s.s.p + hp + sep.s.n, end - hp - sep.s.n));
         end = hp;
         k++;
     }
-    for (size_t i = rev->n; i-- > 0;) jl_push(c->a, l, rev->v[i]);
+    for (size_t i = rev->n; i-- > 0;) td_jl_push(c->a, l, rev->v[i]);
     return jv_list(l);
 }
 
@@ -187,7 +187,7 @@ static bool prefix_match(jctx *c, const jnode *n, jv s, jv p, bool suffix) {
             if (prefix_match(c, n, s, p.l->v[i], suffix)) return true;
         return false;
     }
-    if (p.k != V_STR) jfail(c, n, "%s first arg must be str or a tuple of str, not %s", suffix ? "endswith" : "startswith", jv_type_name(p));
+    if (p.k != V_STR) td_jfail(c, n, "%s first arg must be str or a tuple of str, not %s", suffix ? "endswith" : "startswith", td_jv_type_name(p));
     if (p.s.n > s.s.n) return false;
     return !memcmp(s.s.p + (suffix ? s.s.n - p.s.n : 0), p.s.p, p.s.n);
 }
@@ -202,63 +202,63 @@ static jv arg(jv *args, int nargs, const char **kw, jv *kwv, int nkw, int i, con
 #define ARG(i, name, d) arg(args, nargs, kw, kwv, nkw, (i), (name), (d))
 
 static void need_str(jctx *c, const jnode *n, jv v, const char *what) {
-    if (v.k != V_STR) jfail(c, n, "%s expects a string, got %s", what, jv_type_name(v));
+    if (v.k != V_STR) td_jfail(c, n, "%s expects a string, got %s", what, td_jv_type_name(v));
 }
 
 static int64_t as_int(jctx *c, const jnode *n, jv v, const char *what) {
     if (v.k == V_INT) return v.i;
     if (v.k == V_BOOL) return v.b;
-    jfail(c, n, "%s expects an integer, got %s", what, jv_type_name(v));
+    td_jfail(c, n, "%s expects an integer, got %s", what, td_jv_type_name(v));
 }
 
 static jv tojson(jctx *c, const jnode *n, jv v, jv indent, jv seps, jv sort_keys, jv ensure_ascii) {
-    if (jv_truthy(ensure_ascii)) jfail(c, n, "tojson(ensure_ascii=True) is not supported");
+    if (td_jv_truthy(ensure_ascii)) td_jfail(c, n, "tojson(ensure_ascii=True) is not supported");
     const char *ind = NULL;
     if (indent.k == V_INT) {
-        char *s = ja_alloc(c->a, (size_t)(indent.i > 0 ? indent.i : 0) + 1);
+        char *s = td_ja_alloc(c->a, (size_t)(indent.i > 0 ? indent.i : 0) + 1);
         int64_t k = 0;
         for (; k < indent.i; k++) s[k] = ' ';
         s[k] = 0;
         ind = s;
     } else if (indent.k == V_STR) {
-        ind = ja_strndup(c->a, indent.s.p, indent.s.n);
+        ind = td_ja_strndup(c->a, indent.s.p, indent.s.n);
     } else if (indent.k != V_NONE && indent.k != V_UNDEF) {
-        jfail(c, n, "tojson indent must be an int or a string");
+        td_jfail(c, n, "tojson indent must be an int or a string");
     }
     const char *item_sep = ind ? "," : ", ", *key_sep = ": ";
     if (seps.k == V_LIST && seps.l->n == 2 && seps.l->v[0].k == V_STR && seps.l->v[1].k == V_STR) {
-        item_sep = ja_strndup(c->a, seps.l->v[0].s.p, seps.l->v[0].s.n);
-        key_sep = ja_strndup(c->a, seps.l->v[1].s.p, seps.l->v[1].s.n);
+        item_sep = td_ja_strndup(c->a, seps.l->v[0].s.p, seps.l->v[0].s.n);
+        key_sep = td_ja_strndup(c->a, seps.l->v[1].s.p, seps.l->v[1].s.n);
     }
     jbuf b = {.a = c->a};
-    jb_put(&b, "", 0);
+    td_jb_put(&b, "", 0);
     jv bad;
-    if (!jv_json_to(&b, v, ind, 0, item_sep, key_sep, jv_truthy(sort_keys), &bad))
-        jfail(c, n, "Object of type %s is not JSON serializable", jv_type_name(bad));
+    if (!td_jv_json_to(&b, v, ind, 0, item_sep, key_sep, td_jv_truthy(sort_keys), &bad))
+        td_jfail(c, n, "Object of type %s is not JSON serializable", td_jv_type_name(bad));
     return jv_str(b.p, b.n);
 }
 
 static size_t length_of(jctx *c, const jnode *n, jv v) {
     switch (v.k) {
-    case V_STR: return ju_len(v.s.p, v.s.n);
+    case V_STR: return td_ju_len(v.s.p, v.s.n);
     case V_LIST: return v.l->n;
     case V_DICT: return v.d->n;
     case V_UNDEF: return 0;
-    default: jfail(c, n, "object of type '%s' has no len()", jv_type_name(v));
+    default: td_jfail(c, n, "object of type '%s' has no len()", td_jv_type_name(v));
     }
 }
 
 static jv items_of(jctx *c, const jnode *n, jv v) {
-    if (v.k == V_UNDEF) return jv_list(jl_new(c->a, 1));
-    if (v.k != V_DICT || (v.flags & (JF_NS | JF_LOOP))) jfail(c, n, "Can only get item pairs from a mapping.");
-    jlist *l = jl_new(c->a, v.d->n + 1);
+    if (v.k == V_UNDEF) return jv_list(td_jl_new(c->a, 1));
+    if (v.k != V_DICT || (v.flags & (JF_NS | JF_LOOP))) td_jfail(c, n, "Can only get item pairs from a mapping.");
+    jlist *l = td_jl_new(c->a, v.d->n + 1);
     for (size_t i = 0; i < v.d->n; i++) {
-        jlist *p = jl_new(c->a, 2);
-        jl_push(c->a, p, v.d->k[i]);
-        jl_push(c->a, p, v.d->v[i]);
+        jlist *p = td_jl_new(c->a, 2);
+        td_jl_push(c->a, p, v.d->k[i]);
+        td_jl_push(c->a, p, v.d->v[i]);
         jv t = jv_list(p);
         t.flags = JF_TUPLE;
-        jl_push(c->a, l, t);
+        td_jl_push(c->a, l, t);
     }
     return jv_list(l);
 }
@@ -272,7 +272,7 @@ static jv attr_path(jctx *c, jv v, jv path) {
         const char *dot = memchr(path.s.p + i, '.', path.s.n - i);
         size_t e = dot ? (size_t)(dot - path.s.p) : path.s.n;
         jv out;
-        if (v.k == V_DICT && jd_get(v.d, path.s.p + i, e - i, &out)) v = out;
+        if (v.k == V_DICT && td_jd_get(v.d, path.s.p + i, e - i, &out)) v = out;
         else return jv_undef(NULL);
         i = e + 1;
         (void)c;
@@ -285,85 +285,85 @@ static jv attr_path(jctx *c, jv v, jv path) {
  * ValueError), out of the 64-bit range an overflow */
 static jv float_to_int(jctx *c, const jnode *n, double x, jv dflt) {
     if (isnan(x)) return dflt;
-    if (!(x >= -9223372036854775808.0 && x < 9223372036854775808.0)) jint_overflow(c, n);
+    if (!(x >= -9223372036854775808.0 && x < 9223372036854775808.0)) td_jint_overflow(c, n);
     return jv_int((int64_t)x);
 }
 
 /* ---- filters ---- */
-jv jfilter(jctx *c, jframe *f, const jnode *n, jv v, jv *args, int nargs, const char **kw, jv *kwv, int nkw) {
+jv td_jfilter(jctx *c, jframe *f, const jnode *n, jv v, jv *args, int nargs, const char **kw, jv *kwv, int nkw) {
     const char *nm = n->name;
     (void)f;
     if (!strcmp(nm, "tojson"))
         return tojson(c, n, v, ARG(0, "indent", jv_none()), ARG(-1, "separators", jv_none()),
                       ARG(-1, "sort_keys", jv_bool(false)), ARG(-1, "ensure_ascii", jv_bool(false)));
     if (!strcmp(nm, "length") || !strcmp(nm, "count")) return jv_int((int64_t)length_of(c, n, v));
-    if (!strcmp(nm, "string")) return jstr_value(c, v);
-    if (!strcmp(nm, "safe")) { jv s = jstr_value(c, v); s.flags = JF_SAFE; return v.k == V_STR ? s : (v.flags |= JF_SAFE, v); }
-    if (!strcmp(nm, "trim")) return py_strip(c, n, jstr_value(c, v), ARG(0, "chars", jv_none()), 3);
+    if (!strcmp(nm, "string")) return td_jstr_value(c, v);
+    if (!strcmp(nm, "safe")) { jv s = td_jstr_value(c, v); s.flags = JF_SAFE; return v.k == V_STR ? s : (v.flags |= JF_SAFE, v); }
+    if (!strcmp(nm, "trim")) return py_strip(c, n, td_jstr_value(c, v), ARG(0, "chars", jv_none()), 3);
     if (!strcmp(nm, "default") || !strcmp(nm, "d")) {
         jv d = ARG(0, "default_value", mkstr(c, "", 0));
-        bool boolean = jv_truthy(ARG(1, "boolean", jv_bool(false)));
-        if (v.k == V_UNDEF || (boolean && !jv_truthy(v))) return d;
+        bool boolean = td_jv_truthy(ARG(1, "boolean", jv_bool(false)));
+        if (v.k == V_UNDEF || (boolean && !td_jv_truthy(v))) return d;
         return v;
     }
     if (!strcmp(nm, "join")) {
         jv sep = ARG(0, "d", jv_str("", 0)), at = ARG(1, "attribute", jv_none());
-        jlist *l = jiter(c, n, v);
+        jlist *l = td_jiter(c, n, v);
         jbuf b = {.a = c->a};
-        jb_put(&b, "", 0);
-        sep = jstr_value(c, sep);
+        td_jb_put(&b, "", 0);
+        sep = td_jstr_value(c, sep);
         for (size_t i = 0; i < l->n; i++) {
-            if (i) jb_put(&b, sep.s.p, sep.s.n);
-            jv_str_to(&b, at.k == V_NONE ? l->v[i] : attr_path(c, l->v[i], at), false);
+            if (i) td_jb_put(&b, sep.s.p, sep.s.n);
+            td_jv_str_to(&b, at.k == V_NONE ? l->v[i] : attr_path(c, l->v[i], at), false);
         }
         return jv_str(b.p, b.n);
     }
     if (!strcmp(nm, "items")) return items_of(c, n, v);
-    if (!strcmp(nm, "lower")) return map_case(c, jstr_value(c, v), 0);
-    if (!strcmp(nm, "upper")) return map_case(c, jstr_value(c, v), 1);
-    if (!strcmp(nm, "title")) return map_case(c, jstr_value(c, v), 2);
-    if (!strcmp(nm, "capitalize")) return map_case(c, jstr_value(c, v), 3);
+    if (!strcmp(nm, "lower")) return map_case(c, td_jstr_value(c, v), 0);
+    if (!strcmp(nm, "upper")) return map_case(c, td_jstr_value(c, v), 1);
+    if (!strcmp(nm, "title")) return map_case(c, td_jstr_value(c, v), 2);
+    if (!strcmp(nm, "capitalize")) return map_case(c, td_jstr_value(c, v), 3);
     if (!strcmp(nm, "replace")) {
-        jv s = jstr_value(c, v), o = jstr_value(c, ARG(0, "old", jv_str("", 0))), w = jstr_value(c, ARG(1, "new", jv_str("", 0)));
+        jv s = td_jstr_value(c, v), o = td_jstr_value(c, ARG(0, "old", jv_str("", 0))), w = td_jstr_value(c, ARG(1, "new", jv_str("", 0)));
         jv cnt = ARG(2, "count", jv_none());
         return str_replace(c, s, o, w, cnt.k == V_NONE ? -1 : as_int(c, n, cnt, "replace count"));
     }
     if (!strcmp(nm, "first") || !strcmp(nm, "last")) {
-        jlist *l = jiter(c, n, v);
+        jlist *l = td_jiter(c, n, v);
         if (!l->n) return jv_undef("No first item, sequence was empty.");
         return nm[0] == 'f' ? l->v[0] : l->v[l->n - 1];
     }
-    if (!strcmp(nm, "list")) { jlist *l = jiter(c, n, v); jlist *o = jl_new(c->a, l->n + 1); for (size_t i = 0; i < l->n; i++) jl_push(c->a, o, l->v[i]); return jv_list(o); }
+    if (!strcmp(nm, "list")) { jlist *l = td_jiter(c, n, v); jlist *o = td_jl_new(c->a, l->n + 1); for (size_t i = 0; i < l->n; i++) td_jl_push(c->a, o, l->v[i]); return jv_list(o); }
     if (!strcmp(nm, "reverse")) {
         if (v.k == V_STR) {
-            jlist *l = jiter(c, n, v);
+            jlist *l = td_jiter(c, n, v);
             jbuf b = {.a = c->a};
-            jb_put(&b, "", 0);
-            for (size_t i = l->n; i-- > 0;) jb_put(&b, l->v[i].s.p, l->v[i].s.n);
+            td_jb_put(&b, "", 0);
+            for (size_t i = l->n; i-- > 0;) td_jb_put(&b, l->v[i].s.p, l->v[i].s.n);
             return jv_str(b.p, b.n);
         }
-        jlist *l = jiter(c, n, v), *o = jl_new(c->a, l->n + 1);
-        for (size_t i = l->n; i-- > 0;) jl_push(c->a, o, l->v[i]);
+        jlist *l = td_jiter(c, n, v), *o = td_jl_new(c->a, l->n + 1);
+        for (size_t i = l->n; i-- > 0;) td_jl_push(c->a, o, l->v[i]);
         return jv_list(o);
     }
     if (!strcmp(nm, "unique")) {
-        jlist *l = jiter(c, n, v), *o = jl_new(c->a, l->n + 1);
+        jlist *l = td_jiter(c, n, v), *o = td_jl_new(c->a, l->n + 1);
         for (size_t i = 0; i < l->n; i++) {
             bool seen = false;
             jwork(c->a, o->n);
-            for (size_t j = 0; j < o->n && !seen; j++) seen = jv_eq(o->v[j], l->v[i]);
-            if (!seen) jl_push(c->a, o, l->v[i]);
+            for (size_t j = 0; j < o->n && !seen; j++) seen = td_jv_eq(o->v[j], l->v[i]);
+            if (!seen) td_jl_push(c->a, o, l->v[i]);
         }
         return jv_list(o);
     }
     if (!strcmp(nm, "sort") || !strcmp(nm, "dictsort")) {
         bool dictsort = nm[0] == 'd';
-        jlist *l = dictsort ? items_of(c, n, v).l : jiter(c, n, v);
-        bool rev = jv_truthy(ARG(dictsort ? 2 : 0, "reverse", jv_bool(false)));
+        jlist *l = dictsort ? items_of(c, n, v).l : td_jiter(c, n, v);
+        bool rev = td_jv_truthy(ARG(dictsort ? 2 : 0, "reverse", jv_bool(false)));
         jv at = dictsort ? jv_int(0) : ARG(2, "attribute", jv_none());
         if (dictsort && !strcmp("value", ARG(1, "by", jv_str("key", 3)).s.p)) at = jv_int(1);
-        jlist *o = jl_new(c->a, l->n + 1);
-        for (size_t i = 0; i < l->n; i++) jl_push(c->a, o, l->v[i]);
+        jlist *o = td_jl_new(c->a, l->n + 1);
+        for (size_t i = 0; i < l->n; i++) td_jl_push(c->a, o, l->v[i]);
         /* insertion sort keeps Python's stability */
         for (size_t i = 1; i < o->n; i++) {
             jv x = o->v[i];
@@ -371,7 +371,7 @@ jv jfilter(jctx *c, jframe *f, const jnode *n, jv v, jv *args, int nargs, const 
             size_t j = i;
             while (j > 0) {
                 jv ky = at.k == V_NONE ? o->v[j - 1] : attr_path(c, o->v[j - 1], at);
-                int r = jv_cmp(c, n, ky, kx);
+                int r = td_jv_cmp(c, n, ky, kx);
                 jwork(c->a, 4);
                 if (rev ? r >= 0 : r <= 0) break;
                 o->v[j] = o->v[j - 1];
@@ -382,17 +382,17 @@ jv jfilter(jctx *c, jframe *f, const jnode *n, jv v, jv *args, int nargs, const 
         return jv_list(o);
     }
     if (!strcmp(nm, "min") || !strcmp(nm, "max")) {
-        jlist *l = jiter(c, n, v);
+        jlist *l = td_jiter(c, n, v);
         if (!l->n) return jv_undef("empty sequence");
         jv best = l->v[0];
         for (size_t i = 1; i < l->n; i++) {
-            int r = jv_cmp(c, n, l->v[i], best);
+            int r = td_jv_cmp(c, n, l->v[i], best);
             if (nm[1] == 'i' ? r < 0 : r > 0) best = l->v[i];
         }
         return best;
     }
     if (!strcmp(nm, "sum")) {
-        jlist *l = jiter(c, n, v);
+        jlist *l = td_jiter(c, n, v);
         jv at = ARG(0, "attribute", jv_none());
         jv acc = ARG(1, "start", jv_int(0));
         for (size_t i = 0; i < l->n; i++) {
@@ -400,7 +400,7 @@ jv jfilter(jctx *c, jframe *f, const jnode *n, jv v, jv *args, int nargs, const 
             if (acc.k == V_FLOAT || x.k == V_FLOAT) acc = jv_float((acc.k == V_FLOAT ? acc.f : (double)as_int(c, n, acc, "sum")) + (x.k == V_FLOAT ? x.f : (double)as_int(c, n, x, "sum")));
             else {
                 int64_t r;
-                if (__builtin_add_overflow(as_int(c, n, acc, "sum"), as_int(c, n, x, "sum"), &r)) jint_overflow(c, n);
+                if (__builtin_add_overflow(as_int(c, n, acc, "sum"), as_int(c, n, x, "sum"), &r)) td_jint_overflow(c, n);
                 acc = jv_int(r);
             }
         }
@@ -409,7 +409,7 @@ jv jfilter(jctx *c, jframe *f, const jnode *n, jv v, jv *args, int nargs, const 
     if (!strcmp(nm, "abs")) {
         if (v.k == V_FLOAT) return jv_float(fabs(v.f));
         int64_t i = as_int(c, n, v, "abs");
-        if (i == INT64_MIN) jint_overflow(c, n);
+        if (i == INT64_MIN) td_jint_overflow(c, n);
         return jv_int(i < 0 ? -i : i);
     }
     if (!strcmp(nm, "int")) {
@@ -419,11 +419,11 @@ jv jfilter(jctx *c, jframe *f, const jnode *n, jv v, jv *args, int nargs, const 
         if (v.k == V_FLOAT) return float_to_int(c, n, v.f, d);
         if (v.k == V_STR) {
             char *e;
-            char *s = ja_strndup(c->a, v.s.p, v.s.n);
+            char *s = td_ja_strndup(c->a, v.s.p, v.s.n);
             errno = 0;
             long long x = strtoll(s, &e, 10);
             if (e != s && *e == 0) {
-                if (errno == ERANGE) jint_overflow(c, n);
+                if (errno == ERANGE) td_jint_overflow(c, n);
                 return jv_int(x);
             }
             double fx = strtod(s, &e);
@@ -437,7 +437,7 @@ jv jfilter(jctx *c, jframe *f, const jnode *n, jv v, jv *args, int nargs, const 
         if (v.k == V_INT || v.k == V_BOOL) return jv_float(v.k == V_INT ? (double)v.i : v.b);
         if (v.k == V_STR) {
             char *e;
-            char *s = ja_strndup(c->a, v.s.p, v.s.n);
+            char *s = td_ja_strndup(c->a, v.s.p, v.s.n);
             double x = strtod(s, &e);
             if (e != s && *e == 0) return jv_float(x);
         }
@@ -453,67 +453,67 @@ jv jfilter(jctx *c, jframe *f, const jnode *n, jv v, jv *args, int nargs, const 
         return jv_float(r);
     }
     if (!strcmp(nm, "map")) {
-        jlist *l = jiter(c, n, v), *o = jl_new(c->a, l->n + 1);
+        jlist *l = td_jiter(c, n, v), *o = td_jl_new(c->a, l->n + 1);
         jv at = ARG(-1, "attribute", jv_none());
         if (at.k != V_NONE) {
             jv d = ARG(-1, "default", jv_undef(NULL));
             for (size_t i = 0; i < l->n; i++) {
                 jv x = attr_path(c, l->v[i], at);
-                jl_push(c->a, o, x.k == V_UNDEF ? d : x);
+                td_jl_push(c->a, o, x.k == V_UNDEF ? d : x);
             }
             return jv_list(o);
         }
-        if (nargs < 1 || args[0].k != V_STR) jfail(c, n, "map needs a filter name or attribute=");
+        if (nargs < 1 || args[0].k != V_STR) td_jfail(c, n, "map needs a filter name or attribute=");
         jnode sub = *n;
         sub.name = args[0].s.p;
         for (size_t i = 0; i < l->n; i++)
-            jl_push(c->a, o, jfilter(c, f, &sub, l->v[i], args + 1, nargs - 1, kw, kwv, nkw));
+            td_jl_push(c->a, o, td_jfilter(c, f, &sub, l->v[i], args + 1, nargs - 1, kw, kwv, nkw));
         return jv_list(o);
     }
     if (!strcmp(nm, "select") || !strcmp(nm, "reject") || !strcmp(nm, "selectattr") || !strcmp(nm, "rejectattr")) {
         bool attr = strstr(nm, "attr") != NULL, keep_true = nm[0] == 's';
-        jlist *l = jiter(c, n, v), *o = jl_new(c->a, l->n + 1);
+        jlist *l = td_jiter(c, n, v), *o = td_jl_new(c->a, l->n + 1);
         int base = attr ? 1 : 0;
-        if (attr && nargs < 1) jfail(c, n, "%s needs an attribute name", nm);
+        if (attr && nargs < 1) td_jfail(c, n, "%s needs an attribute name", nm);
         const char *test = nargs > base ? (args[base].k == V_STR ? args[base].s.p : NULL) : NULL;
-        if (nargs > base && !test) jfail(c, n, "%s: test name must be a string", nm);
+        if (nargs > base && !test) td_jfail(c, n, "%s: test name must be a string", nm);
         for (size_t i = 0; i < l->n; i++) {
             jv x = attr ? attr_path(c, l->v[i], args[0]) : l->v[i];
-            bool r = test ? jtest(c, n, test, x, args + base + 1, nargs - base - 1) : jv_truthy(x);
-            if (r == keep_true) jl_push(c->a, o, l->v[i]);
+            bool r = test ? td_jtest(c, n, test, x, args + base + 1, nargs - base - 1) : td_jv_truthy(x);
+            if (r == keep_true) td_jl_push(c->a, o, l->v[i]);
         }
         return jv_list(o);
     }
     if (!strcmp(nm, "indent")) {
         jv wv = ARG(0, "width", jv_int(4));
-        bool first = jv_truthy(ARG(1, "first", jv_bool(false))), blank = jv_truthy(ARG(2, "blank", jv_bool(false)));
+        bool first = td_jv_truthy(ARG(1, "first", jv_bool(false))), blank = td_jv_truthy(ARG(2, "blank", jv_bool(false)));
         jv pad = wv.k == V_STR ? wv : jv_none();
         jbuf pb = {.a = c->a};
-        jb_put(&pb, "", 0);
-        if (pad.k == V_NONE) for (int64_t i = 0; i < as_int(c, n, wv, "indent width"); i++) jb_put(&pb, " ", 1);
-        else jb_put(&pb, pad.s.p, pad.s.n);
-        jv s = jstr_value(c, v);
+        td_jb_put(&pb, "", 0);
+        if (pad.k == V_NONE) for (int64_t i = 0; i < as_int(c, n, wv, "indent width"); i++) td_jb_put(&pb, " ", 1);
+        else td_jb_put(&pb, pad.s.p, pad.s.n);
+        jv s = td_jstr_value(c, v);
         jbuf b = {.a = c->a};
-        jb_put(&b, "", 0);
+        td_jb_put(&b, "", 0);
         size_t i = 0;
         bool line0 = true;
         while (i <= s.s.n) {
             const char *nl = memchr(s.s.p + i, '\n', s.s.n - i);
             size_t e = nl ? (size_t)(nl - s.s.p) : s.s.n;
             bool empty = e == i;
-            if ((line0 ? first : true) && (blank || !empty)) jb_put(&b, pb.p, pb.n);
-            jb_put(&b, s.s.p + i, e - i);
+            if ((line0 ? first : true) && (blank || !empty)) td_jb_put(&b, pb.p, pb.n);
+            td_jb_put(&b, s.s.p + i, e - i);
             if (!nl) break;
-            jb_put(&b, "\n", 1);
+            td_jb_put(&b, "\n", 1);
             i = e + 1;
             line0 = false;
         }
         return jv_str(b.p, b.n);
     }
     if (!strcmp(nm, "e") || !strcmp(nm, "escape") || !strcmp(nm, "forceescape")) {
-        jv s = jstr_value(c, v);
+        jv s = td_jstr_value(c, v);
         jbuf b = {.a = c->a};
-        jb_put(&b, "", 0);
+        td_jb_put(&b, "", 0);
         for (size_t i = 0; i < s.s.n; i++) {
             switch (s.s.p[i]) {
             case '&': jb_puts(&b, "&amp;"); break;
@@ -521,32 +521,32 @@ jv jfilter(jctx *c, jframe *f, const jnode *n, jv v, jv *args, int nargs, const 
             case '>': jb_puts(&b, "&gt;"); break;
             case '"': jb_puts(&b, "&#34;"); break;
             case '\'': jb_puts(&b, "&#39;"); break;
-            default: jb_put(&b, s.s.p + i, 1);
+            default: td_jb_put(&b, s.s.p + i, 1);
             }
         }
         return jv_str(b.p, b.n);
     }
     if (!strcmp(nm, "wordcount")) {
-        jv s = jstr_value(c, v);
+        jv s = td_jstr_value(c, v);
         return jv_int((int64_t)str_split(c, s, jv_none(), -1, false).l->n);
     }
     if (!strcmp(nm, "center")) {
-        jv s = jstr_value(c, v);
-        int64_t w = as_int(c, n, ARG(0, "width", jv_int(80)), "center width"), len = (int64_t)ju_len(s.s.p, s.s.n);
+        jv s = td_jstr_value(c, v);
+        int64_t w = as_int(c, n, ARG(0, "width", jv_int(80)), "center width"), len = (int64_t)td_ju_len(s.s.p, s.s.n);
         if (w <= len) return s;
         int64_t total = w - len, left = total / 2 + (total & w & 1);
         jbuf b = {.a = c->a};
-        jb_put(&b, "", 0);
-        for (int64_t i = 0; i < left; i++) jb_put(&b, " ", 1);
-        jb_put(&b, s.s.p, s.s.n);
-        for (int64_t i = 0; i < total - left; i++) jb_put(&b, " ", 1);
+        td_jb_put(&b, "", 0);
+        for (int64_t i = 0; i < left; i++) td_jb_put(&b, " ", 1);
+        td_jb_put(&b, s.s.p, s.s.n);
+        for (int64_t i = 0; i < total - left; i++) td_jb_put(&b, " ", 1);
         return jv_str(b.p, b.n);
     }
-    jfail(c, n, "unknown filter '%s'", nm);
+    td_jfail(c, n, "unknown filter '%s'", nm);
 }
 
 /* ---- tests ---- */
-bool jtest(jctx *c, const jnode *n, const char *t, jv v, jv *args, int nargs) {
+bool td_jtest(jctx *c, const jnode *n, const char *t, jv v, jv *args, int nargs) {
     jv a0 = nargs > 0 ? args[0] : jv_undef(NULL);
     if (!strcmp(t, "defined")) return v.k != V_UNDEF;
     if (!strcmp(t, "undefined")) return v.k == V_UNDEF;
@@ -568,31 +568,31 @@ bool jtest(jctx *c, const jnode *n, const char *t, jv v, jv *args, int nargs) {
         if (v.k == V_BOOL) return v.b == a0.b;
         if (v.k == V_LIST) return v.l == a0.l;
         if (v.k == V_DICT) return v.d == a0.d;
-        return jv_eq(v, a0) && (v.k == V_INT ? v.i >= -5 && v.i <= 256 : false);
+        return td_jv_eq(v, a0) && (v.k == V_INT ? v.i >= -5 && v.i <= 256 : false);
     }
-    if (!strcmp(t, "eq") || !strcmp(t, "equalto") || !strcmp(t, "==")) return jv_eq(v, a0);
-    if (!strcmp(t, "ne") || !strcmp(t, "!=")) return !jv_eq(v, a0);
-    if (!strcmp(t, "lt") || !strcmp(t, "lessthan") || !strcmp(t, "<")) return jv_cmp(c, n, v, a0) < 0;
-    if (!strcmp(t, "le") || !strcmp(t, "<=")) return jv_cmp(c, n, v, a0) <= 0;
-    if (!strcmp(t, "gt") || !strcmp(t, "greaterthan") || !strcmp(t, ">")) return jv_cmp(c, n, v, a0) > 0;
-    if (!strcmp(t, "ge") || !strcmp(t, ">=")) return jv_cmp(c, n, v, a0) >= 0;
-    if (!strcmp(t, "in")) return jv_contains(c, n, a0, v);
+    if (!strcmp(t, "eq") || !strcmp(t, "equalto") || !strcmp(t, "==")) return td_jv_eq(v, a0);
+    if (!strcmp(t, "ne") || !strcmp(t, "!=")) return !td_jv_eq(v, a0);
+    if (!strcmp(t, "lt") || !strcmp(t, "lessthan") || !strcmp(t, "<")) return td_jv_cmp(c, n, v, a0) < 0;
+    if (!strcmp(t, "le") || !strcmp(t, "<=")) return td_jv_cmp(c, n, v, a0) <= 0;
+    if (!strcmp(t, "gt") || !strcmp(t, "greaterthan") || !strcmp(t, ">")) return td_jv_cmp(c, n, v, a0) > 0;
+    if (!strcmp(t, "ge") || !strcmp(t, ">=")) return td_jv_cmp(c, n, v, a0) >= 0;
+    if (!strcmp(t, "in")) return td_jv_contains(c, n, a0, v);
     if (!strcmp(t, "even") || !strcmp(t, "odd")) {
         int64_t i = as_int(c, n, v, t);
         return ((i % 2) == 0) == (t[0] == 'e');
     }
     if (!strcmp(t, "divisibleby")) {
         int64_t d = as_int(c, n, a0, "divisibleby");
-        if (!d) jfail(c, n, "division by zero");
+        if (!d) td_jfail(c, n, "division by zero");
         return as_int(c, n, v, "divisibleby") % d == 0;
     }
     if (!strcmp(t, "lower") || !strcmp(t, "upper")) {
         if (v.k != V_STR) return false;
         jv m = map_case(c, v, t[0] == 'l' ? 0 : 1);
-        return jv_eq(m, v);
+        return td_jv_eq(m, v);
     }
     if (!strcmp(t, "escaped")) return (v.flags & JF_SAFE) != 0;
-    jfail(c, n, "unknown test '%s'", t);
+    td_jfail(c, n, "unknown test '%s'", t);
 }
 
 /* ---- methods ---- */
@@ -626,10 +626,10 @@ static jv str_find(jctx *c, const jnode *n, jv s, jv sub, bool rev) {
         for (size_t p = s.s.n >= sub.s.n ? s.s.n - sub.s.n + 1 : 0; p-- > 0;)
             if (!memcmp(s.s.p + p, sub.s.p, sub.s.n)) { hit = s.s.p + p; break; }
     if (!hit) return jv_int(-1);
-    return jv_int((int64_t)ju_len(s.s.p, (size_t)(hit - s.s.p)));
+    return jv_int((int64_t)td_ju_len(s.s.p, (size_t)(hit - s.s.p)));
 }
 
-jv jmethod(jctx *c, const jnode *n, jv obj, const char *m, jv *args, int nargs, const char **kw, jv *kwv,
+jv td_jmethod(jctx *c, const jnode *n, jv obj, const char *m, jv *args, int nargs, const char **kw, jv *kwv,
            int nkw, bool *found) {
     *found = true;
     if (obj.k == V_STR) {
@@ -641,7 +641,7 @@ jv jmethod(jctx *c, const jnode *n, jv obj, const char *m, jv *args, int nargs, 
         if (!strcmp(m, "split") || !strcmp(m, "rsplit")) {
             jv sep = ARG(0, "sep", jv_none());
             jv ms = ARG(1, "maxsplit", jv_int(-1));
-            if (sep.k == V_STR && !sep.s.n) jfail(c, n, "empty separator");
+            if (sep.k == V_STR && !sep.s.n) td_jfail(c, n, "empty separator");
             return str_split(c, obj, sep, as_int(c, n, ms, "maxsplit"), m[0] == 'r');
         }
         if (!strcmp(m, "replace")) {
@@ -658,35 +658,35 @@ jv jmethod(jctx *c, const jnode *n, jv obj, const char *m, jv *args, int nargs, 
         if (!strcmp(m, "rfind")) return str_find(c, n, obj, ARG(0, NULL, jv_undef(NULL)), true);
         if (!strcmp(m, "index") || !strcmp(m, "rindex")) {
             jv r = str_find(c, n, obj, ARG(0, NULL, jv_undef(NULL)), m[0] == 'r');
-            if (r.i < 0) jfail(c, n, "substring not found");
+            if (r.i < 0) td_jfail(c, n, "substring not found");
             return r;
         }
         if (!strcmp(m, "count")) {
             jv sub = ARG(0, NULL, jv_undef(NULL));
             need_str(c, n, sub, "count");
-            if (!sub.s.n) return jv_int((int64_t)ju_len(obj.s.p, obj.s.n) + 1);
+            if (!sub.s.n) return jv_int((int64_t)td_ju_len(obj.s.p, obj.s.n) + 1);
             int64_t k = 0;
             for (const char *p = obj.s.p; (p = memmem(p, obj.s.n - (size_t)(p - obj.s.p), sub.s.p, sub.s.n)); p += sub.s.n) k++;
             return jv_int(k);
         }
         if (!strcmp(m, "join")) {
-            jlist *l = jiter(c, n, ARG(0, NULL, jv_undef(NULL)));
+            jlist *l = td_jiter(c, n, ARG(0, NULL, jv_undef(NULL)));
             jbuf b = {.a = c->a};
-            jb_put(&b, "", 0);
+            td_jb_put(&b, "", 0);
             for (size_t i = 0; i < l->n; i++) {
-                if (l->v[i].k != V_STR) jfail(c, n, "sequence item %zu: expected str instance, %s found", i, jv_type_name(l->v[i]));
-                if (i) jb_put(&b, obj.s.p, obj.s.n);
-                jb_put(&b, l->v[i].s.p, l->v[i].s.n);
+                if (l->v[i].k != V_STR) td_jfail(c, n, "sequence item %zu: expected str instance, %s found", i, td_jv_type_name(l->v[i]));
+                if (i) td_jb_put(&b, obj.s.p, obj.s.n);
+                td_jb_put(&b, l->v[i].s.p, l->v[i].s.n);
             }
             return jv_str(b.p, b.n);
         }
         if (!strcmp(m, "splitlines")) {
-            jlist *l = jl_new(c->a, 8);
+            jlist *l = td_jl_new(c->a, 8);
             size_t i = 0;
             while (i < obj.s.n) {
                 size_t e = i;
                 while (e < obj.s.n && obj.s.p[e] != '\n' && obj.s.p[e] != '\r') e++;
-                jl_push(c->a, l, jv_str(obj.s.p + i, e - i));
+                td_jl_push(c->a, l, jv_str(obj.s.p + i, e - i));
                 if (e < obj.s.n && obj.s.p[e] == '\r' && e + 1 < obj.s.n && obj.s.p[e + 1] == '\n') e++;
                 i = e + 1;
             }
@@ -701,21 +701,21 @@ jv jmethod(jctx *c, const jnode *n, jv obj, const char *m, jv *args, int nargs, 
     } else if (obj.k == V_DICT && !(obj.flags & JF_NS)) {
         if (obj.flags & JF_LOOP) {
             if (!strcmp(m, "cycle")) {
-                if (!nargs) jfail(c, n, "no items for cycling given");
+                if (!nargs) td_jfail(c, n, "no items for cycling given");
                 jv idx;
-                jd_get(obj.d, "index0", 6, &idx);
+                td_jd_get(obj.d, "index0", 6, &idx);
                 return args[idx.i % nargs];
             }
         } else {
             if (!strcmp(m, "get")) {
                 jv out;
-                if (jd_getv(obj.d, ARG(0, NULL, jv_undef(NULL)), &out)) return out;
+                if (td_jd_getv(obj.d, ARG(0, NULL, jv_undef(NULL)), &out)) return out;
                 return ARG(1, NULL, jv_none());
             }
             if (!strcmp(m, "items")) return items_of(c, n, obj);
             if (!strcmp(m, "keys") || !strcmp(m, "values")) {
-                jlist *l = jl_new(c->a, obj.d->n + 1);
-                for (size_t i = 0; i < obj.d->n; i++) jl_push(c->a, l, m[0] == 'k' ? obj.d->k[i] : obj.d->v[i]);
+                jlist *l = td_jl_new(c->a, obj.d->n + 1);
+                for (size_t i = 0; i < obj.d->n; i++) td_jl_push(c->a, l, m[0] == 'k' ? obj.d->k[i] : obj.d->v[i]);
                 return jv_list(l);
             }
         }
@@ -724,11 +724,11 @@ jv jmethod(jctx *c, const jnode *n, jv obj, const char *m, jv *args, int nargs, 
             jv x = ARG(0, NULL, jv_undef(NULL));
             int64_t k = 0;
             for (size_t i = 0; i < obj.l->n; i++)
-                if (jv_eq(obj.l->v[i], x)) {
+                if (td_jv_eq(obj.l->v[i], x)) {
                     if (m[0] == 'i') return jv_int((int64_t)i);
                     k++;
                 }
-            if (m[0] == 'i') jfail(c, n, "value is not in list");
+            if (m[0] == 'i') td_jfail(c, n, "value is not in list");
             return jv_int(k);
         }
     }
@@ -736,47 +736,47 @@ jv jmethod(jctx *c, const jnode *n, jv obj, const char *m, jv *args, int nargs, 
     return jv_undef(NULL);
 }
 
-jv jcall_global(jctx *c, const jnode *n, int fn, jv *args, int nargs, const char **kw, jv *kwv, int nkw) {
+jv td_jcall_global(jctx *c, const jnode *n, int fn, jv *args, int nargs, const char **kw, jv *kwv, int nkw) {
     switch (fn) {
     case FN_RANGE: {
         int64_t a = 0, b, s = 1;
         if (nargs == 1) b = as_int(c, n, args[0], "range");
         else if (nargs >= 2) { a = as_int(c, n, args[0], "range"); b = as_int(c, n, args[1], "range"); if (nargs > 2) s = as_int(c, n, args[2], "range"); }
-        else jfail(c, n, "range expected at least 1 argument");
-        if (!s) jfail(c, n, "range() arg 3 must not be zero");
+        else td_jfail(c, n, "range expected at least 1 argument");
+        if (!s) td_jfail(c, n, "range() arg 3 must not be zero");
         /* length first, in unsigned arithmetic (no overflow), then the items */
         uint64_t len = 0;
         if (s > 0 && a < b) len = ((uint64_t)b - (uint64_t)a - 1) / (uint64_t)s + 1;
         else if (s < 0 && a > b) len = ((uint64_t)a - (uint64_t)b - 1) / (0 - (uint64_t)s) + 1;
-        if (len > TPL_MAX_ITEMS) jfail(c, n, "range too large (%llu items, limit %zu)", (unsigned long long)len, TPL_MAX_ITEMS);
-        jlist *l = jl_new(c->a, (size_t)len + 1);
+        if (len > TPL_MAX_ITEMS) td_jfail(c, n, "range too large (%llu items, limit %zu)", (unsigned long long)len, TPL_MAX_ITEMS);
+        jlist *l = td_jl_new(c->a, (size_t)len + 1);
         int64_t i = a;
         for (uint64_t k = 0; k < len; k++) {
-            jl_push(c->a, l, jv_int(i));
+            td_jl_push(c->a, l, jv_int(i));
             if (k + 1 < len) i += s; /* stays inside [a, b) */
         }
         return jv_list(l);
     }
     case FN_NAMESPACE: case FN_DICT: {
-        jdict *d = jd_new(c->a, (size_t)nkw + 4);
+        jdict *d = td_jd_new(c->a, (size_t)nkw + 4);
         for (int i = 0; i < nargs; i++) { /* namespace(dict) / dict(mapping) */
-            if (args[i].k != V_DICT) jfail(c, n, "%s() positional argument must be a mapping", fn == FN_DICT ? "dict" : "namespace");
-            for (size_t j = 0; j < args[i].d->n; j++) jd_set(c->a, d, args[i].d->k[j], args[i].d->v[j]);
+            if (args[i].k != V_DICT) td_jfail(c, n, "%s() positional argument must be a mapping", fn == FN_DICT ? "dict" : "namespace");
+            for (size_t j = 0; j < args[i].d->n; j++) td_jd_set(c->a, d, args[i].d->k[j], args[i].d->v[j]);
         }
         for (int i = 0; i < nkw; i++) {
-            if (fn == FN_NAMESPACE && kw[i][0] == '_') jfail(c, n, "namespace attributes cannot start with '_'");
-            jd_set(c->a, d, jv_str(kw[i], strlen(kw[i])), kwv[i]);
+            if (fn == FN_NAMESPACE && kw[i][0] == '_') td_jfail(c, n, "namespace attributes cannot start with '_'");
+            td_jd_set(c->a, d, jv_str(kw[i], strlen(kw[i])), kwv[i]);
         }
         jv v = jv_dict(d);
         if (fn == FN_NAMESPACE) v.flags = JF_NS;
         return v;
     }
     case FN_RAISE: {
-        jv m = nargs ? jstr_value(c, args[0]) : jv_str("", 0);
-        jfail(c, n, "raise_exception: %.*s", (int)(m.s.n > 600 ? 600 : m.s.n), m.s.p);
+        jv m = nargs ? td_jstr_value(c, args[0]) : jv_str("", 0);
+        td_jfail(c, n, "raise_exception: %.*s", (int)(m.s.n > 600 ? 600 : m.s.n), m.s.p);
     }
     case FN_STRFTIME: {
-        if (nargs < 1 || args[0].k != V_STR) jfail(c, n, "strftime_now needs a format string");
+        if (nargs < 1 || args[0].k != V_STR) td_jfail(c, n, "strftime_now needs a format string");
         time_t now = time(NULL);
         struct tm tmv;
         localtime_r(&now, &tmv);
@@ -784,6 +784,6 @@ jv jcall_global(jctx *c, const jnode *n, int fn, jv *args, int nargs, const char
         size_t k = strftime(buf, sizeof buf, args[0].s.p, &tmv);
         return mkstr(c, buf, k);
     }
-    default: jfail(c, n, "unsupported global function");
+    default: td_jfail(c, n, "unsupported global function");
     }
 }

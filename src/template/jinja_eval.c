@@ -9,7 +9,7 @@
 #include "template/jinja.h"
 #include "util/err.h"
 
-_Noreturn void jfail(jctx *c, const jnode *n, const char *fmt, ...) {
+_Noreturn void td_jfail(jctx *c, const jnode *n, const char *fmt, ...) {
     char msg[700];
     va_list ap;
     va_start(ap, fmt);
@@ -20,38 +20,38 @@ _Noreturn void jfail(jctx *c, const jnode *n, const char *fmt, ...) {
     longjmp(c->jb, 1);
 }
 
-_Noreturn void jint_overflow(jctx *c, const jnode *n) { jfail(c, n, "integer overflow (64-bit integers)"); }
+_Noreturn void td_jint_overflow(jctx *c, const jnode *n) { td_jfail(c, n, "integer overflow (64-bit integers)"); }
 
 /* One step of the render budget: a node evaluated or a loop iteration. */
 static void step(jctx *c, const jnode *n) {
     jlimits *l = &c->lim;
     l->at = n;
-    if (++l->steps > TPL_MAX_STEPS) jfail(c, n, "template exceeded its limit of %d evaluation steps", TPL_MAX_STEPS);
+    if (++l->steps > TPL_MAX_STEPS) td_jfail(c, n, "template exceeded its limit of %d evaluation steps", TPL_MAX_STEPS);
     jwork(c->a, 16);
 }
 
 static bool lookup(jframe *f, const char *name, size_t n, jv *out) {
     for (; f; f = f->parent)
-        if (jd_get(f->vars, name, n, out)) return true;
+        if (td_jd_get(f->vars, name, n, out)) return true;
     return false;
 }
 
 static void set_var(jctx *c, jframe *f, const char *name, jv v) {
-    jd_set(c->a, f->vars, jv_str(name, strlen(name)), v);
+    td_jd_set(c->a, f->vars, jv_str(name, strlen(name)), v);
 }
 
 static jframe *new_frame(jctx *c, jframe *parent) {
-    jframe *f = ja_alloc(c->a, sizeof *f);
+    jframe *f = td_ja_alloc(c->a, sizeof *f);
     f->parent = parent;
-    f->vars = jd_new(c->a, 8);
+    f->vars = td_jd_new(c->a, 8);
     return f;
 }
 
-jv jstr_value(jctx *c, jv v) {
+jv td_jstr_value(jctx *c, jv v) {
     if (v.k == V_STR) return v;
     jbuf b = {.a = c->a};
-    jb_put(&b, "", 0);
-    jv_str_to(&b, v, false);
+    td_jb_put(&b, "", 0);
+    td_jv_str_to(&b, v, false);
     return jv_str(b.p, b.n);
 }
 
@@ -60,14 +60,14 @@ static const char *undef_msg(jv v) { return v.undef ? v.undef : "value"; }
 static jv get_attr(jctx *c, const jnode *n, jv obj, const char *name, size_t nl) {
     jv out;
     switch (obj.k) {
-    case V_UNDEF: jfail(c, n, "'%s' is undefined (reading attribute '%s')", undef_msg(obj), name);
+    case V_UNDEF: td_jfail(c, n, "'%s' is undefined (reading attribute '%s')", undef_msg(obj), name);
     case V_DICT:
-        if (jd_get(obj.d, name, nl, &out)) return out;
+        if (td_jd_get(obj.d, name, nl, &out)) return out;
         break;
     default: break;
     }
-    char *nm = ja_alloc(c->a, nl + 64);
-    snprintf(nm, nl + 64, "%s object has no attribute '%s'", jv_type_name(obj), name);
+    char *nm = td_ja_alloc(c->a, nl + 64);
+    snprintf(nm, nl + 64, "%s object has no attribute '%s'", td_jv_type_name(obj), name);
     return jv_undef(nm);
 }
 
@@ -75,10 +75,10 @@ static int64_t norm_index(int64_t i, size_t n) { return i < 0 ? i + (int64_t)n :
 
 static jv get_item(jctx *c, const jnode *n, jv obj, jv key) {
     switch (obj.k) {
-    case V_UNDEF: jfail(c, n, "'%s' is undefined (subscripted)", undef_msg(obj));
+    case V_UNDEF: td_jfail(c, n, "'%s' is undefined (subscripted)", undef_msg(obj));
     case V_DICT: {
         jv out;
-        if (jd_getv(obj.d, key, &out)) return out;
+        if (td_jd_getv(obj.d, key, &out)) return out;
         if (key.k == V_STR) return get_attr(c, n, obj, key.s.p, key.s.n);
         return jv_undef("missing key");
     }
@@ -92,10 +92,10 @@ static jv get_item(jctx *c, const jnode *n, jv obj, jv key) {
     case V_STR:
         if (key.k == V_INT || key.k == V_BOOL) {
             jwork(c->a, obj.s.n >> 5);
-            size_t len = ju_len(obj.s.p, obj.s.n);
+            size_t len = td_ju_len(obj.s.p, obj.s.n);
             int64_t i = norm_index(key.k == V_INT ? key.i : key.b, len);
             if (i >= 0 && (size_t)i < len) {
-                size_t a = ju_off(obj.s.p, obj.s.n, (size_t)i), b = ju_off(obj.s.p, obj.s.n, (size_t)i + 1);
+                size_t a = td_ju_off(obj.s.p, obj.s.n, (size_t)i), b = td_ju_off(obj.s.p, obj.s.n, (size_t)i + 1);
                 return jv_str(obj.s.p + a, b - a);
             }
             return jv_undef("string index out of range");
@@ -109,7 +109,7 @@ static jv get_item(jctx *c, const jnode *n, jv obj, jv key) {
 
 static int64_t slice_bound(jctx *c, const jnode *n, jv v, int64_t dflt, int64_t len, int64_t step) {
     if (v.k == V_NONE || v.k == V_UNDEF) return dflt;
-    if (v.k != V_INT) jfail(c, n, "slice indices must be integers");
+    if (v.k != V_INT) td_jfail(c, n, "slice indices must be integers");
     int64_t i = v.i;
     if (i < 0) { i += len; if (i < 0) i = step < 0 ? -1 : 0; }
     else if (i >= len) i = step < 0 ? len - 1 : len;
@@ -119,32 +119,32 @@ static int64_t slice_bound(jctx *c, const jnode *n, jv v, int64_t dflt, int64_t 
 static jv do_slice(jctx *c, const jnode *n, jv obj, jv a, jv b, jv s) {
     int64_t step = 1;
     if (s.k == V_INT) step = s.i;
-    else if (s.k != V_NONE && s.k != V_UNDEF) jfail(c, n, "slice step must be an integer");
-    if (step == 0) jfail(c, n, "slice step cannot be zero");
+    else if (s.k != V_NONE && s.k != V_UNDEF) td_jfail(c, n, "slice step must be an integer");
+    if (step == 0) td_jfail(c, n, "slice step cannot be zero");
     bool is_str = obj.k == V_STR;
-    if (!is_str && obj.k != V_LIST) jfail(c, n, "cannot slice a %s", jv_type_name(obj));
+    if (!is_str && obj.k != V_LIST) td_jfail(c, n, "cannot slice a %s", td_jv_type_name(obj));
     if (is_str) jwork(c->a, obj.s.n >> 5);
-    int64_t len = is_str ? (int64_t)ju_len(obj.s.p, obj.s.n) : (int64_t)obj.l->n;
+    int64_t len = is_str ? (int64_t)td_ju_len(obj.s.p, obj.s.n) : (int64_t)obj.l->n;
     int64_t start = slice_bound(c, n, a, step < 0 ? len - 1 : 0, len, step);
     int64_t stop = slice_bound(c, n, b, step < 0 ? -1 : len, len, step);
     if (is_str) {
         jbuf out = {.a = c->a};
-        jb_put(&out, "", 0);
+        td_jb_put(&out, "", 0);
         /* code point offsets once, then pick */
-        size_t *offs = ja_alloc(c->a, ((size_t)len + 1) * sizeof *offs);
+        size_t *offs = td_ja_alloc(c->a, ((size_t)len + 1) * sizeof *offs);
         size_t k = 0;
         for (size_t i = 0; i < obj.s.n; i++)
             if (((unsigned char)obj.s.p[i] & 0xC0) != 0x80) offs[k++] = i;
         offs[k] = obj.s.n;
         for (int64_t i = start; step > 0 ? i < stop : i > stop;) {
-            jb_put(&out, obj.s.p + offs[i], offs[i + 1] - offs[i]);
+            td_jb_put(&out, obj.s.p + offs[i], offs[i + 1] - offs[i]);
             if (__builtin_add_overflow(i, step, &i)) break;
         }
         return jv_str(out.p, out.n);
     }
-    jlist *l = jl_new(c->a, 8);
+    jlist *l = td_jl_new(c->a, 8);
     for (int64_t i = start; step > 0 ? i < stop : i > stop;) {
-        jl_push(c->a, l, obj.l->v[i]);
+        td_jl_push(c->a, l, obj.l->v[i]);
         if (__builtin_add_overflow(i, step, &i)) break;
     }
     return jv_list(l);
@@ -174,28 +174,28 @@ static bool ipow(int64_t x, int64_t e, int64_t *out) {
 static jv int_binop(jctx *c, const jnode *n, const char *op, int64_t x, int64_t y) {
     int64_t r;
     switch (op[0]) {
-    case '+': if (__builtin_add_overflow(x, y, &r)) jint_overflow(c, n); return jv_int(r);
-    case '-': if (__builtin_sub_overflow(x, y, &r)) jint_overflow(c, n); return jv_int(r);
+    case '+': if (__builtin_add_overflow(x, y, &r)) td_jint_overflow(c, n); return jv_int(r);
+    case '-': if (__builtin_sub_overflow(x, y, &r)) td_jint_overflow(c, n); return jv_int(r);
     case '*':
         if (op[1] == '*') {
             if (y < 0) {
-                if (x == 0) jfail(c, n, "division by zero (0 cannot be raised to a negative power)");
+                if (x == 0) td_jfail(c, n, "division by zero (0 cannot be raised to a negative power)");
                 return jv_float(pow((double)x, (double)y));
             }
-            if (!ipow(x, y, &r)) jint_overflow(c, n);
+            if (!ipow(x, y, &r)) td_jint_overflow(c, n);
             return jv_int(r);
         }
-        if (__builtin_mul_overflow(x, y, &r)) jint_overflow(c, n);
+        if (__builtin_mul_overflow(x, y, &r)) td_jint_overflow(c, n);
         return jv_int(r);
     case '/':
-        if (y == 0) jfail(c, n, "division by zero");
+        if (y == 0) td_jfail(c, n, "division by zero");
         if (op[1] == '/') {
-            if (x == INT64_MIN && y == -1) jint_overflow(c, n);
+            if (x == INT64_MIN && y == -1) td_jint_overflow(c, n);
             return jv_int(floordiv(x, y));
         }
         return jv_float((double)x / (double)y);
     default: /* % */
-        if (y == 0) jfail(c, n, "modulo by zero");
+        if (y == 0) td_jfail(c, n, "modulo by zero");
         if (y == -1) return jv_int(0);
         r = x % y;
         if (r && ((r < 0) != (y < 0))) r += y;
@@ -205,7 +205,7 @@ static jv int_binop(jctx *c, const jnode *n, const char *op, int64_t x, int64_t 
 
 static jv binop(jctx *c, const jnode *n, const char *op, jv a, jv b) {
     if (a.k == V_UNDEF || b.k == V_UNDEF)
-        jfail(c, n, "'%s' is undefined (operand of '%s')", undef_msg(a.k == V_UNDEF ? a : b), op);
+        td_jfail(c, n, "'%s' is undefined (operand of '%s')", undef_msg(a.k == V_UNDEF ? a : b), op);
     bool both_int = (a.k == V_INT || a.k == V_BOOL) && (b.k == V_INT || b.k == V_BOOL);
     if (is_num(a) && is_num(b)) {
         if (both_int) return int_binop(c, n, op, numi(a), numi(b));
@@ -216,48 +216,48 @@ static jv binop(jctx *c, const jnode *n, const char *op, jv a, jv b) {
             if (op[1] == '*') return jv_float(pow(numf(a), numf(b)));
             return jv_float(numf(a) * numf(b));
         case '/':
-            if (numf(b) == 0) jfail(c, n, "division by zero");
+            if (numf(b) == 0) td_jfail(c, n, "division by zero");
             if (op[1] == '/') return jv_float(floor(numf(a) / numf(b)));
             return jv_float(numf(a) / numf(b));
         case '%':
-            if (numf(b) == 0) jfail(c, n, "modulo by zero");
+            if (numf(b) == 0) td_jfail(c, n, "modulo by zero");
             { double r = fmod(numf(a), numf(b)); if (r != 0 && ((r < 0) != (numf(b) < 0))) r += numf(b); return jv_float(r); }
         }
     }
     if (op[0] == '+' && a.k == V_STR && b.k == V_STR) {
-        if (a.s.n + b.s.n > TPL_MAX_OUTPUT) jfail(c, n, "string too large (over %zu MiB)", TPL_MAX_OUTPUT >> 20);
-        char *p = ja_alloc(c->a, a.s.n + b.s.n + 1);
+        if (a.s.n + b.s.n > TPL_MAX_OUTPUT) td_jfail(c, n, "string too large (over %zu MiB)", TPL_MAX_OUTPUT >> 20);
+        char *p = td_ja_alloc(c->a, a.s.n + b.s.n + 1);
         memcpy(p, a.s.p, a.s.n);
         memcpy(p + a.s.n, b.s.p, b.s.n);
         p[a.s.n + b.s.n] = 0;
         return jv_str(p, a.s.n + b.s.n);
     }
     if (op[0] == '+' && a.k == V_LIST && b.k == V_LIST) {
-        if (a.l->n + b.l->n > TPL_MAX_ITEMS) jfail(c, n, "list too large (over %zu items)", TPL_MAX_ITEMS);
-        jlist *l = jl_new(c->a, a.l->n + b.l->n + 1);
-        for (size_t i = 0; i < a.l->n; i++) jl_push(c->a, l, a.l->v[i]);
-        for (size_t i = 0; i < b.l->n; i++) jl_push(c->a, l, b.l->v[i]);
+        if (a.l->n + b.l->n > TPL_MAX_ITEMS) td_jfail(c, n, "list too large (over %zu items)", TPL_MAX_ITEMS);
+        jlist *l = td_jl_new(c->a, a.l->n + b.l->n + 1);
+        for (size_t i = 0; i < a.l->n; i++) td_jl_push(c->a, l, a.l->v[i]);
+        for (size_t i = 0; i < b.l->n; i++) td_jl_push(c->a, l, b.l->v[i]);
         return jv_list(l);
     }
     if (op[0] == '*' && op[1] == 0 && ((a.k == V_STR && b.k == V_INT) || (a.k == V_INT && b.k == V_STR))) {
         jv s = a.k == V_STR ? a : b;
         int64_t k = a.k == V_INT ? a.i : b.i;
         if (k <= 0 || !s.s.n) return jv_str("", 0);
-        if ((uint64_t)k > TPL_MAX_OUTPUT / s.s.n) jfail(c, n, "string too large (over %zu MiB)", TPL_MAX_OUTPUT >> 20);
+        if ((uint64_t)k > TPL_MAX_OUTPUT / s.s.n) td_jfail(c, n, "string too large (over %zu MiB)", TPL_MAX_OUTPUT >> 20);
         jbuf o = {.a = c->a};
-        jb_put(&o, "", 0);
-        for (int64_t i = 0; i < k; i++) jb_put(&o, s.s.p, s.s.n);
+        td_jb_put(&o, "", 0);
+        for (int64_t i = 0; i < k; i++) td_jb_put(&o, s.s.p, s.s.n);
         return jv_str(o.p, o.n);
     }
     if (op[0] == '*' && op[1] == 0 && a.k == V_LIST && b.k == V_INT) {
-        if (b.i <= 0 || !a.l->n) return jv_list(jl_new(c->a, 1));
-        if ((uint64_t)b.i > TPL_MAX_ITEMS / a.l->n) jfail(c, n, "list too large (over %zu items)", TPL_MAX_ITEMS);
-        jlist *l = jl_new(c->a, a.l->n * (size_t)b.i);
+        if (b.i <= 0 || !a.l->n) return jv_list(td_jl_new(c->a, 1));
+        if ((uint64_t)b.i > TPL_MAX_ITEMS / a.l->n) td_jfail(c, n, "list too large (over %zu items)", TPL_MAX_ITEMS);
+        jlist *l = td_jl_new(c->a, a.l->n * (size_t)b.i);
         for (int64_t i = 0; i < b.i; i++)
-            for (size_t j = 0; j < a.l->n; j++) jl_push(c->a, l, a.l->v[j]);
+            for (size_t j = 0; j < a.l->n; j++) td_jl_push(c->a, l, a.l->v[j]);
         return jv_list(l);
     }
-    jfail(c, n, "unsupported operand types for %s: '%s' and '%s'", op, jv_type_name(a), jv_type_name(b));
+    td_jfail(c, n, "unsupported operand types for %s: '%s' and '%s'", op, td_jv_type_name(a), td_jv_type_name(b));
 }
 
 static int cmp_str(jv a, jv b) {
@@ -266,44 +266,44 @@ static int cmp_str(jv a, jv b) {
     return r ? r : (a.s.n > b.s.n) - (a.s.n < b.s.n);
 }
 
-int jv_cmp(jctx *c, const jnode *n, jv a, jv b) {
+int td_jv_cmp(jctx *c, const jnode *n, jv a, jv b) {
     if (is_num(a) && is_num(b)) { double x = numf(a), y = numf(b); return (x > y) - (x < y); }
     if (a.k == V_STR && b.k == V_STR) return cmp_str(a, b);
     if (a.k == V_LIST && b.k == V_LIST) {
         for (size_t i = 0; i < a.l->n && i < b.l->n; i++) {
-            if (jv_eq(a.l->v[i], b.l->v[i])) continue;
-            return jv_cmp(c, n, a.l->v[i], b.l->v[i]);
+            if (td_jv_eq(a.l->v[i], b.l->v[i])) continue;
+            return td_jv_cmp(c, n, a.l->v[i], b.l->v[i]);
         }
         return (a.l->n > b.l->n) - (a.l->n < b.l->n);
     }
-    jfail(c, n, "'<' not supported between instances of '%s' and '%s'", jv_type_name(a), jv_type_name(b));
+    td_jfail(c, n, "'<' not supported between instances of '%s' and '%s'", td_jv_type_name(a), td_jv_type_name(b));
 }
 
-bool jv_contains(jctx *c, const jnode *n, jv hay, jv needle) {
+bool td_jv_contains(jctx *c, const jnode *n, jv hay, jv needle) {
     switch (hay.k) {
     case V_STR:
-        if (needle.k != V_STR) jfail(c, n, "'in <string>' requires string as left operand, not %s", jv_type_name(needle));
+        if (needle.k != V_STR) td_jfail(c, n, "'in <string>' requires string as left operand, not %s", td_jv_type_name(needle));
         jwork(c->a, hay.s.n >> 6);
         if (!needle.s.n) return true;
         return memmem(hay.s.p, hay.s.n, needle.s.p, needle.s.n) != NULL;
     case V_LIST:
         jwork(c->a, hay.l->n);
         for (size_t i = 0; i < hay.l->n; i++)
-            if (jv_eq(hay.l->v[i], needle)) return true;
+            if (td_jv_eq(hay.l->v[i], needle)) return true;
         return false;
-    case V_DICT: return jd_getv(hay.d, needle, NULL);
+    case V_DICT: return td_jd_getv(hay.d, needle, NULL);
     case V_UNDEF: return false;
-    default: jfail(c, n, "argument of type '%s' is not iterable", jv_type_name(hay));
+    default: td_jfail(c, n, "argument of type '%s' is not iterable", td_jv_type_name(hay));
     }
 }
 
 static jv compare(jctx *c, const jnode *n, const char *op, jv a, jv b) {
-    if (!strcmp(op, "==")) return jv_bool(jv_eq(a, b));
-    if (!strcmp(op, "!=")) return jv_bool(!jv_eq(a, b));
-    if (!strcmp(op, "in")) return jv_bool(jv_contains(c, n, b, a));
-    if (!strcmp(op, "not in")) return jv_bool(!jv_contains(c, n, b, a));
-    if (a.k == V_UNDEF || b.k == V_UNDEF) jfail(c, n, "'%s' is undefined (compared)", undef_msg(a.k == V_UNDEF ? a : b));
-    int r = jv_cmp(c, n, a, b);
+    if (!strcmp(op, "==")) return jv_bool(td_jv_eq(a, b));
+    if (!strcmp(op, "!=")) return jv_bool(!td_jv_eq(a, b));
+    if (!strcmp(op, "in")) return jv_bool(td_jv_contains(c, n, b, a));
+    if (!strcmp(op, "not in")) return jv_bool(!td_jv_contains(c, n, b, a));
+    if (a.k == V_UNDEF || b.k == V_UNDEF) td_jfail(c, n, "'%s' is undefined (compared)", undef_msg(a.k == V_UNDEF ? a : b));
+    int r = td_jv_cmp(c, n, a, b);
     if (!strcmp(op, "<")) return jv_bool(r < 0);
     if (!strcmp(op, ">")) return jv_bool(r > 0);
     if (!strcmp(op, "<=")) return jv_bool(r <= 0);
@@ -313,42 +313,42 @@ static jv compare(jctx *c, const jnode *n, const char *op, jv a, jv b) {
 /* Evaluates call arguments: n->a[first..] with the last nkw named. */
 static int eval_args(jctx *c, jframe *f, const jnode *n, int first, jv **args, jv **kwv) {
     int total = n->na - first, npos = total - n->nkw;
-    jv *all = ja_alloc(c->a, (size_t)(total + 1) * sizeof *all);
-    for (int i = 0; i < total; i++) all[i] = jeval(c, f, n->a[first + i]);
+    jv *all = td_ja_alloc(c->a, (size_t)(total + 1) * sizeof *all);
+    for (int i = 0; i < total; i++) all[i] = td_jeval(c, f, n->a[first + i]);
     *args = all;
     *kwv = all + npos;
     return npos;
 }
 
-jv jcall_macro(jctx *c, const jnode *m, jv *args, int nargs, const char **kw, jv *kwv, int nkw, const jnode *at) {
-    if (c->depth >= TPL_MAX_MACRO_DEPTH) jfail(c, at, "macro recursion too deep (more than %d calls)", TPL_MAX_MACRO_DEPTH);
+jv td_jcall_macro(jctx *c, const jnode *m, jv *args, int nargs, const char **kw, jv *kwv, int nkw, const jnode *at) {
+    if (c->depth >= TPL_MAX_MACRO_DEPTH) td_jfail(c, at, "macro recursion too deep (more than %d calls)", TPL_MAX_MACRO_DEPTH);
     jframe *f = new_frame(c, c->root);
     int np = m->nkw;
-    jlist *varargs = jl_new(c->a, 4);
-    jdict *kwargs = jd_new(c->a, 4);
+    jlist *varargs = td_jl_new(c->a, 4);
+    jdict *kwargs = td_jd_new(c->a, 4);
     for (int i = 0; i < nargs; i++) {
         if (i < np) set_var(c, f, m->kw[i], args[i]);
-        else jl_push(c->a, varargs, args[i]);
+        else td_jl_push(c->a, varargs, args[i]);
     }
     for (int k = 0; k < nkw; k++) {
         int i = 0;
         while (i < np && strcmp(m->kw[i], kw[k])) i++;
-        if (i == np) { jd_set(c->a, kwargs, jv_str(kw[k], strlen(kw[k])), kwv[k]); continue; }
-        if (i < nargs) jfail(c, at, "macro '%s' got multiple values for argument '%s'", m->name, kw[k]);
+        if (i == np) { td_jd_set(c->a, kwargs, jv_str(kw[k], strlen(kw[k])), kwv[k]); continue; }
+        if (i < nargs) td_jfail(c, at, "macro '%s' got multiple values for argument '%s'", m->name, kw[k]);
         set_var(c, f, m->kw[i], kwv[k]);
     }
     for (int i = 0; i < np; i++) {
-        if (jd_get(f->vars, m->kw[i], strlen(m->kw[i]), NULL)) continue;
-        set_var(c, f, m->kw[i], m->a[i] ? jeval(c, f, m->a[i]) : jv_undef(m->kw[i]));
+        if (td_jd_get(f->vars, m->kw[i], strlen(m->kw[i]), NULL)) continue;
+        set_var(c, f, m->kw[i], m->a[i] ? td_jeval(c, f, m->a[i]) : jv_undef(m->kw[i]));
     }
     jv va = jv_list(varargs);
     va.flags = JF_TUPLE;
     set_var(c, f, "varargs", va);
     set_var(c, f, "kwargs", jv_dict(kwargs));
     jbuf out = {.a = c->a};
-    jb_put(&out, "", 0);
+    td_jb_put(&out, "", 0);
     c->depth++;
-    jexec(c, f, m->a[np], &out);
+    td_jexec(c, f, m->a[np], &out);
     c->depth--;
     jv r = jv_str(out.p, out.n);
     r.flags = JF_SAFE;
@@ -359,24 +359,24 @@ static jv eval_call(jctx *c, jframe *f, const jnode *n) {
     const jnode *callee = n->a[0];
     jv *args, *kwv;
     if (callee->k == N_ATTR) {
-        jv obj = jeval(c, f, callee->a[0]);
-        if (obj.k == V_UNDEF) jfail(c, callee, "'%s' is undefined (calling .%s())", undef_msg(obj), callee->name);
+        jv obj = td_jeval(c, f, callee->a[0]);
+        if (obj.k == V_UNDEF) td_jfail(c, callee, "'%s' is undefined (calling .%s())", undef_msg(obj), callee->name);
         int na = eval_args(c, f, n, 1, &args, &kwv);
         bool found = false;
         if (!(obj.k == V_DICT && (obj.flags & JF_NS))) {
-            jv r = jmethod(c, n, obj, callee->name, args, na, n->kw, kwv, n->nkw, &found);
+            jv r = td_jmethod(c, n, obj, callee->name, args, na, n->kw, kwv, n->nkw, &found);
             if (found) return r;
         }
         jv fn = get_attr(c, callee, obj, callee->name, callee->name_n);
-        if (fn.k == V_MACRO) return jcall_macro(c, fn.m, args, na, n->kw, kwv, n->nkw, n);
-        jfail(c, n, "'%s' object has no method '%s'", jv_type_name(obj), callee->name);
+        if (fn.k == V_MACRO) return td_jcall_macro(c, fn.m, args, na, n->kw, kwv, n->nkw, n);
+        td_jfail(c, n, "'%s' object has no method '%s'", td_jv_type_name(obj), callee->name);
     }
-    jv fn = jeval(c, f, callee);
+    jv fn = td_jeval(c, f, callee);
     int na = eval_args(c, f, n, 1, &args, &kwv);
-    if (fn.k == V_MACRO) return jcall_macro(c, fn.m, args, na, n->kw, kwv, n->nkw, n);
-    if (fn.k == V_FUNC) return jcall_global(c, n, fn.fn, args, na, n->kw, kwv, n->nkw);
-    if (fn.k == V_UNDEF) jfail(c, n, "'%s' is undefined (called)", undef_msg(fn));
-    jfail(c, n, "'%s' object is not callable", jv_type_name(fn));
+    if (fn.k == V_MACRO) return td_jcall_macro(c, fn.m, args, na, n->kw, kwv, n->nkw, n);
+    if (fn.k == V_FUNC) return td_jcall_global(c, n, fn.fn, args, na, n->kw, kwv, n->nkw);
+    if (fn.k == V_UNDEF) td_jfail(c, n, "'%s' is undefined (called)", undef_msg(fn));
+    td_jfail(c, n, "'%s' object is not callable", td_jv_type_name(fn));
 }
 
 static const struct { const char *name; int fn; } GLOBALS[] = {
@@ -386,22 +386,22 @@ static const struct { const char *name; int fn; } GLOBALS[] = {
 static jv eval_node(jctx *c, jframe *f, const jnode *n);
 static int exec_node(jctx *c, jframe *f, const jnode *n, jbuf *out);
 
-/* Recursion through jeval/jexec is bounded: long chains (a + b + c ...)
+/* Recursion through td_jeval/td_jexec is bounded: long chains (a + b + c ...)
  * parse into trees as deep as they are long. */
 static void enter(jctx *c, const jnode *n) {
     if (++c->edepth > TPL_MAX_EVAL_DEPTH)
-        jfail(c, n, "template nested too deeply (more than %d levels while rendering)", TPL_MAX_EVAL_DEPTH);
+        td_jfail(c, n, "template nested too deeply (more than %d levels while rendering)", TPL_MAX_EVAL_DEPTH);
     step(c, n);
 }
 
-jv jeval(jctx *c, jframe *f, const jnode *n) {
+jv td_jeval(jctx *c, jframe *f, const jnode *n) {
     enter(c, n);
     jv v = eval_node(c, f, n);
     c->edepth--;
     return v;
 }
 
-int jexec(jctx *c, jframe *f, const jnode *n, jbuf *out) {
+int td_jexec(jctx *c, jframe *f, const jnode *n, jbuf *out) {
     enter(c, n);
     int fl = exec_node(c, f, n, out);
     c->edepth--;
@@ -419,90 +419,90 @@ static jv eval_node(jctx *c, jframe *f, const jnode *n) {
         return jv_undef(n->name);
     }
     case N_LIST: case N_TUPLE: {
-        jlist *l = jl_new(c->a, (size_t)n->na + 1);
-        for (int i = 0; i < n->na; i++) jl_push(c->a, l, jeval(c, f, n->a[i]));
+        jlist *l = td_jl_new(c->a, (size_t)n->na + 1);
+        for (int i = 0; i < n->na; i++) td_jl_push(c->a, l, td_jeval(c, f, n->a[i]));
         jv v = jv_list(l);
         if (n->k == N_TUPLE) v.flags = JF_TUPLE;
         return v;
     }
     case N_DICT: {
-        jdict *d = jd_new(c->a, (size_t)n->na / 2 + 1);
-        for (int i = 0; i + 1 < n->na; i += 2) jd_set(c->a, d, jeval(c, f, n->a[i]), jeval(c, f, n->a[i + 1]));
+        jdict *d = td_jd_new(c->a, (size_t)n->na / 2 + 1);
+        for (int i = 0; i + 1 < n->na; i += 2) td_jd_set(c->a, d, td_jeval(c, f, n->a[i]), td_jeval(c, f, n->a[i + 1]));
         return jv_dict(d);
     }
-    case N_ATTR: return get_attr(c, n, jeval(c, f, n->a[0]), n->name, n->name_n);
-    case N_ITEM: return get_item(c, n, jeval(c, f, n->a[0]), jeval(c, f, n->a[1]));
+    case N_ATTR: return get_attr(c, n, td_jeval(c, f, n->a[0]), n->name, n->name_n);
+    case N_ITEM: return get_item(c, n, td_jeval(c, f, n->a[0]), td_jeval(c, f, n->a[1]));
     case N_SLICE: {
-        jv o = jeval(c, f, n->a[0]);
-        jv a = n->a[1] ? jeval(c, f, n->a[1]) : jv_none(), b = n->a[2] ? jeval(c, f, n->a[2]) : jv_none(),
-           s = n->a[3] ? jeval(c, f, n->a[3]) : jv_none();
-        if (o.k == V_UNDEF) jfail(c, n, "'%s' is undefined (sliced)", undef_msg(o));
+        jv o = td_jeval(c, f, n->a[0]);
+        jv a = n->a[1] ? td_jeval(c, f, n->a[1]) : jv_none(), b = n->a[2] ? td_jeval(c, f, n->a[2]) : jv_none(),
+           s = n->a[3] ? td_jeval(c, f, n->a[3]) : jv_none();
+        if (o.k == V_UNDEF) td_jfail(c, n, "'%s' is undefined (sliced)", undef_msg(o));
         return do_slice(c, n, o, a, b, s);
     }
     case N_CALL: return eval_call(c, f, n);
     case N_FILTER: {
         jv *args, *kwv;
-        jv v = n->a[0] ? jeval(c, f, n->a[0]) : jv_undef(NULL);
+        jv v = n->a[0] ? td_jeval(c, f, n->a[0]) : jv_undef(NULL);
         int na = eval_args(c, f, n, 1, &args, &kwv);
-        return jfilter(c, f, n, v, args, na, n->kw, kwv, n->nkw);
+        return td_jfilter(c, f, n, v, args, na, n->kw, kwv, n->nkw);
     }
     case N_TEST: {
         jv *args, *kwv;
-        jv v = jeval(c, f, n->a[0]);
+        jv v = td_jeval(c, f, n->a[0]);
         int na = eval_args(c, f, n, 1, &args, &kwv);
-        bool r = jtest(c, n, n->name, v, args, na);
+        bool r = td_jtest(c, n, n->name, v, args, na);
         return jv_bool(n->neg ? !r : r);
     }
-    case N_BIN: return binop(c, n, n->name, jeval(c, f, n->a[0]), jeval(c, f, n->a[1]));
+    case N_BIN: return binop(c, n, n->name, td_jeval(c, f, n->a[0]), td_jeval(c, f, n->a[1]));
     case N_CONCAT: {
-        jv a = jstr_value(c, jeval(c, f, n->a[0])), b = jstr_value(c, jeval(c, f, n->a[1]));
+        jv a = td_jstr_value(c, td_jeval(c, f, n->a[0])), b = td_jstr_value(c, td_jeval(c, f, n->a[1]));
         return binop(c, n, "+", a, b);
     }
-    case N_CMP: return compare(c, n, n->name, jeval(c, f, n->a[0]), jeval(c, f, n->a[1]));
+    case N_CMP: return compare(c, n, n->name, td_jeval(c, f, n->a[0]), td_jeval(c, f, n->a[1]));
     case N_NEG: case N_POS: {
-        jv v = jeval(c, f, n->a[0]);
+        jv v = td_jeval(c, f, n->a[0]);
         if (v.k == V_INT || v.k == V_BOOL) {
-            if (n->k == N_NEG && numi(v) == INT64_MIN) jint_overflow(c, n);
+            if (n->k == N_NEG && numi(v) == INT64_MIN) td_jint_overflow(c, n);
             return jv_int(n->k == N_NEG ? -numi(v) : numi(v));
         }
         if (v.k == V_FLOAT) return jv_float(n->k == N_NEG ? -v.f : v.f);
-        jfail(c, n, "bad operand type for unary %s: '%s'", n->k == N_NEG ? "-" : "+", jv_type_name(v));
+        td_jfail(c, n, "bad operand type for unary %s: '%s'", n->k == N_NEG ? "-" : "+", td_jv_type_name(v));
     }
-    case N_NOT: return jv_bool(!jv_truthy(jeval(c, f, n->a[0])));
-    case N_AND: { jv a = jeval(c, f, n->a[0]); return jv_truthy(a) ? jeval(c, f, n->a[1]) : a; }
-    case N_OR: { jv a = jeval(c, f, n->a[0]); return jv_truthy(a) ? a : jeval(c, f, n->a[1]); }
+    case N_NOT: return jv_bool(!td_jv_truthy(td_jeval(c, f, n->a[0])));
+    case N_AND: { jv a = td_jeval(c, f, n->a[0]); return td_jv_truthy(a) ? td_jeval(c, f, n->a[1]) : a; }
+    case N_OR: { jv a = td_jeval(c, f, n->a[0]); return td_jv_truthy(a) ? a : td_jeval(c, f, n->a[1]); }
     case N_COND:
-        if (jv_truthy(jeval(c, f, n->a[0]))) return jeval(c, f, n->a[1]);
-        return n->a[2] ? jeval(c, f, n->a[2]) : jv_undef("conditional expression without else");
-    default: jfail(c, n, "internal: not an expression");
+        if (td_jv_truthy(td_jeval(c, f, n->a[0]))) return td_jeval(c, f, n->a[1]);
+        return n->a[2] ? td_jeval(c, f, n->a[2]) : jv_undef("conditional expression without else");
+    default: td_jfail(c, n, "internal: not an expression");
     }
 }
 
 /* Items a for loop (or a filter) iterates over. */
-jlist *jiter(jctx *c, const jnode *n, jv v) {
+jlist *td_jiter(jctx *c, const jnode *n, jv v) {
     switch (v.k) {
     case V_LIST: return v.l;
-    case V_UNDEF: return jl_new(c->a, 1);
+    case V_UNDEF: return td_jl_new(c->a, 1);
     case V_DICT: {
         if (v.flags & (JF_NS | JF_LOOP)) break;
-        jlist *l = jl_new(c->a, v.d->n + 1);
-        for (size_t i = 0; i < v.d->n; i++) jl_push(c->a, l, v.d->k[i]);
+        jlist *l = td_jl_new(c->a, v.d->n + 1);
+        for (size_t i = 0; i < v.d->n; i++) td_jl_push(c->a, l, v.d->k[i]);
         return l;
     }
     case V_STR: {
-        if (v.s.n >= TPL_MAX_ITEMS) jfail(c, n, "string too long to iterate (over %zu items)", TPL_MAX_ITEMS);
-        jlist *l = jl_new(c->a, v.s.n + 1);
+        if (v.s.n >= TPL_MAX_ITEMS) td_jfail(c, n, "string too long to iterate (over %zu items)", TPL_MAX_ITEMS);
+        jlist *l = td_jl_new(c->a, v.s.n + 1);
         for (size_t i = 0; i < v.s.n;) {
             size_t j = i + 1;
             while (j < v.s.n && ((unsigned char)v.s.p[j] & 0xC0) == 0x80) j++;
-            jl_push(c->a, l, jv_str(v.s.p + i, j - i));
+            td_jl_push(c->a, l, jv_str(v.s.p + i, j - i));
             i = j;
         }
         return l;
     }
     default: break;
     }
-    jfail(c, n, "'%s' object is not iterable", jv_type_name(v));
+    td_jfail(c, n, "'%s' object is not iterable", td_jv_type_name(v));
 }
 
 static void assign(jctx *c, jframe *f, const jnode *target, jv v) {
@@ -511,37 +511,37 @@ static void assign(jctx *c, jframe *f, const jnode *target, jv v) {
         jv ns;
         const jnode *obj = target->a[0];
         if (!lookup(f, obj->name, obj->name_n, &ns) || ns.k != V_DICT || !(ns.flags & JF_NS))
-            jfail(c, target, "cannot assign attribute on non-namespace object '%s'", obj->name);
-        jd_set(c->a, ns.d, jv_str(target->name, target->name_n), v);
+            td_jfail(c, target, "cannot assign attribute on non-namespace object '%s'", obj->name);
+        td_jd_set(c->a, ns.d, jv_str(target->name, target->name_n), v);
         return;
     }
     /* tuple unpacking */
-    jlist *items = jiter(c, target, v);
+    jlist *items = td_jiter(c, target, v);
     if (items->n != (size_t)target->na)
-        jfail(c, target, "cannot unpack %zu values into %d names", items->n, target->na);
+        td_jfail(c, target, "cannot unpack %zu values into %d names", items->n, target->na);
     for (int i = 0; i < target->na; i++) set_var(c, f, target->a[i]->name, items->v[i]);
 }
 
 enum { FLOW_NORMAL, FLOW_BREAK, FLOW_CONTINUE };
 
 static int exec_for(jctx *c, jframe *f, const jnode *n, jbuf *out) {
-    jlist *src = jiter(c, n, jeval(c, f, n->a[1]));
+    jlist *src = td_jiter(c, n, td_jeval(c, f, n->a[1]));
     jlist *items = src;
     if (n->a[2]) { /* `for x in xs if cond`: loop.* counts the kept items */
-        items = jl_new(c->a, src->n + 1);
+        items = td_jl_new(c->a, src->n + 1);
         for (size_t i = 0; i < src->n; i++) {
             jframe *tf = new_frame(c, f);
             assign(c, tf, n->a[0], src->v[i]);
-            if (jv_truthy(jeval(c, tf, n->a[2]))) jl_push(c->a, items, src->v[i]);
+            if (td_jv_truthy(td_jeval(c, tf, n->a[2]))) td_jl_push(c->a, items, src->v[i]);
         }
     }
     size_t len = items->n;
-    if (!len) return n->a[4] ? jexec(c, f, n->a[4], out) : FLOW_NORMAL;
+    if (!len) return n->a[4] ? td_jexec(c, f, n->a[4], out) : FLOW_NORMAL;
     for (size_t i = 0; i < len; i++) {
         step(c, n);
         jframe *lf = new_frame(c, f);
-        jdict *loop = jd_new(c->a, 12);
-#define LSET(k, v) jd_set(c->a, loop, jv_str(k, strlen(k)), v)
+        jdict *loop = td_jd_new(c->a, 12);
+#define LSET(k, v) td_jd_set(c->a, loop, jv_str(k, strlen(k)), v)
         LSET("index", jv_int((int64_t)i + 1));
         LSET("index0", jv_int((int64_t)i));
         LSET("revindex", jv_int((int64_t)(len - i)));
@@ -558,7 +558,7 @@ static int exec_for(jctx *c, jframe *f, const jnode *n, jbuf *out) {
         lv.flags = JF_LOOP;
         set_var(c, lf, "loop", lv);
         assign(c, lf, n->a[0], items->v[i]);
-        int fl = jexec(c, lf, n->a[3], out);
+        int fl = td_jexec(c, lf, n->a[3], out);
         if (fl == FLOW_BREAK) break;
     }
     return FLOW_NORMAL;
@@ -568,23 +568,23 @@ static int exec_node(jctx *c, jframe *f, const jnode *n, jbuf *out) {
     switch (n->k) {
     case N_BODY:
         for (int i = 0; i < n->na; i++) {
-            int fl = jexec(c, f, n->a[i], out);
+            int fl = td_jexec(c, f, n->a[i], out);
             if (fl != FLOW_NORMAL) return fl;
         }
         return FLOW_NORMAL;
-    case N_DATA: jb_put(out, n->lit.s.p, n->lit.s.n); return FLOW_NORMAL;
-    case N_OUT: jv_str_to(out, jeval(c, f, n->a[0]), false); return FLOW_NORMAL;
+    case N_DATA: td_jb_put(out, n->lit.s.p, n->lit.s.n); return FLOW_NORMAL;
+    case N_OUT: td_jv_str_to(out, td_jeval(c, f, n->a[0]), false); return FLOW_NORMAL;
     case N_IF:
         for (int i = 0; i + 1 < n->na; i += 2)
-            if (jv_truthy(jeval(c, f, n->a[i]))) return jexec(c, f, n->a[i + 1], out);
-        if (n->na % 2 == 1 && n->a[n->na - 1]) return jexec(c, f, n->a[n->na - 1], out);
+            if (td_jv_truthy(td_jeval(c, f, n->a[i]))) return td_jexec(c, f, n->a[i + 1], out);
+        if (n->na % 2 == 1 && n->a[n->na - 1]) return td_jexec(c, f, n->a[n->na - 1], out);
         return FLOW_NORMAL;
     case N_FOR: return exec_for(c, f, n, out);
-    case N_SET: assign(c, f, n->a[0], jeval(c, f, n->a[1])); return FLOW_NORMAL;
+    case N_SET: assign(c, f, n->a[0], td_jeval(c, f, n->a[1])); return FLOW_NORMAL;
     case N_SETBLOCK: {
         jbuf b = {.a = c->a};
-        jb_put(&b, "", 0);
-        jexec(c, f, n->a[1], &b);
+        td_jb_put(&b, "", 0);
+        td_jexec(c, f, n->a[1], &b);
         jv v = jv_str(b.p, b.n);
         /* filters of a block set: a chain whose innermost operand is NULL */
         if (n->a[2]) {
@@ -594,7 +594,7 @@ static int exec_node(jctx *c, jframe *f, const jnode *n, jbuf *out) {
             while (k--) {
                 jv *args, *kwv;
                 int na = eval_args(c, f, chain[k], 1, &args, &kwv);
-                v = jfilter(c, f, chain[k], v, args, na, chain[k]->kw, kwv, chain[k]->nkw);
+                v = td_jfilter(c, f, chain[k], v, args, na, chain[k]->kw, kwv, chain[k]->nkw);
             }
         }
         set_var(c, f, n->a[0]->name, v);
@@ -608,11 +608,11 @@ static int exec_node(jctx *c, jframe *f, const jnode *n, jbuf *out) {
     }
     case N_BREAK: return FLOW_BREAK;
     case N_CONTINUE: return FLOW_CONTINUE;
-    default: jv_str_to(out, jeval(c, f, n), false); return FLOW_NORMAL;
+    default: td_jv_str_to(out, td_jeval(c, f, n), false); return FLOW_NORMAL;
     }
 }
 
-int tpl_parse(const char *src, size_t len, tpl **out, td_err *err) {
+int td_tpl_parse(const char *src, size_t len, tpl **out, td_err *err) {
     *out = NULL;
     tpl *t = TD_CALLOC(err, 1, sizeof *t);
     if (!t) return TD_ERR_NOMEM;
@@ -620,21 +620,21 @@ int tpl_parse(const char *src, size_t len, tpl **out, td_err *err) {
     jmp_buf oom;
     t->arena.oom = &oom;
     if (setjmp(oom)) {
-        tpl_free(t);
+        td_tpl_free(t);
         return TD_FAIL(err, TD_ERR_NOMEM, "out of memory parsing template");
     }
-    int rc = jinja_lex(&t->arena, src, len, &p.toks, &p.nt, err);
-    if (rc) { tpl_free(t); return rc; }
-    if (setjmp(p.jb)) { tpl_free(t); return TD_ERR_FORMAT; }
-    t->root = jinja_parse(&p);
+    int rc = td_jinja_lex(&t->arena, src, len, &p.toks, &p.nt, err);
+    if (rc) { td_tpl_free(t); return rc; }
+    if (setjmp(p.jb)) { td_tpl_free(t); return TD_ERR_FORMAT; }
+    t->root = td_jinja_parse(&p);
     t->arena.oom = NULL;
     *out = t;
     return 0;
 }
 
-void tpl_free(tpl *t) {
+void td_tpl_free(tpl *t) {
     if (!t) return;
-    ja_free(&t->arena);
+    td_ja_free(&t->arena);
     free(t);
 }
 
@@ -646,8 +646,8 @@ static int render(const tpl *t, jctx *c, jframe *root, char **out, size_t *len) 
                        .deadline_ns = (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec + (int64_t)TPL_MAX_RENDER_MS * 1000000};
     c->a->lim = &c->lim;
     jbuf b = {.a = c->a};
-    jb_put(&b, "", 0);
-    jexec(c, root, t->root, &b);
+    td_jb_put(&b, "", 0);
+    td_jexec(c, root, t->root, &b);
     c->a->lim = NULL;
     char *r = TD_MALLOC(c->err, b.n + 1);
     if (!r) return TD_ERR_NOMEM;
@@ -657,22 +657,22 @@ static int render(const tpl *t, jctx *c, jframe *root, char **out, size_t *len) 
     return 0;
 }
 
-int tpl_render(const tpl *t, const json_t *ctx, char **out, size_t *len, td_err *err) {
+int td_tpl_render(const tpl *t, const json_t *ctx, char **out, size_t *len, td_err *err) {
     jarena a = {0};
     jmp_buf oom;
     a.oom = &oom;
     jctx c = {.a = &a, .err = err};
     int rc;
-    if (setjmp(oom)) { ja_free(&a); return TD_FAIL(err, TD_ERR_NOMEM, "out of memory rendering template"); }
-    if (setjmp(c.jb)) { ja_free(&a); return err ? err->code : TD_ERR_ARG; }
+    if (setjmp(oom)) { td_ja_free(&a); return TD_FAIL(err, TD_ERR_NOMEM, "out of memory rendering template"); }
+    if (setjmp(c.jb)) { td_ja_free(&a); return err ? err->code : TD_ERR_ARG; }
     jframe *root = new_frame(&c, NULL);
     c.root = root;
     if (ctx) {
-        jv v = jv_from_json(&a, ctx);
+        jv v = td_jv_from_json(&a, ctx);
         if (v.k == V_DICT) root->vars = v.d;
     }
     rc = render(t, &c, root, out, len);
-    ja_free(&a);
+    td_ja_free(&a);
     return rc;
 }
 
@@ -685,24 +685,24 @@ static jv alias_reasoning(jctx *c, jv msg) {
     jv r;
     bool have = false;
     for (int i = 0; i < 3 && !have; i++)
-        have = jd_get(msg.d, F[i], strlen(F[i]), &r) && r.k != V_NONE;
+        have = td_jd_get(msg.d, F[i], strlen(F[i]), &r) && r.k != V_NONE;
     if (!have) return msg;
-    jdict *d = jd_new(c->a, msg.d->n + 3);
-    jd_set(c->a, d, jv_str("thinking", 8), r);
-    for (size_t i = 0; i < msg.d->n; i++) jd_set(c->a, d, msg.d->k[i], msg.d->v[i]);
-    jd_set(c->a, d, jv_str("reasoning_content", 17), r);
+    jdict *d = td_jd_new(c->a, msg.d->n + 3);
+    td_jd_set(c->a, d, jv_str("thinking", 8), r);
+    for (size_t i = 0; i < msg.d->n; i++) td_jd_set(c->a, d, msg.d->k[i], msg.d->v[i]);
+    td_jd_set(c->a, d, jv_str("reasoning_content", 17), r);
     return jv_dict(d);
 }
 
-int tpl_apply_chat(const tpl *t, const tpl_chat_args *x, char **out, size_t *len, td_err *err) {
+int td_tpl_apply_chat(const tpl *t, const tpl_chat_args *x, char **out, size_t *len, td_err *err) {
     jarena a = {0};
     jmp_buf oom;
     a.oom = &oom;
     jctx c = {.a = &a, .err = err};
-    if (setjmp(oom)) { ja_free(&a); return TD_FAIL(err, TD_ERR_NOMEM, "out of memory rendering template"); }
-    if (setjmp(c.jb)) { ja_free(&a); return err ? err->code : TD_ERR_ARG; }
+    if (setjmp(oom)) { td_ja_free(&a); return TD_FAIL(err, TD_ERR_NOMEM, "out of memory rendering template"); }
+    if (setjmp(c.jb)) { td_ja_free(&a); return err ? err->code : TD_ERR_ARG; }
     if (!json_is_array(x->messages)) {
-        ja_free(&a);
+        td_ja_free(&a);
         return TD_FAIL(err, TD_ERR_ARG, "messages must be a JSON array");
     }
     jframe *root = new_frame(&c, NULL);
@@ -714,18 +714,18 @@ int tpl_apply_chat(const tpl *t, const tpl_chat_args *x, char **out, size_t *len
     if (x->kwargs) { /* kwargs override special tokens */
         const char *k;
         json_t *v;
-        json_object_foreach((json_t *)x->kwargs, k, v) set_var(&c, root, ja_strndup(&a, k, strlen(k)), jv_from_json(&a, v));
+        json_object_foreach((json_t *)x->kwargs, k, v) set_var(&c, root, td_ja_strndup(&a, k, strlen(k)), td_jv_from_json(&a, v));
     }
-    jv msgs = jv_from_json(&a, x->messages);
+    jv msgs = td_jv_from_json(&a, x->messages);
     for (size_t i = 0; i < msgs.l->n; i++) {
-        if (msgs.l->v[i].k != V_DICT) jfail(&c, NULL, "chat messages should be objects");
+        if (msgs.l->v[i].k != V_DICT) td_jfail(&c, NULL, "chat messages should be objects");
         msgs.l->v[i] = alias_reasoning(&c, msgs.l->v[i]);
     }
     set_var(&c, root, "messages", msgs);
-    set_var(&c, root, "tools", x->tools && !json_is_null(x->tools) ? jv_from_json(&a, x->tools) : jv_none());
-    set_var(&c, root, "documents", x->documents && !json_is_null(x->documents) ? jv_from_json(&a, x->documents) : jv_none());
+    set_var(&c, root, "tools", x->tools && !json_is_null(x->tools) ? td_jv_from_json(&a, x->tools) : jv_none());
+    set_var(&c, root, "documents", x->documents && !json_is_null(x->documents) ? td_jv_from_json(&a, x->documents) : jv_none());
     set_var(&c, root, "add_generation_prompt", jv_bool(x->add_generation_prompt));
     int rc = render(t, &c, root, out, len);
-    ja_free(&a);
+    td_ja_free(&a);
     return rc;
 }

@@ -48,7 +48,7 @@ static _Noreturn void lfail(lexer *L, size_t off, const char *what) {
 static jtok *push(lexer *L, jtk type, const char *s, size_t n, size_t off) {
     if (L->n == L->cap) {
         size_t nc = L->cap ? L->cap * 2 : 256;
-        jtok *nt = ja_alloc(L->a, nc * sizeof *nt);
+        jtok *nt = td_ja_alloc(L->a, nc * sizeof *nt);
         if (L->n) memcpy(nt, L->t, L->n * sizeof *nt);
         L->t = nt;
         L->cap = nc;
@@ -67,7 +67,7 @@ static bool is_ws(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\
 /* Newlines in data become \n (Jinja's newline_sequence). */
 static void push_data(lexer *L, const char *s, size_t n, size_t off) {
     if (!n) return;
-    char *d = ja_alloc(L->a, n + 1);
+    char *d = td_ja_alloc(L->a, n + 1);
     size_t o = 0;
     for (size_t i = 0; i < n; i++) {
         if (s[i] == '\r') {
@@ -112,7 +112,7 @@ static size_t lex_string(lexer *L, size_t i) {
     size_t end = i;
     while (end < L->len && L->src[end] != q) end += L->src[end] == '\\' ? 2 : 1;
     if (end > L->len) end = L->len;
-    char *d = ja_alloc(L->a, end - i + 1);
+    char *d = td_ja_alloc(L->a, end - i + 1);
     size_t o = 0;
     while (i < L->len && L->src[i] != q) {
         char c = L->src[i];
@@ -215,7 +215,7 @@ static size_t lex_expr(lexer *L, size_t i, char close, bool *strip) {
                     while (j < L->len && L->src[j] >= '0' && L->src[j] <= '9') j++;
                 }
             }
-            char *buf = ja_alloc(L->a, j - i + 1);
+            char *buf = td_ja_alloc(L->a, j - i + 1);
             size_t bn = 0;
             for (size_t k = i; k < j; k++)
                 if (L->src[k] != '_') buf[bn++] = L->src[k];
@@ -260,11 +260,11 @@ static size_t raw_tag(const lexer *L, size_t i, const char *word, bool *strip_af
     return 0;
 }
 
-int jinja_lex(jarena *a, const char *src0, size_t len0, jtok **toks, size_t *nt, td_err *err) {
+int td_jinja_lex(jarena *a, const char *src0, size_t len0, jtok **toks, size_t *nt, td_err *err) {
     jmp_buf jb;
     /* Like Jinja: every \r\n or \r becomes \n before lexing, and one
      * trailing newline is dropped (keep_trailing_newline=False). */
-    char *norm = ja_alloc(a, len0 + 1);
+    char *norm = td_ja_alloc(a, len0 + 1);
     size_t len = 0;
     for (size_t i = 0; i < len0; i++) {
         if (src0[i] == '\r') {

@@ -31,10 +31,10 @@ static bool is_name(const jtok *t, const char *nm) { return t->t == TK_NAME && t
 static bool accept_op(jparse *p, const char *op) { if (is_op(peek(p), op)) { next(p); return true; } return false; }
 static bool accept_name(jparse *p, const char *nm) { if (is_name(peek(p), nm)) { next(p); return true; } return false; }
 static void expect_op(jparse *p, const char *op) { if (!accept_op(p, op)) pfail(p, peek(p), "expected '%s'", op); }
-static const char *tokname(jparse *p, const jtok *t) { return ja_strndup(p->a, t->s, t->n); }
+static const char *tokname(jparse *p, const jtok *t) { return td_ja_strndup(p->a, t->s, t->n); }
 
 static jnode *mk(jparse *p, jnk k, const jtok *at) {
-    jnode *n = ja_alloc(p->a, sizeof *n);
+    jnode *n = td_ja_alloc(p->a, sizeof *n);
     memset(n, 0, sizeof *n);
     n->k = k;
     n->line = at->line;
@@ -47,7 +47,7 @@ typedef struct { jnode **v; int n, cap; } nvec;
 static void nv_push(jparse *p, nvec *v, jnode *x) {
     if (v->n == v->cap) {
         int nc = v->cap ? v->cap * 2 : 4;
-        jnode **nn = ja_alloc(p->a, (size_t)nc * sizeof *nn);
+        jnode **nn = td_ja_alloc(p->a, (size_t)nc * sizeof *nn);
         if (v->n) memcpy(nn, v->v, (size_t)v->n * sizeof *nn);
         v->v = nn;
         v->cap = nc;
@@ -72,7 +72,7 @@ static void parse_args(jparse *p, jnode *n) {
             next(p);
             if (nkw == kcap) {
                 kcap = kcap ? kcap * 2 : 4;
-                const char **nk = ja_alloc(p->a, (size_t)kcap * sizeof *nk);
+                const char **nk = td_ja_alloc(p->a, (size_t)kcap * sizeof *nk);
                 if (nkw) memcpy(nk, kw, (size_t)nkw * sizeof *nk);
                 kw = nk;
             }
@@ -85,7 +85,7 @@ static void parse_args(jparse *p, jnode *n) {
     }
     expect_op(p, ")");
     n->na = args.n + kwv.n;
-    n->a = ja_alloc(p->a, (size_t)(n->na ? n->na : 1) * sizeof *n->a);
+    n->a = td_ja_alloc(p->a, (size_t)(n->na ? n->na : 1) * sizeof *n->a);
     for (int i = 0; i < args.n; i++) n->a[i] = args.v[i];
     for (int i = 0; i < kwv.n; i++) n->a[args.n + i] = kwv.v[i];
     n->kw = kw;
@@ -108,8 +108,8 @@ static jnode *parse_primary(jparse *p) {
     if (t->t == TK_STRING) {
         /* adjacent literals concatenate */
         jbuf b = {.a = p->a};
-        jb_put(&b, "", 0);
-        while (peek(p)->t == TK_STRING) { jtok *s = next(p); jb_put(&b, s->s, s->n); }
+        td_jb_put(&b, "", 0);
+        while (peek(p)->t == TK_STRING) { jtok *s = next(p); td_jb_put(&b, s->s, s->n); }
         n = mk(p, N_LIT, t);
         n->lit = jv_str(b.p, b.n);
         return n;
@@ -179,7 +179,7 @@ static jnode *parse_postfix(jparse *p, jnode *n) {
                 jnode *idx = mk(p, N_LIT, nm);
                 idx->lit = jv_int(nm->i);
                 jnode *it = mk(p, N_ITEM, t);
-                it->a = ja_alloc(p->a, 2 * sizeof *it->a);
+                it->a = td_ja_alloc(p->a, 2 * sizeof *it->a);
                 it->a[0] = n; it->a[1] = idx; it->na = 2;
                 n = it;
                 continue;
@@ -188,7 +188,7 @@ static jnode *parse_postfix(jparse *p, jnode *n) {
             jnode *at = mk(p, N_ATTR, t);
             at->name = tokname(p, nm);
             at->name_n = nm->n;
-            at->a = ja_alloc(p->a, sizeof *at->a);
+            at->a = td_ja_alloc(p->a, sizeof *at->a);
             at->a[0] = n; at->na = 1;
             n = at;
         } else if (is_op(t, "[")) {
@@ -204,7 +204,7 @@ static jnode *parse_postfix(jparse *p, jnode *n) {
             }
             expect_op(p, "]");
             jnode *it = mk(p, slice ? N_SLICE : N_ITEM, t);
-            it->a = ja_alloc(p->a, 4 * sizeof *it->a);
+            it->a = td_ja_alloc(p->a, 4 * sizeof *it->a);
             it->a[0] = n;
             if (slice) { it->a[1] = parts[0]; it->a[2] = parts[1]; it->a[3] = parts[2]; it->na = 4; }
             else { it->a[1] = parts[0]; it->na = 2; if (!parts[0]) pfail(p, t, "%s", "empty subscript"); }
@@ -214,7 +214,7 @@ static jnode *parse_postfix(jparse *p, jnode *n) {
             jnode *c = mk(p, N_CALL, t);
             parse_args(p, c);
             /* callee stored as name slot child: prepend */
-            jnode **na = ja_alloc(p->a, (size_t)(c->na + 1) * sizeof *na);
+            jnode **na = td_ja_alloc(p->a, (size_t)(c->na + 1) * sizeof *na);
             na[0] = n;
             for (int i = 0; i < c->na; i++) na[i + 1] = c->a[i];
             c->a = na;
@@ -228,7 +228,7 @@ static jnode *parse_postfix(jparse *p, jnode *n) {
 
 /* Filter/test nodes: a[0] = operand, a[1..] = args (kwargs last, names in kw). */
 static jnode *with_operand(jparse *p, jnode *f, jnode *operand) {
-    jnode **na = ja_alloc(p->a, (size_t)(f->na + 1) * sizeof *na);
+    jnode **na = td_ja_alloc(p->a, (size_t)(f->na + 1) * sizeof *na);
     na[0] = operand;
     for (int i = 0; i < f->na; i++) na[i + 1] = f->a[i];
     f->a = na;
@@ -264,7 +264,7 @@ static jnode *parse_filter_expr(jparse *p, jnode *n) {
                 /* one argument without parentheses: `is divisibleby 3` */
                 jnode *arg = parse_primary(p);
                 arg = parse_postfix(p, arg);
-                f->a = ja_alloc(p->a, sizeof *f->a);
+                f->a = td_ja_alloc(p->a, sizeof *f->a);
                 f->a[0] = arg;
                 f->na = 1;
             }
@@ -283,7 +283,7 @@ static jnode *parse_unary(jparse *p, bool with_filter) {
     if (is_op(t, "-") || is_op(t, "+")) {
         next(p);
         n = mk(p, is_op(t, "-") ? N_NEG : N_POS, t);
-        n->a = ja_alloc(p->a, sizeof *n->a);
+        n->a = td_ja_alloc(p->a, sizeof *n->a);
         enter(p, t);
         n->a[0] = parse_unary(p, false);
         leave(p);
@@ -297,7 +297,7 @@ static jnode *parse_unary(jparse *p, bool with_filter) {
 static jnode *bin(jparse *p, jnk k, const jtok *t, const char *op, jnode *l, jnode *r) {
     jnode *n = mk(p, k, t);
     n->name = op;
-    n->a = ja_alloc(p->a, 2 * sizeof *n->a);
+    n->a = td_ja_alloc(p->a, 2 * sizeof *n->a);
     n->a[0] = l; n->a[1] = r; n->na = 2;
     return n;
 }
@@ -364,7 +364,7 @@ static jnode *parse_not(jparse *p) {
     if (is_name(t, "not")) {
         next(p);
         jnode *n = mk(p, N_NOT, t);
-        n->a = ja_alloc(p->a, sizeof *n->a);
+        n->a = td_ja_alloc(p->a, sizeof *n->a);
         enter(p, t);
         n->a[0] = parse_not(p);
         leave(p);
@@ -402,7 +402,7 @@ static jnode *parse_expr1(jparse *p) {
         jnode *els = NULL;
         if (accept_name(p, "else")) els = parse_expr(p);
         jnode *n = mk(p, N_COND, t);
-        n->a = ja_alloc(p->a, 3 * sizeof *n->a);
+        n->a = td_ja_alloc(p->a, 3 * sizeof *n->a);
         n->a[0] = cond; n->a[1] = e; n->a[2] = els; n->na = 3;
         e = n;
     }
@@ -457,7 +457,7 @@ static jnode *parse_target(jparse *p, bool allow_attr) {
         jnode *a = mk(p, N_ATTR, t);
         a->name = tokname(p, at);
         a->name_n = at->n;
-        a->a = ja_alloc(p->a, sizeof *a->a);
+        a->a = td_ja_alloc(p->a, sizeof *a->a);
         a->a[0] = n; a->na = 1;
         return a;
     }
@@ -508,7 +508,7 @@ static jnode *parse_stmt(jparse *p, jtok *kw) {
     if (is_name(kw, "for")) {
         /* a = [target, iter, filter or NULL, body, else or NULL] */
         n = mk(p, N_FOR, kw);
-        n->a = ja_alloc(p->a, 5 * sizeof *n->a);
+        n->a = td_ja_alloc(p->a, 5 * sizeof *n->a);
         n->na = 5;
         n->a[0] = parse_target(p, false);
         if (!accept_name(p, "in")) pfail(p, peek(p), "%s", "expected 'in'");
@@ -535,7 +535,7 @@ static jnode *parse_stmt(jparse *p, jtok *kw) {
         jnode *target = parse_target(p, true);
         if (accept_op(p, "=")) {
             n = mk(p, N_SET, kw);
-            n->a = ja_alloc(p->a, 2 * sizeof *n->a);
+            n->a = td_ja_alloc(p->a, 2 * sizeof *n->a);
             n->a[0] = target;
             n->a[1] = parse_tuple_expr(p);
             n->na = 2;
@@ -549,7 +549,7 @@ static jnode *parse_stmt(jparse *p, jtok *kw) {
         static const char *ends[] = {"endset", NULL};
         const char *which;
         n = mk(p, N_SETBLOCK, kw);
-        n->a = ja_alloc(p->a, 3 * sizeof *n->a);
+        n->a = td_ja_alloc(p->a, 3 * sizeof *n->a);
         n->a[0] = target;
         n->a[1] = parse_body(p, ends, &which);
         n->a[2] = filt;
@@ -566,7 +566,7 @@ static jnode *parse_stmt(jparse *p, jtok *kw) {
         expect_op(p, "(");
         /* params: kw[i] = name; a[i] = default or NULL; a[nkw] = body */
         nvec defs = {0};
-        const char **names = ja_alloc(p->a, 64 * sizeof *names);
+        const char **names = td_ja_alloc(p->a, 64 * sizeof *names);
         int np = 0;
         while (!is_op(peek(p), ")")) {
             if (np) expect_op(p, ",");
@@ -586,7 +586,7 @@ static jnode *parse_stmt(jparse *p, jtok *kw) {
         expect_block_end(p);
         n->kw = names;
         n->nkw = np;
-        n->a = ja_alloc(p->a, (size_t)(np + 1) * sizeof *n->a);
+        n->a = td_ja_alloc(p->a, (size_t)(np + 1) * sizeof *n->a);
         for (int i = 0; i < np; i++) n->a[i] = defs.v[i];
         n->a[np] = body;
         n->na = np + 1;
@@ -638,7 +638,7 @@ static jnode *parse_body1(jparse *p, const char **ends, const char **which) {
             nv_push(p, &v, d);
         } else if (t->t == TK_VAR_BEGIN) {
             jnode *o = mk(p, N_OUT, t);
-            o->a = ja_alloc(p->a, sizeof *o->a);
+            o->a = td_ja_alloc(p->a, sizeof *o->a);
             o->a[0] = parse_tuple_expr(p);
             o->na = 1;
             if (peek(p)->t != TK_VAR_END) pfail(p, peek(p), "unexpected '%s' (expected '}}')", tokname(p, peek(p)));
@@ -656,7 +656,7 @@ static jnode *parse_body1(jparse *p, const char **ends, const char **which) {
     }
 }
 
-jnode *jinja_parse(jparse *p) {
+jnode *td_jinja_parse(jparse *p) {
     const char *which;
     return parse_body(p, NULL, &which);
 }

@@ -19,13 +19,13 @@
 typedef struct tpl tpl;
 
 /* Parses template source (len bytes). */
-int tpl_parse(const char *src, size_t len, tpl **out, td_err *err);
-void tpl_free(tpl *t);
+int td_tpl_parse(const char *src, size_t len, tpl **out, td_err *err);
+void td_tpl_free(tpl *t);
 
 /* Renders with the variables of the JSON object ctx (borrowed). *out is
  * malloc'd and NUL-terminated; *len excludes the NUL. A raise_exception()
  * in the template is an error whose message is the template's. */
-int tpl_render(const tpl *t, const json_t *ctx, char **out, size_t *len, td_err *err);
+int td_tpl_render(const tpl *t, const json_t *ctx, char **out, size_t *len, td_err *err);
 
 /* apply_chat_template: messages (array), tools (array or NULL = None),
  * documents (array or NULL), add_generation_prompt, extra kwargs (object or
@@ -37,6 +37,6 @@ typedef struct tpl_chat_args {
     bool add_generation_prompt;
     const char *bos_token, *eos_token, *pad_token, *unk_token;
 } tpl_chat_args;
-int tpl_apply_chat(const tpl *t, const tpl_chat_args *a, char **out, size_t *len, td_err *err);
+int td_tpl_apply_chat(const tpl *t, const tpl_chat_args *a, char **out, size_t *len, td_err *err);
 
 #endif

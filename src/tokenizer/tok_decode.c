@@ -2,48 +2,48 @@
  * -> UTF-8 with invalid sequences replaced by U+FFFD, like tokenizers'
  * String::from_utf8_lossy. The streaming detokenizer holds back only an
  * incomplete sequence that later bytes could still complete, so its output
- * concatenates to exactly what tok_decode returns. */
+ * concatenates to exactly what td_tok_decode returns. */
 #include <string.h>
 #include "tokenizer/tok_internal.h"
 #include "util/err.h"
 
-const uint8_t *tok_id_bytes(const tokenizer *t, int32_t id, size_t *len) {
+const uint8_t *td_tok_id_bytes(const tokenizer *t, int32_t id, size_t *len) {
     if (id < 0 || id >= t->n_ids || !t->id_str[id]) return NULL;
     *len = t->dec_len[id];
     return t->dec_bytes + t->dec_off[id];
 }
 
-int tok_decode(const tokenizer *t, const int32_t *ids, size_t n, bool skip_special, char **out,
+int td_tok_decode(const tokenizer *t, const int32_t *ids, size_t n, bool skip_special, char **out,
                size_t *len, td_err *err) {
     size_t total = 0;
     for (size_t i = 0; i < n; i++) {
         size_t l;
-        if (tok_id_bytes(t, ids[i], &l) && !(skip_special && t->is_special[ids[i]])) total += l;
+        if (td_tok_id_bytes(t, ids[i], &l) && !(skip_special && t->is_special[ids[i]])) total += l;
     }
     char *raw = TD_MALLOC(err, total + 1);
     if (!raw) return TD_ERR_NOMEM;
     size_t o = 0;
     for (size_t i = 0; i < n; i++) {
         size_t l;
-        const uint8_t *b = tok_id_bytes(t, ids[i], &l);
+        const uint8_t *b = td_tok_id_bytes(t, ids[i], &l);
         if (!b || (skip_special && t->is_special[ids[i]])) continue;
         memcpy(raw + o, b, l);
         o += l;
     }
-    char *clean = tok_utf8_sanitize(raw, o, len);
+    char *clean = td_tok_utf8_sanitize(raw, o, len);
     free(raw);
     if (!clean) return TD_FAIL(err, TD_ERR_NOMEM, "out of memory");
     *out = clean;
     return 0;
 }
 
-void tok_stream_init(tok_stream *s, const tokenizer *t, bool skip_special) {
+void td_tok_stream_init(tok_stream *s, const tokenizer *t, bool skip_special) {
     memset(s, 0, sizeof *s);
     s->tok = t;
     s->skip_special = skip_special;
 }
 
-void tok_stream_free(tok_stream *s) {
+void td_tok_stream_free(tok_stream *s) {
     free(s->buf);
     s->buf = NULL;
     s->cap = 0;
@@ -79,7 +79,7 @@ static int stream_bytes(tok_stream *s, const uint8_t *b, size_t n, bool final, s
     s->npend = 0;
     while (i < tot) {
         if (in[i] < 0x80) { s->buf[o++] = (char)in[i++]; continue; }
-        int bad = 0, k = tok_utf8_seq(in + i, tot - i, &bad);
+        int bad = 0, k = td_tok_utf8_seq(in + i, tot - i, &bad);
         if (k) {
             memcpy(s->buf + o, in + i, (size_t)k);
             o += (size_t)k;
@@ -101,9 +101,9 @@ static int stream_bytes(tok_stream *s, const uint8_t *b, size_t n, bool final, s
     return 0;
 }
 
-int tok_stream_push(tok_stream *s, int32_t id, const char **text, size_t *len, td_err *err) {
+int td_tok_stream_push(tok_stream *s, int32_t id, const char **text, size_t *len, td_err *err) {
     size_t l = 0;
-    const uint8_t *b = tok_id_bytes(s->tok, id, &l);
+    const uint8_t *b = td_tok_id_bytes(s->tok, id, &l);
     if (!b || (s->skip_special && s->tok->is_special[id])) l = 0;
     int rc = stream_bytes(s, b ? b : (const uint8_t *)"", l, false, len, err);
     if (rc) return rc;
@@ -111,7 +111,7 @@ int tok_stream_push(tok_stream *s, int32_t id, const char **text, size_t *len, t
     return 0;
 }
 
-int tok_stream_flush(tok_stream *s, const char **text, size_t *len, td_err *err) {
+int td_tok_stream_flush(tok_stream *s, const char **text, size_t *len, td_err *err) {
     int rc = stream_bytes(s, (const uint8_t *)"", 0, true, len, err);
     if (rc) return rc;
     *text = s->buf;

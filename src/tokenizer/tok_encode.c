@@ -44,7 +44,7 @@ static int push_id(tok_encoder *e, int32_t id) {
     return 0;
 }
 
-int tok_encoder_new(const tokenizer *t, tok_encoder **out, td_err *err) {
+int td_tok_encoder_new(const tokenizer *t, tok_encoder **out, td_err *err) {
     tok_encoder *e = TD_CALLOC(err, 1, sizeof *e);
     if (!e) return TD_ERR_NOMEM;
     e->t = t;
@@ -53,8 +53,8 @@ int tok_encoder_new(const tokenizer *t, tok_encoder **out, td_err *err) {
     /* \s+(?!\S) backtracks through whole whitespace runs: give the JIT a
      * stack large enough for megabyte-long runs (mapped lazily). */
     e->js = pcre2_jit_stack_create(64 * 1024, 256 * 1024 * 1024, NULL);
-    if (!e->md || !e->mctx || !e->js || tm_str_init(&e->cache, 4096)) {
-        tok_encoder_free(e);
+    if (!e->md || !e->mctx || !e->js || td_tm_str_init(&e->cache, 4096)) {
+        td_tok_encoder_free(e);
         return TD_FAIL(err, TD_ERR_NOMEM, "out of memory (encoder)");
     }
     pcre2_jit_stack_assign(e->mctx, NULL, e->js);
@@ -62,14 +62,14 @@ int tok_encoder_new(const tokenizer *t, tok_encoder **out, td_err *err) {
     return 0;
 }
 
-void tok_encoder_free(tok_encoder *e) {
+void td_tok_encoder_free(tok_encoder *e) {
     if (!e) return;
     pcre2_match_data_free(e->md);
     pcre2_match_context_free(e->mctx);
     pcre2_jit_stack_free(e->js);
     free(e->ids); free(e->sym); free(e->rank); free(e->prev); free(e->next); free(e->heap);
     free(e->pbuf);
-    tm_str_free(&e->cache);
+    td_tm_str_free(&e->cache);
     free(e->cids);
     free(e);
 }
@@ -186,7 +186,7 @@ static size_t merge_long(tok_encoder *e, size_t m) {
 }
 
 static int cache_put(tok_encoder *e, const uint8_t *s, size_t n, const int32_t *ids, size_t k) {
-    if (e->cache.n >= CACHE_MAX_ENTRIES) { tm_str_clear(&e->cache); e->cn = 0; }
+    if (e->cache.n >= CACHE_MAX_ENTRIES) { td_tm_str_clear(&e->cache); e->cn = 0; }
     if (e->cn + k + 1 > e->ccap) {
         size_t nc = e->ccap ? e->ccap * 2 : 65536;
         while (nc < e->cn + k + 1) nc *= 2;
@@ -199,7 +199,7 @@ static int cache_put(tok_encoder *e, const uint8_t *s, size_t n, const int32_t *
     e->cids[off] = (int32_t)k;
     memcpy(e->cids + off + 1, ids, k * sizeof *ids);
     e->cn += k + 1;
-    return tm_str_put(&e->cache, s, n, (int32_t)off);
+    return td_tm_str_put(&e->cache, s, n, (int32_t)off);
 }
 
 static int bpe(tok_encoder *e, const uint8_t *s, size_t n) {
@@ -207,14 +207,14 @@ static int bpe(tok_encoder *e, const uint8_t *s, size_t n) {
     if (n == 0) return 0;
     if (n == 1) return t->byte_id[s[0]] >= 0 ? push_id(e, t->byte_id[s[0]]) : 0;
     int32_t off;
-    if (n <= CACHE_MAX_WORD && tm_str_get(&e->cache, s, n, &off)) {
+    if (n <= CACHE_MAX_WORD && td_tm_str_get(&e->cache, s, n, &off)) {
         int32_t k = e->cids[off];
         for (int32_t i = 0; i < k; i++)
             if (push_id(e, e->cids[off + 1 + i])) return -1;
         return 0;
     }
     int32_t whole;
-    if (t->ignore_merges && tm_str_get(&t->bytes2id, s, n, &whole)) return push_id(e, whole);
+    if (t->ignore_merges && td_tm_str_get(&t->bytes2id, s, n, &whole)) return push_id(e, whole);
     if (scratch(e, n)) return -1;
     size_t m = 0;
     for (size_t i = 0; i < n; i++)
@@ -340,7 +340,7 @@ static bool nfc_trivial(const char *s, size_t n) {
     return true;
 }
 
-char *tok_normalize(const tokenizer *t, const char *s, size_t n, size_t *out_len, bool *same) {
+char *td_tok_normalize(const tokenizer *t, const char *s, size_t n, size_t *out_len, bool *same) {
     *same = true;
     char *cur = NULL;
     size_t cl = n;
@@ -456,7 +456,7 @@ static int seg_normalize(tok_encoder *e, const char *s, size_t n) {
     const tokenizer *t = e->t;
     bool same;
     size_t nl;
-    char *nz = t->n_norm ? tok_normalize(t, s, n, &nl, &same) : NULL;
+    char *nz = t->n_norm ? td_tok_normalize(t, s, n, &nl, &same) : NULL;
     if (t->n_norm && !same && !nz) return -1;
     const char *x = nz ? nz : s;
     size_t xl = nz ? nl : n;
@@ -465,7 +465,7 @@ static int seg_normalize(tok_encoder *e, const char *s, size_t n) {
     return rc;
 }
 
-int tok_encoder_encode(tok_encoder *e, const char *text, size_t len, bool add_special, int32_t **ids,
+int td_tok_encoder_encode(tok_encoder *e, const char *text, size_t len, bool add_special, int32_t **ids,
                        size_t *n_ids, td_err *err) {
     const tokenizer *t = e->t;
     *ids = NULL;
@@ -475,9 +475,9 @@ int tok_encoder_encode(tok_encoder *e, const char *text, size_t len, bool add_sp
     const uint8_t *u = (const uint8_t *)text;
     for (size_t i = 0; i < len;) { /* validate; sanitize only if needed */
         if (u[i] < 0x80) { i++; continue; }
-        int bad, k = tok_utf8_seq(u + i, len - i, &bad);
+        int bad, k = td_tok_utf8_seq(u + i, len - i, &bad);
         if (!k) {
-            clean = tok_utf8_sanitize(text, len, &len);
+            clean = td_tok_utf8_sanitize(text, len, &len);
             if (!clean) return TD_FAIL(err, TD_ERR_NOMEM, "out of memory");
             text = clean;
             break;
@@ -500,20 +500,20 @@ int tok_encoder_encode(tok_encoder *e, const char *text, size_t len, bool add_sp
     return 0;
 }
 
-int tok_encode(const tokenizer *t, const char *text, size_t len, bool add_special, int32_t **ids,
+int td_tok_encode(const tokenizer *t, const char *text, size_t len, bool add_special, int32_t **ids,
                size_t *n_ids, td_err *err) {
     tokenizer *mt = (tokenizer *)t; /* only the mutex-guarded encoder slot changes */
     if (pthread_mutex_trylock(&mt->mu) == 0) {
         int rc = 0;
-        if (!mt->enc) rc = tok_encoder_new(t, &mt->enc, err);
-        if (!rc) rc = tok_encoder_encode(mt->enc, text, len, add_special, ids, n_ids, err);
+        if (!mt->enc) rc = td_tok_encoder_new(t, &mt->enc, err);
+        if (!rc) rc = td_tok_encoder_encode(mt->enc, text, len, add_special, ids, n_ids, err);
         pthread_mutex_unlock(&mt->mu);
         return rc;
     }
     tok_encoder *e;
-    int rc = tok_encoder_new(t, &e, err);
+    int rc = td_tok_encoder_new(t, &e, err);
     if (rc) return rc;
-    rc = tok_encoder_encode(e, text, len, add_special, ids, n_ids, err);
-    tok_encoder_free(e);
+    rc = td_tok_encoder_encode(e, text, len, add_special, ids, n_ids, err);
+    td_tok_encoder_free(e);
     return rc;
 }

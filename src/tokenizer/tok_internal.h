@@ -65,8 +65,8 @@ struct tokenizer {
 };
 
 /* The GPT-2 byte <-> unicode mapping used by ByteLevel. */
-void tok_bytelevel_tables(uint32_t byte2cp[256]);
+void td_tok_bytelevel_tables(uint32_t byte2cp[256]);
 /* Normalizes text with the tokenizer's normalizers; returns a malloc'd
  * buffer (or NULL with *same set when the text is unchanged). */
-char *tok_normalize(const tokenizer *t, const char *s, size_t n, size_t *out_len, bool *same);
+char *td_tok_normalize(const tokenizer *t, const char *s, size_t n, size_t *out_len, bool *same);
 #endif

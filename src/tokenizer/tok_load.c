@@ -10,7 +10,7 @@
 #include "tokenizer/tok_internal.h"
 #include "util/err.h"
 
-void tok_bytelevel_tables(uint32_t byte2cp[256]) {
+void td_tok_bytelevel_tables(uint32_t byte2cp[256]) {
     /* GPT-2: printable Latin-1 bytes map to themselves, the other 68 bytes
      * to U+0100.. in byte order. */
     int n = 0;
@@ -180,8 +180,8 @@ static int parse_model(tokenizer *t, json_t *m, td_err *err) {
     json_t *merges = json_object_get(m, "merges");
     if (merges && !json_is_array(merges)) return TD_FAIL(err, TD_ERR_FORMAT, "model.merges is not an array");
     size_t nv = json_object_size(vocab);
-    if (tm_str_init(&t->tok2id, nv + 64) || tm_str_init(&t->bytes2id, nv + 64) ||
-        tm_u64_init(&t->merges, merges ? json_array_size(merges) : 16))
+    if (td_tm_str_init(&t->tok2id, nv + 64) || td_tm_str_init(&t->bytes2id, nv + 64) ||
+        td_tm_u64_init(&t->merges, merges ? json_array_size(merges) : 16))
         return TD_FAIL(err, TD_ERR_NOMEM, "out of memory (vocab)");
     const char *k;
     json_t *v;
@@ -189,7 +189,7 @@ static int parse_model(tokenizer *t, json_t *m, td_err *err) {
         json_int_t id = json_integer_value(v);
         if (!json_is_integer(v) || id < 0 || id >= TOK_MAX_ID)
             return TD_FAIL(err, TD_ERR_FORMAT, "vocab entry \"%.64s\" has a bad id (ids are 0..%d)", k, TOK_MAX_ID - 1);
-        if (tm_str_put(&t->tok2id, k, strlen(k), (int32_t)id)) return TD_FAIL(err, TD_ERR_NOMEM, "out of memory");
+        if (td_tm_str_put(&t->tok2id, k, strlen(k), (int32_t)id)) return TD_FAIL(err, TD_ERR_NOMEM, "out of memory");
         if (id >= t->n_ids) t->n_ids = (int32_t)id + 1;
     }
     t->n_model = t->tok2id.n;
@@ -228,14 +228,14 @@ static int resolve_merges(tokenizer *t, json_t *merges, td_err *err) {
         int32_t ia, ib, in;
         if (la + lb >= sizeof buf) return TD_FAIL(err, TD_ERR_FORMAT, "merge %zu too long", i);
         memcpy(buf, a, la); memcpy(buf + la, b, lb);
-        if (!tm_str_get(&t->tok2id, a, la, &ia) || !tm_str_get(&t->tok2id, b, lb, &ib))
+        if (!td_tm_str_get(&t->tok2id, a, la, &ia) || !td_tm_str_get(&t->tok2id, b, lb, &ib))
             return TD_FAIL(err, TD_ERR_FORMAT, "merge %zu refers to a token missing from the vocab", i);
-        if (!tm_str_get(&t->tok2id, buf, la + lb, &in))
+        if (!td_tm_str_get(&t->tok2id, buf, la + lb, &in))
             return TD_FAIL(err, TD_ERR_FORMAT, "merge %zu: merged token missing from the vocab", i);
         uint64_t key = ((uint64_t)(uint32_t)ia << 32) | (uint32_t)ib;
         uint64_t old;
         if (tm_u64_get(&t->merges, key, &old)) continue; /* first (lowest rank) wins */
-        if (tm_u64_put(&t->merges, key, ((uint64_t)i << 32) | (uint32_t)in))
+        if (td_tm_u64_put(&t->merges, key, ((uint64_t)i << 32) | (uint32_t)in))
             return TD_FAIL(err, TD_ERR_NOMEM, "out of memory (merges)");
     }
     return 0;
@@ -264,7 +264,7 @@ static int parse_added(tokenizer *t, json_t *arr, td_err *err) {
         json_t *nz = json_object_get(v, "normalized");
         a->special = json_is_true(json_object_get(v, "special"));
         a->normalized = nz ? json_is_true(nz) : !a->special;
-        if (tm_str_put(&t->tok2id, c, a->len, a->id)) return TD_FAIL(err, TD_ERR_NOMEM, "out of memory");
+        if (td_tm_str_put(&t->tok2id, c, a->len, a->id)) return TD_FAIL(err, TD_ERR_NOMEM, "out of memory");
         if (a->id >= t->n_ids) t->n_ids = a->id + 1;
     }
     return 0;
@@ -278,7 +278,7 @@ static int prepare_added(tokenizer *t, td_err *err) {
         if (a->normalized && t->n_norm) {
             bool same;
             size_t nl;
-            char *nz = tok_normalize(t, a->content, a->len, &nl, &same);
+            char *nz = td_tok_normalize(t, a->content, a->len, &nl, &same);
             if (!same && !nz) return TD_FAIL(err, TD_ERR_NOMEM, "out of memory");
             a->match = same ? a->content : nz;
             a->match_len = same ? a->len : nl;
@@ -303,7 +303,7 @@ static int build_id_tables(tokenizer *t, td_err *err) {
     if (!t->id_str || !t->dec_off || !t->dec_len || !t->is_special) return TD_ERR_NOMEM;
     uint32_t b2c[256];
     int16_t c2b[324];
-    tok_bytelevel_tables(b2c);
+    td_tok_bytelevel_tables(b2c);
     memset(c2b, 0xff, sizeof c2b);
     for (int b = 0; b < 256; b++) c2b[b2c[b]] = (int16_t)b;
     for (int b = 0; b < 256; b++) t->byte_id[b] = -1;
@@ -352,7 +352,7 @@ static int build_id_tables(tokenizer *t, td_err *err) {
         const char *k = tm_str_key(&t->tok2id, e, &kl);
         int32_t id = t->tok2id.ents[e].val;
         if (kl > sizeof tmp || !bytelevel_to_bytes(c2b, k, kl, tmp, &bl)) continue;
-        if (tm_str_put(&t->bytes2id, tmp, bl, id)) return TD_FAIL(err, TD_ERR_NOMEM, "out of memory");
+        if (td_tm_str_put(&t->bytes2id, tmp, bl, id)) return TD_FAIL(err, TD_ERR_NOMEM, "out of memory");
         if (bl == 1) t->byte_id[tmp[0]] = id;
     }
     return 0;
@@ -428,24 +428,24 @@ static int parse_config(tok_chat_config *cfg, const char *path, const char *jinj
     return 0;
 }
 
-int tok_chat_config_load(const char *dir, tok_chat_config *out, td_err *err) {
+int td_tok_chat_config_load(const char *dir, tok_chat_config *out, td_err *err) {
     memset(out, 0, sizeof *out);
     char a[4096], b[4096];
     if (snprintf(a, sizeof a, "%s/tokenizer_config.json", dir) >= (int)sizeof a ||
         snprintf(b, sizeof b, "%s/chat_template.jinja", dir) >= (int)sizeof b)
         return TD_FAIL(err, TD_ERR_ARG, "path too long");
     int rc = parse_config(out, a, b, err);
-    if (rc) tok_chat_config_free(out);
+    if (rc) td_tok_chat_config_free(out);
     return rc;
 }
 
-void tok_chat_config_free(tok_chat_config *c) {
+void td_tok_chat_config_free(tok_chat_config *c) {
     json_decref(c->json);
     free(c->bos); free(c->eos); free(c->pad); free(c->unk); free(c->chat_template);
     memset(c, 0, sizeof *c);
 }
 
-int tok_load_files(const char *tokenizer_json, const char *config_json, tokenizer **out, td_err *err) {
+int td_tok_load_files(const char *tokenizer_json, const char *config_json, tokenizer **out, td_err *err) {
     *out = NULL;
     tokenizer *t = TD_CALLOC(err, 1, sizeof *t);
     if (!t) return TD_ERR_NOMEM;
@@ -505,58 +505,58 @@ int tok_load_files(const char *tokenizer_json, const char *config_json, tokenize
     return 0;
 fail:
     json_decref(root);
-    tok_free(t);
+    td_tok_free(t);
     return rc;
 }
 
-int tok_load(const char *dir, tokenizer **out, td_err *err) {
+int td_tok_load(const char *dir, tokenizer **out, td_err *err) {
     char a[4096], b[4096];
     if (snprintf(a, sizeof a, "%s/tokenizer.json", dir) >= (int)sizeof a ||
         snprintf(b, sizeof b, "%s/tokenizer_config.json", dir) >= (int)sizeof b)
         return TD_FAIL(err, TD_ERR_ARG, "path too long");
-    return tok_load_files(a, b, out, err);
+    return td_tok_load_files(a, b, out, err);
 }
 
-void tok_free(tokenizer *t) {
+void td_tok_free(tokenizer *t) {
     if (!t) return;
-    tok_encoder_free(t->enc);
+    td_tok_encoder_free(t->enc);
     pthread_mutex_destroy(&t->mu);
     if (t->id_str)
         for (int32_t i = 0; i < t->n_ids; i++) free(t->id_str[i]);
     free(t->id_str); free(t->dec_off); free(t->dec_len); free(t->dec_bytes); free(t->is_special);
-    tm_str_free(&t->tok2id);
-    tm_str_free(&t->bytes2id);
-    tm_u64_free(&t->merges);
+    td_tm_str_free(&t->tok2id);
+    td_tm_str_free(&t->bytes2id);
+    td_tm_u64_free(&t->merges);
     for (int i = 0; i < t->n_added; i++) {
         if (t->added[i].match != t->added[i].content) free(t->added[i].match);
         free(t->added[i].content);
     }
     free(t->added);
     for (int i = 0; i < t->n_pt; i++) pcre2_code_free(t->pt[i].re);
-    tok_chat_config_free(&t->cfg);
+    td_tok_chat_config_free(&t->cfg);
     free(t);
 }
 
-int tok_vocab_size(const tokenizer *t) { return t->n_ids; }
+int td_tok_vocab_size(const tokenizer *t) { return t->n_ids; }
 
-int32_t tok_token_id(const tokenizer *t, const char *token) {
+int32_t td_tok_token_id(const tokenizer *t, const char *token) {
     int32_t id;
-    return tm_str_get(&t->tok2id, token, strlen(token), &id) ? id : -1;
+    return td_tm_str_get(&t->tok2id, token, strlen(token), &id) ? id : -1;
 }
 
-const char *tok_token_str(const tokenizer *t, int32_t id) {
+const char *td_tok_token_str(const tokenizer *t, int32_t id) {
     return id >= 0 && id < t->n_ids ? t->id_str[id] : NULL;
 }
 
-bool tok_is_special(const tokenizer *t, int32_t id) {
+bool td_tok_is_special(const tokenizer *t, int32_t id) {
     return id >= 0 && id < t->n_ids && t->is_special[id];
 }
 
-const char *tok_bos_token(const tokenizer *t) { return t->cfg.bos; }
-const char *tok_eos_token(const tokenizer *t) { return t->cfg.eos; }
-const char *tok_pad_token(const tokenizer *t) { return t->cfg.pad; }
-const char *tok_unk_token(const tokenizer *t) { return t->cfg.unk; }
-int32_t tok_bos_id(const tokenizer *t) { return t->cfg.bos ? tok_token_id(t, t->cfg.bos) : -1; }
-int32_t tok_eos_id(const tokenizer *t) { return t->cfg.eos ? tok_token_id(t, t->cfg.eos) : -1; }
-const char *tok_chat_template(const tokenizer *t) { return t->cfg.chat_template; }
-const void *tok_config_json(const tokenizer *t) { return t->cfg.json; }
+const char *td_tok_bos_token(const tokenizer *t) { return t->cfg.bos; }
+const char *td_tok_eos_token(const tokenizer *t) { return t->cfg.eos; }
+const char *td_tok_pad_token(const tokenizer *t) { return t->cfg.pad; }
+const char *td_tok_unk_token(const tokenizer *t) { return t->cfg.unk; }
+int32_t td_tok_bos_id(const tokenizer *t) { return t->cfg.bos ? td_tok_token_id(t, t->cfg.bos) : -1; }
+int32_t td_tok_eos_id(const tokenizer *t) { return t->cfg.eos ? td_tok_token_id(t, t->cfg.eos) : -1; }
+const char *td_tok_chat_template(const tokenizer *t) { return t->cfg.chat_template; }
+const void *td_tok_config_json(const tokenizer *t) { return t->cfg.json; }

@@ -12,7 +12,7 @@ static size_t pow2_at_least(size_t n) {
     return p;
 }
 
-int tm_str_init(tm_strmap *m, size_t expect) {
+int td_tm_str_init(tm_strmap *m, size_t expect) {
     memset(m, 0, sizeof *m);
     size_t ns = pow2_at_least(expect * 2 + 1);
     m->slots = calloc(ns, sizeof *m->slots);
@@ -20,17 +20,17 @@ int tm_str_init(tm_strmap *m, size_t expect) {
     m->ents = malloc(m->cap * sizeof *m->ents);
     m->acap = m->cap * 8;
     m->arena = malloc(m->acap);
-    if (!m->slots || !m->ents || !m->arena) { tm_str_free(m); return -1; }
+    if (!m->slots || !m->ents || !m->arena) { td_tm_str_free(m); return -1; }
     m->mask = ns - 1;
     return 0;
 }
 
-void tm_str_free(tm_strmap *m) {
+void td_tm_str_free(tm_strmap *m) {
     free(m->slots); free(m->ents); free(m->arena);
     memset(m, 0, sizeof *m);
 }
 
-void tm_str_clear(tm_strmap *m) {
+void td_tm_str_clear(tm_strmap *m) {
     memset(m->slots, 0, (m->mask + 1) * sizeof *m->slots);
     m->n = 0;
     m->alen = 0;
@@ -64,7 +64,7 @@ static inline size_t find_slot(const tm_strmap *m, const void *key, size_t len, 
     }
 }
 
-bool tm_str_get(const tm_strmap *m, const void *key, size_t len, int32_t *val) {
+bool td_tm_str_get(const tm_strmap *m, const void *key, size_t len, int32_t *val) {
     if (!m->slots) return false;
     bool found;
     size_t i = find_slot(m, key, len, XXH3_64bits(key, len), &found);
@@ -72,7 +72,7 @@ bool tm_str_get(const tm_strmap *m, const void *key, size_t len, int32_t *val) {
     return found;
 }
 
-int tm_str_put(tm_strmap *m, const void *key, size_t len, int32_t val) {
+int td_tm_str_put(tm_strmap *m, const void *key, size_t len, int32_t val) {
     uint64_t h = XXH3_64bits(key, len);
     bool found;
     size_t i = find_slot(m, key, len, h, &found);
@@ -99,7 +99,7 @@ int tm_str_put(tm_strmap *m, const void *key, size_t len, int32_t val) {
     return 0;
 }
 
-int tm_u64_init(tm_u64map *m, size_t expect) {
+int td_tm_u64_init(tm_u64map *m, size_t expect) {
     size_t ns = pow2_at_least(expect * 2 + 1);
     m->keys = malloc(ns * sizeof *m->keys);
     m->vals = malloc(ns * sizeof *m->vals);
@@ -110,18 +110,18 @@ int tm_u64_init(tm_u64map *m, size_t expect) {
     return 0;
 }
 
-void tm_u64_free(tm_u64map *m) {
+void td_tm_u64_free(tm_u64map *m) {
     free(m->keys); free(m->vals);
     m->keys = m->vals = NULL;
 }
 
-int tm_u64_put(tm_u64map *m, uint64_t key, uint64_t val) {
+int td_tm_u64_put(tm_u64map *m, uint64_t key, uint64_t val) {
     if ((m->n + 1) * 2 > m->mask + 1) {
         tm_u64map g;
-        if (tm_u64_init(&g, (m->mask + 1)) != 0) return -1;
+        if (td_tm_u64_init(&g, (m->mask + 1)) != 0) return -1;
         for (size_t i = 0; i <= m->mask; i++)
-            if (m->keys[i] != UINT64_MAX) tm_u64_put(&g, m->keys[i], m->vals[i]);
-        tm_u64_free(m);
+            if (m->keys[i] != UINT64_MAX) td_tm_u64_put(&g, m->keys[i], m->vals[i]);
+        td_tm_u64_free(m);
         *m = g;
     }
     size_t i = (size_t)tm_u64_mix(key) & m->mask;

@@ -17,13 +17,13 @@ typedef struct {
     size_t alen, acap;
 } tm_strmap;
 
-int tm_str_init(tm_strmap *m, size_t expect);
-void tm_str_free(tm_strmap *m);
+int td_tm_str_init(tm_strmap *m, size_t expect);
+void td_tm_str_free(tm_strmap *m);
 /* Inserts or replaces; returns 0 or -1 on allocation failure. */
-int tm_str_put(tm_strmap *m, const void *key, size_t len, int32_t val);
+int td_tm_str_put(tm_strmap *m, const void *key, size_t len, int32_t val);
 /* Returns true and *val when present. */
-bool tm_str_get(const tm_strmap *m, const void *key, size_t len, int32_t *val);
-void tm_str_clear(tm_strmap *m);
+bool td_tm_str_get(const tm_strmap *m, const void *key, size_t len, int32_t *val);
+void td_tm_str_clear(tm_strmap *m);
 static inline const char *tm_str_key(const tm_strmap *m, size_t i, size_t *len) {
     *len = m->ents[i].len;
     return m->arena + m->ents[i].off;
@@ -35,9 +35,9 @@ typedef struct {
     size_t mask, n;
 } tm_u64map;
 
-int tm_u64_init(tm_u64map *m, size_t expect);
-void tm_u64_free(tm_u64map *m);
-int tm_u64_put(tm_u64map *m, uint64_t key, uint64_t val);
+int td_tm_u64_init(tm_u64map *m, size_t expect);
+void td_tm_u64_free(tm_u64map *m);
+int td_tm_u64_put(tm_u64map *m, uint64_t key, uint64_t val);
 static inline uint64_t tm_u64_mix(uint64_t k) {
     k ^= k >> 33; k *= 0xff51afd7ed558ccdULL; k ^= k >> 33; k *= 0xc4ceb9fe1a85ec53ULL; k ^= k >> 33;
     return k;

@@ -2,12 +2,12 @@
  * each maximal prefix of a would-be valid sequence becomes one U+FFFD.
  * Python's bytes.decode('utf-8', 'replace') and Rust's
  * String::from_utf8_lossy follow the same rule, so invalid input to
- * tok_encode behaves as the reference does on the decoded Python str. */
+ * td_tok_encode behaves as the reference does on the decoded Python str. */
 #include <stdlib.h>
 #include <string.h>
 #include "tokenizer/tokenizer.h"
 
-int tok_utf8_seq(const uint8_t *s, size_t n, int *maximal_invalid) {
+int td_tok_utf8_seq(const uint8_t *s, size_t n, int *maximal_invalid) {
     uint8_t c = s[0];
     if (c < 0x80) return 1;
     int need;
@@ -32,7 +32,7 @@ int tok_utf8_seq(const uint8_t *s, size_t n, int *maximal_invalid) {
     return 0;
 }
 
-char *tok_utf8_sanitize(const char *src, size_t n, size_t *out_len) {
+char *td_tok_utf8_sanitize(const char *src, size_t n, size_t *out_len) {
     const uint8_t *s = (const uint8_t *)src;
     /* worst case: every byte becomes 3 bytes of U+FFFD */
     char *out = malloc(n * 3 + 1);
@@ -40,7 +40,7 @@ char *tok_utf8_sanitize(const char *src, size_t n, size_t *out_len) {
     size_t o = 0;
     for (size_t i = 0; i < n;) {
         if (s[i] < 0x80) { out[o++] = (char)s[i++]; continue; }
-        int bad = 0, k = tok_utf8_seq(s + i, n - i, &bad);
+        int bad = 0, k = td_tok_utf8_seq(s + i, n - i, &bad);
         if (k) {
             memcpy(out + o, s + i, (size_t)k);
             o += (size_t)k;

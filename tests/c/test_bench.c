@@ -19,29 +19,29 @@ static bool near(double a, double b) { return fabs(a - b) < 1e-9 * (1 + fabs(b))
 
 static void test_stats(void) {
     double a[] = {3, 1, 2};
-    bench_stat s = bench_stat_of(a, 3);
+    bench_stat s = td_bench_stat_of(a, 3);
     CHECK(s.median == 2 && s.min == 1 && s.max == 3 && s.n == 3, "odd: %g %g %g", s.median, s.min, s.max);
     CHECK(a[0] == 3 && a[1] == 1, "input untouched");
     double b[] = {10, 1, 3, 2};
-    s = bench_stat_of(b, 4);
+    s = td_bench_stat_of(b, 4);
     CHECK(s.median == 2.5 && s.min == 1 && s.max == 10, "even: %g", s.median);
-    s = bench_stat_of(b, 0);
+    s = td_bench_stat_of(b, 0);
     CHECK(s.n == 0 && s.median == 0, "empty");
     double c[] = {10, 9, 11};
-    s = bench_stat_of(c, 3);
-    CHECK(near(bench_spread(&s), 0.2), "spread %g", bench_spread(&s));
+    s = td_bench_stat_of(c, 3);
+    CHECK(near(td_bench_spread(&s), 0.2), "spread %g", td_bench_spread(&s));
     double big[100];
     for (int i = 0; i < 100; i++) big[i] = 100 - i;
-    s = bench_stat_of(big, 100);
+    s = td_bench_stat_of(big, 100);
     CHECK(s.median == 50.5 && s.min == 1 && s.max == 100, "100 values: %g", s.median);
 }
 
 static void test_order(void) {
     int np[2] = {2, 1};
-    int n = bench_order_len(2, 2, np, 3);
+    int n = td_bench_order_len(2, 2, np, 3);
     CHECK(n == 18, "len %d", n);
     bench_slot o[18];
-    bench_order(2, 2, np, 3, o);
+    td_bench_order(2, 2, np, 3, o);
     /* run 0: depths ascending per prompt; run 1: descending */
     CHECK(o[0].run == 0 && o[0].task == 0 && o[0].prompt == 0 && o[0].depth_idx == 0, "slot 0");
     CHECK(o[1].depth_idx == 1 && o[2].depth_idx == 2 && o[3].prompt == 1 && o[3].depth_idx == 0, "ABC per prompt");
@@ -106,54 +106,54 @@ static void test_cells_and_flags(void) {
         s[k++] = mk(r, 0, 0, 2, 11, 0.4);  /* 25 tok/s */
     }
     bench_cell cells[3];
-    bench_cells(&su, s, 9, cells);
+    td_bench_cells(&su, s, 9, cells);
     CHECK(cells[0].tps.n == 3 && near(cells[0].tps.median, 10), "baseline %g", cells[0].tps.median);
     CHECK(near(cells[2].speedup, 2.5), "speedup %g", cells[2].speedup);
-    CHECK(cells[1].spec.drafts == 30 && near(bench_accept_pos(&cells[1].spec, 0), 0.9), "summed counters");
-    CHECK(near(bench_mean_accept_len(&cells[2].spec), 2.5), "mean acceptance length %g", bench_mean_accept_len(&cells[2].spec));
+    CHECK(cells[1].spec.drafts == 30 && near(td_bench_accept_pos(&cells[1].spec, 0), 0.9), "summed counters");
+    CHECK(near(td_bench_mean_accept_len(&cells[2].spec), 2.5), "mean acceptance length %g", td_bench_mean_accept_len(&cells[2].spec));
     CHECK(near(cells[0].prefill_tps.median, 200), "prefill %g", cells[0].prefill_tps.median);
     bench_flag f[16];
-    int nf = bench_sanity(&su, cells, s, 9, f, 16);
+    int nf = td_bench_sanity(&su, cells, s, 9, f, 16);
     CHECK(nf == 0, "clean run has no flags (%d: %s)", nf, nf ? f[0].text : "");
     /* depth 1 at 2.1x: impossible */
     for (int r = 0; r < 3; r++) s[r * 3 + 1].decode_s = 10.0 / 21.0;
-    bench_cells(&su, s, 9, cells);
-    nf = bench_sanity(&su, cells, s, 9, f, 16);
+    td_bench_cells(&su, s, 9, cells);
+    nf = td_bench_sanity(&su, cells, s, 9, f, 16);
     CHECK(count_kind(f, nf, BENCH_FLAG_IMPOSSIBLE) == 1 && f[0].depth == 1, "2.1x at depth 1 flagged (%d)", nf);
     CHECK(strstr(f[0].text, "IMPOSSIBLE") != NULL, "%s", f[0].text);
     for (int r = 0; r < 3; r++) s[r * 3 + 1].decode_s = 0.55;
     /* spread: one run of depth 2 a sixth slower */
     s[2].decode_s = 0.4 * 7 / 6;
-    bench_cells(&su, s, 9, cells);
-    nf = bench_sanity(&su, cells, s, 9, f, 16);
+    td_bench_cells(&su, s, 9, cells);
+    nf = td_bench_sanity(&su, cells, s, 9, f, 16);
     CHECK(count_kind(f, nf, BENCH_FLAG_SPREAD) == 1 && nf == 1, "spread flagged (%d)", nf);
     s[2].decode_s = 0.4 * 1.05;
-    bench_cells(&su, s, 9, cells);
-    nf = bench_sanity(&su, cells, s, 9, f, 16);
+    td_bench_cells(&su, s, 9, cells);
+    nf = td_bench_sanity(&su, cells, s, 9, f, 16);
     CHECK(nf == 0, "5%% spread is fine (%d)", nf);
     s[2].decode_s = 0.4;
     /* baseline under other conditions */
     for (int r = 0; r < 3; r++) s[r * 3].cond.threads = 4;
-    bench_cells(&su, s, 9, cells);
-    nf = bench_sanity(&su, cells, s, 9, f, 16);
+    td_bench_cells(&su, s, 9, cells);
+    nf = td_bench_sanity(&su, cells, s, 9, f, 16);
     CHECK(count_kind(f, nf, BENCH_FLAG_BASELINE) == 1 && strstr(f[0].text, "threads = 4"), "threads flagged: %s", nf ? f[0].text : "");
     for (int r = 0; r < 3; r++) s[r * 3].cond.threads = 8, s[r * 3].cond.load1 = 3.0;
-    nf = bench_sanity(&su, cells, s, 9, f, 16);
+    nf = td_bench_sanity(&su, cells, s, 9, f, 16);
     CHECK(count_kind(f, nf, BENCH_FLAG_BASELINE) == 1 && strstr(f[0].text, "load"), "load flagged");
     for (int r = 0; r < 3; r++) s[r * 3].cond.load1 = 1.1;
-    nf = bench_sanity(&su, cells, s, 9, f, 16);
+    nf = td_bench_sanity(&su, cells, s, 9, f, 16);
     CHECK(nf == 0, "small load difference is fine");
     /* greedy yet other token counts */
     s[1].n_generated = 9;
-    bench_cells(&su, s, 9, cells);
-    nf = bench_sanity(&su, cells, s, 9, f, 16);
+    td_bench_cells(&su, s, 9, cells);
+    nf = td_bench_sanity(&su, cells, s, 9, f, 16);
     CHECK(count_kind(f, nf, BENCH_FLAG_WORKLOAD) == 1, "workload flagged (%d)", nf);
     for (int i = 0; i < 9; i++) s[i].cond.temperature = 0.7;
-    nf = bench_sanity(&su, cells, s, 9, f, 16);
+    nf = td_bench_sanity(&su, cells, s, 9, f, 16);
     CHECK(count_kind(f, nf, BENCH_FLAG_WORKLOAD) == 0, "not with sampling");
     s[1].n_generated = 11;
     s[4].n_reused = 80;
-    nf = bench_sanity(&su, cells, s, 9, f, 16);
+    nf = td_bench_sanity(&su, cells, s, 9, f, 16);
     int ci = -1;
     for (int i = 0; i < nf && i < 16; i++)
         if (f[i].kind == BENCH_FLAG_CACHE) ci = i;
@@ -166,18 +166,18 @@ static void test_cells_and_flags(void) {
     su2.depths[0] = 1;
     su2.depths[1] = 2;
     bench_cell c2[2];
-    bench_cells(&su2, s, 9, c2);
-    nf = bench_sanity(&su2, c2, s, 9, f, 16);
+    td_bench_cells(&su2, s, 9, c2);
+    nf = td_bench_sanity(&su2, c2, s, 9, f, 16);
     CHECK(count_kind(f, nf, BENCH_FLAG_NO_BASELINE) == 1 && c2[0].speedup == 0, "no baseline flagged");
     /* more flags than room: the count still comes back */
-    nf = bench_sanity(&su2, c2, s, 9, f, 0);
+    nf = td_bench_sanity(&su2, c2, s, 9, f, 0);
     CHECK(nf == 1, "count without room %d", nf);
 }
 
 static void test_model(void) {
     double p[2] = {0.9, 0.8};
-    CHECK(near(bench_expected_tokens(p, 2), 2.7), "E");
-    CHECK(near(bench_expected_tokens(p, 0), 1.0), "E at 0");
+    CHECK(near(td_bench_expected_tokens(p, 2), 2.7), "E");
+    CHECK(near(td_bench_expected_tokens(p, 0), 1.0), "E at 0");
     bench_costs c;
     memset(&c, 0, sizeof c);
     c.max_n = 3;
@@ -185,16 +185,16 @@ static void test_model(void) {
     c.verify[2] = 1.1;
     c.verify[3] = 1.2;
     c.draft = 0.1;
-    CHECK(near(bench_predict_speedup(p, 2, &c), 2.7 / 1.4), "k=2: %g", bench_predict_speedup(p, 2, &c));
-    CHECK(near(bench_predict_speedup(p, 0, &c), 1.0), "k=0");
-    CHECK(bench_predict_speedup(p, 3, &c) == 0, "beyond the timed sizes");
+    CHECK(near(td_bench_predict_speedup(p, 2, &c), 2.7 / 1.4), "k=2: %g", td_bench_predict_speedup(p, 2, &c));
+    CHECK(near(td_bench_predict_speedup(p, 0, &c), 1.0), "k=0");
+    CHECK(td_bench_predict_speedup(p, 3, &c) == 0, "beyond the timed sizes");
     /* perfect acceptance and free verify/draft: the ceiling k + 1 */
     double one[4] = {1, 1, 1, 1};
     bench_costs z;
     memset(&z, 0, sizeof z);
     z.max_n = 5;
     for (int n = 1; n <= 5; n++) z.verify[n] = 1;
-    CHECK(near(bench_predict_speedup(one, 4, &z), 5), "ceiling");
+    CHECK(near(td_bench_predict_speedup(one, 4, &z), 5), "ceiling");
     bench_suite su = {.n_tasks = 1, .n_depths = 2, .depths = {0, 2}, .n_runs = 1};
     bench_cell cells[2];
     memset(cells, 0, sizeof cells);
@@ -202,7 +202,7 @@ static void test_model(void) {
     cells[1].spec.drafts = 10;
     cells[1].spec.accepted_per_pos[0] = 9;
     cells[1].spec.accepted_per_pos[1] = 8;
-    bench_predict_cells(&su, cells, &c);
+    td_bench_predict_cells(&su, cells, &c);
     CHECK(near(cells[1].predicted, 2.7 / 1.4) && near(cells[0].predicted, 1.0), "cells: %g", cells[1].predicted);
 }
 
@@ -217,25 +217,25 @@ static void test_metrics_url(void) {
                        "vllm:prefix_cache_hits_total{model_name=\"m\"} 74\nvllm:prefix_cache_queries_total{model_name=\"m\"} 100\n"
                        "tandem_spec_decode_depth{model_name=\"m\"} 3\n";
     bench_metrics m;
-    bench_metrics_parse(text, &m);
+    td_bench_metrics_parse(text, &m);
     CHECK(m.spec.drafts == 10 && m.spec.draft_tokens == 30 && m.spec.accepted_tokens == 21, "counters %llu",
           (unsigned long long)m.spec.drafts);
     CHECK(m.spec.accepted_per_pos[0] == 9 && m.spec.accepted_per_pos[1] == 0 && m.spec.accepted_per_pos[2] == 5, "per pos");
     CHECK(m.prefix_hits == 74 && m.prefix_queries == 100 && m.depth == 3 && m.have_spec, "prefix cache and depth");
     bench_url u;
     td_err e = {0};
-    CHECK(bench_url_parse("http://127.0.0.1:8000/v1", &u, &e) == 0 && !strcmp(u.host, "127.0.0.1") && !strcmp(u.port, "8000") &&
+    CHECK(td_bench_url_parse("http://127.0.0.1:8000/v1", &u, &e) == 0 && !strcmp(u.host, "127.0.0.1") && !strcmp(u.port, "8000") &&
               !strcmp(u.path, ""),
           "url: %s %s '%s'", u.host, u.port, u.path);
-    CHECK(bench_url_parse("http://[::1]:9/base/", &u, &e) == 0 && !strcmp(u.host, "::1") && !strcmp(u.path, "/base"), "ipv6 %s", u.path);
-    CHECK(bench_url_parse("localhost", &u, &e) == 0 && !strcmp(u.port, "80"), "bare host");
-    CHECK(bench_url_parse("https://x", &u, &e) == TD_ERR_UNSUPPORTED, "https refused");
-    CHECK(bench_url_parse("http://h:port", &u, &e) != 0, "bad port");
+    CHECK(td_bench_url_parse("http://[::1]:9/base/", &u, &e) == 0 && !strcmp(u.host, "::1") && !strcmp(u.path, "/base"), "ipv6 %s", u.path);
+    CHECK(td_bench_url_parse("localhost", &u, &e) == 0 && !strcmp(u.port, "80"), "bare host");
+    CHECK(td_bench_url_parse("https://x", &u, &e) == TD_ERR_UNSUPPORTED, "https refused");
+    CHECK(td_bench_url_parse("http://h:port", &u, &e) != 0, "bad port");
     /* a closed port: connection error, not a hang */
     char *body = NULL;
     int status;
-    bench_url_parse("http://127.0.0.1:1", &u, &e);
-    CHECK(bench_http_fetch(&u, "GET", "/metrics", NULL, NULL, 2, &status, &body, NULL, &e) != 0 && strstr(e.msg, "connect"), "%s", e.msg);
+    td_bench_url_parse("http://127.0.0.1:1", &u, &e);
+    CHECK(td_bench_http_fetch(&u, "GET", "/metrics", NULL, NULL, 2, &status, &body, NULL, &e) != 0 && strstr(e.msg, "connect"), "%s", e.msg);
 }
 
 static int count_lines(const char *path, int *fields_first, int *fields_all_equal) {
@@ -274,11 +274,11 @@ static void test_writers(const char *tmp) {
             k += 2;
         }
     bench_cell cells[4];
-    bench_cells(&su, s, 8, cells);
+    td_bench_cells(&su, s, 8, cells);
     char path[600];
     snprintf(path, sizeof path, "%s/s.csv", tmp);
     FILE *f = fopen(path, "w");
-    CHECK(f && bench_write_samples_csv(f, &su, s, 8) == 0, "samples csv");
+    CHECK(f && td_bench_write_samples_csv(f, &su, s, 8) == 0, "samples csv");
     if (f) fclose(f);
     int nfields, eq;
     CHECK(count_lines(path, &nfields, &eq) == 9 && eq && nfields == 14 + TD_MAX_SPEC_DEPTH + 7, "samples csv shape %d", nfields);
@@ -291,19 +291,19 @@ static void test_writers(const char *tmp) {
     bench_sample *back = NULL;
     int nb = 0;
     td_err e = {0};
-    CHECK(bench_merge_csv(path, &su2, &back, &nb, &e) == 0 && nb == 8 && su2.n_depths == 2, "merge: %d rows %s", nb, e.msg);
+    CHECK(td_bench_merge_csv(path, &su2, &back, &nb, &e) == 0 && nb == 8 && su2.n_depths == 2, "merge: %d rows %s", nb, e.msg);
     CHECK(back && back[1].depth == 3 && back[1].spec.accepted_per_pos[1] == 6 && back[3].task == 1 && back[2].run == 0 &&
               near(back[0].decode_s, 1.0) && !strcmp(back[1].cond.backend, "in-process"),
           "merged fields");
     free(back);
     snprintf(path, sizeof path, "%s/c.csv", tmp);
     f = fopen(path, "w");
-    CHECK(f && bench_write_cells_csv(f, &su, cells) == 0, "cells csv");
+    CHECK(f && td_bench_write_cells_csv(f, &su, cells) == 0, "cells csv");
     if (f) fclose(f);
     CHECK(count_lines(path, &nfields, &eq) == 5 && eq, "cells csv shape");
     snprintf(path, sizeof path, "%s/c.svg", tmp);
     f = fopen(path, "w");
-    CHECK(f && bench_write_svg(f, &su, cells, "title <&>") == 0, "svg");
+    CHECK(f && td_bench_write_svg(f, &su, cells, "title <&>") == 0, "svg");
     if (f) fclose(f);
     txt = test_read_file(path);
     CHECK(txt && !strncmp(txt, "<?xml", 5) && strstr(txt, "<svg") && strstr(txt + strlen(txt) - 8, "</svg>"), "svg frame");
@@ -317,9 +317,9 @@ static void test_writers(const char *tmp) {
     snprintf(path, sizeof path, "%s/r.md", tmp);
     f = fopen(path, "w");
     bench_flag fl[8];
-    int nf = bench_sanity(&su, cells, s, 8, fl, 8);
+    int nf = td_bench_sanity(&su, cells, s, 8, fl, 8);
     bench_report rep = {.su = &su, .cells = cells, .samples = s, .n_samples = 8, .flags = fl, .n_flags = nf, .title = "t"};
-    if (f) bench_write_markdown(f, &rep), fclose(f);
+    if (f) td_bench_write_markdown(f, &rep), fclose(f);
     txt = test_read_file(path);
     CHECK(txt && strstr(txt, "| depth | a<b&c | with,comma | accepted |") && strstr(txt, "| none |") && strstr(txt, "| 3 |") &&
               strstr(txt, "Sanity flags"),
@@ -335,11 +335,11 @@ static void test_prompts(void) {
     snprintf(su.tasks[2], BENCH_NAME, "prose");
     bench_prompts p;
     td_err e = {0};
-    CHECK(bench_prompts_load("bench/prompts", &su, &p, &e) == 0, "%s", e.msg);
+    CHECK(td_bench_prompts_load("bench/prompts", &su, &p, &e) == 0, "%s", e.msg);
     for (int t = 0; t < 3; t++) CHECK(p.n[t] >= 5, "%s has %d prompts", su.tasks[t], p.n[t]);
-    bench_prompts_free(&p);
+    td_bench_prompts_free(&p);
     snprintf(su.tasks[0], BENCH_NAME, "nosuchtask");
-    CHECK(bench_prompts_load("bench/prompts", &su, &p, &e) == TD_ERR_IO && strstr(e.msg, "nosuchtask"), "missing task: %s", e.msg);
+    CHECK(td_bench_prompts_load("bench/prompts", &su, &p, &e) == TD_ERR_IO && strstr(e.msg, "nosuchtask"), "missing task: %s", e.msg);
 }
 
 static bool exists_nonempty(const char *dir, const char *name) {

@@ -631,8 +631,8 @@ static void timing(const tokenizer *tk, int nv, const char *label) {
     const uint8_t **b = calloc((size_t)nv, sizeof *b);
     size_t *l = calloc((size_t)nv, sizeof *l);
     for (int i = 0; i < nv; i++)
-        if (!tok_is_special(tk, i)) b[i] = tok_id_bytes(tk, i, &l[i]);
-    int32_t eos = tok_token_id(tk, "<|im_end|>");
+        if (!td_tok_is_special(tk, i)) b[i] = td_tok_id_bytes(tk, i, &l[i]);
+    int32_t eos = td_tok_token_id(tk, "<|im_end|>");
     if (eos >= nv) eos = nv - 1;
     td_grammar_vocab *v;
     td_err err;
@@ -646,7 +646,7 @@ static void timing(const tokenizer *tk, int nv, const char *label) {
     td_grammar *g = schema(sch, NULL);
     int32_t *ids = NULL;
     size_t nid = 0;
-    if (nv == tok_vocab_size(tk)) tok_encode(tk, doc, strlen(doc), false, &ids, &nid, &err);
+    if (nv == td_tok_vocab_size(tk)) td_tok_encode(tk, doc, strlen(doc), false, &ids, &nid, &err);
     else { /* greedy longest match over the subset */
         size_t n = strlen(doc);
         ids = malloc(n * sizeof *ids);
@@ -675,7 +675,7 @@ static void timing(const tokenizer *tk, int nv, const char *label) {
                 td_grammar_cache_stats(g, &h1, &m1, NULL);
                 if (m1 > m0) tn += dt, nn++;
                 else th += dt, nh++;
-                CHECK(mk && (mk[ids[i] >> 5] >> (ids[i] & 31) & 1), "%s: token %zu (%d '%s') allowed", label, i, ids[i], tok_token_str(tk, ids[i]));
+                CHECK(mk && (mk[ids[i] >> 5] >> (ids[i] & 31) & 1), "%s: token %zu (%d '%s') allowed", label, i, ids[i], td_tok_token_str(tk, ids[i]));
                 if (td_matcher_accept(m, ids[i])) break;
             }
             printf("mask timing %s (V=%d, vocab built in %.0f ms), %s matcher: %zu new states %.3f ms each, %zu cached states %.4f ms each\n",
@@ -714,7 +714,7 @@ int main(void) {
     test_hostile();
     tokenizer *tk;
     td_err err;
-    if (tok_load("tests/data/qwen3-tokenizer", &tk, &err) == 0) {
+    if (td_tok_load("tests/data/qwen3-tokenizer", &tk, &err) == 0) {
         timing(tk, 8192, "qwen3 first 8192 ids");
 #if defined(__SANITIZE_ADDRESS__)
 #define GRAMMAR_ASAN 1
@@ -724,12 +724,12 @@ int main(void) {
 #endif
 #endif
 #ifndef GRAMMAR_ASAN
-        timing(tk, tok_vocab_size(tk), "qwen3 full");
+        timing(tk, td_tok_vocab_size(tk), "qwen3 full");
 #else
         printf("mask timing on the full vocabulary: skipped under AddressSanitizer\n");
 #endif
-        tok_free(tk);
-    } else CHECK(0, "tok_load: %s", err.msg);
+        td_tok_free(tk);
+    } else CHECK(0, "td_tok_load: %s", err.msg);
     printf("masks checked against the brute force: %ld (random walks)\n", brute_checked);
     td_grammar_vocab_free(fake);
     free(fb), free(fl);

@@ -44,11 +44,11 @@ static void expect_tok_refused(const char *what, const char *dir, const char *ne
     tokenizer *t = NULL;
     td_err err = {0};
     alarm(20);
-    int rc = tok_load(dir, &t, &err);
+    int rc = td_tok_load(dir, &t, &err);
     alarm(0);
     CHECK(rc < 0 && !t, "%s: tokenizer loaded", what);
     CHECK(strstr(err.msg, need) != NULL, "%s: message lacks \"%s\": %s", what, need, err.msg);
-    if (t) tok_free(t);
+    if (t) td_tok_free(t);
 }
 
 static void fifo_instead_of(const char *file, bool tokenizer_side) {

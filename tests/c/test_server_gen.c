@@ -16,14 +16,14 @@ static srv S;
 static void setup(void) {
     memset(&S, 0, sizeof S);
     td_err err = {0};
-    if (tok_load("tests/golden/tiny-b/f32", &S.tok, &err)) {
+    if (td_tok_load("tests/golden/tiny-b/f32", &S.tok, &err)) {
         fprintf(stderr, "cannot load the tokenizer: %s\n", err.msg);
         exit(1);
     }
-    metrics_init(&S.metrics);
+    td_metrics_init(&S.metrics);
     pthread_mutex_init(&S.jobs_mu, NULL);
     pthread_cond_init(&S.jobs_cv, NULL);
-    S.vocab = tok_vocab_size(S.tok);
+    S.vocab = td_tok_vocab_size(S.tok);
     S.model_name = "m";
     S.model_dir = "d";
     S.n_ctx = 4096;
@@ -45,22 +45,22 @@ static char *run(const char *extra, const char *text, int reasoning_mode) {
     json_t *b = json_loads(body, 0, NULL);
     oai_req r;
     http_err e = {0};
-    if (!b || oai_parse(&S, b, OAI_CHAT, &r, &e)) {
+    if (!b || td_oai_parse(&S, b, OAI_CHAT, &r, &e)) {
         fprintf(stderr, "bad request %s: %s\n", body, e.msg);
         exit(1);
     }
     json_decref(b);
     td_err err = {0};
-    job *j = job_new(&S, &r, 1, reasoning_mode, &err);
+    job *j = td_job_new(&S, &r, 1, reasoning_mode, &err);
     if (!j) exit(1);
-    if (j->req.stream) job_stream_begin(j);
+    if (j->req.stream) td_job_stream_begin(j);
     td_request tr;
     int32_t prompt[1] = {1};
-    job_sched_request(j, prompt, 1, &tr);
-    job_ref(j); /* as the scheduler holds one until on_done */
+    td_job_sched_request(j, prompt, 1, &tr);
+    td_job_ref(j); /* as the scheduler holds one until on_done */
     int32_t *ids = NULL;
     size_t n = 0;
-    tok_encode(S.tok, text, strlen(text), false, &ids, &n, &err);
+    td_tok_encode(S.tok, text, strlen(text), false, &ids, &n, &err);
     int stop = 0;
     for (size_t i = 0; i < n && !stop; i++) {
         td_token_event ev = {.token = ids[i]};
@@ -70,7 +70,7 @@ static char *run(const char *extra, const char *text, int reasoning_mode) {
     tr.on_done(tr.user, &res, NULL);
     free(ids);
     char *out = strdup(j->req.stream ? (j->out.p ? j->out.p : "") : (j->body ? j->body : ""));
-    job_unref(j);
+    td_job_unref(j);
     return out;
 }
 
@@ -106,9 +106,9 @@ static void parse_sse(const char *sse, streamed *st) {
         json_t *o = json_loadb(p, (size_t)(e - p), 0, NULL);
         json_t *c = json_array_get(json_object_get(o, "choices"), 0), *d = json_object_get(c, "delta");
         const char *t;
-        if ((t = json_string_value(json_object_get(d, "content")))) sb_adds(&st->content, t);
-        if ((t = json_string_value(json_object_get(d, "reasoning")))) sb_adds(&st->reasoning, t);
-        if ((t = json_string_value(json_object_get(d, "reasoning_content")))) sb_adds(&st->reasoning_content, t);
+        if ((t = json_string_value(json_object_get(d, "content")))) td_sb_adds(&st->content, t);
+        if ((t = json_string_value(json_object_get(d, "reasoning")))) td_sb_adds(&st->reasoning, t);
+        if ((t = json_string_value(json_object_get(d, "reasoning_content")))) td_sb_adds(&st->reasoning_content, t);
         size_t i;
         json_t *tc;
         json_array_foreach(json_object_get(d, "tool_calls"), i, tc) {
@@ -117,7 +117,7 @@ static void parse_sse(const char *sse, streamed *st) {
             st->n_tool_deltas++;
             json_t *f = json_object_get(tc, "function");
             if ((t = json_string_value(json_object_get(f, "name")))) snprintf(st->name[k], 16, "%s", t), st->n_calls++;
-            if ((t = json_string_value(json_object_get(f, "arguments")))) sb_adds(&st->args[k], t);
+            if ((t = json_string_value(json_object_get(f, "arguments")))) td_sb_adds(&st->args[k], t);
         }
         if ((t = json_string_value(json_object_get(c, "finish_reason")))) snprintf(st->finish, sizeof st->finish, "%s", t);
         json_decref(o);
@@ -126,8 +126,8 @@ static void parse_sse(const char *sse, streamed *st) {
 }
 
 static void streamed_free(streamed *st) {
-    sb_free(&st->content), sb_free(&st->reasoning), sb_free(&st->reasoning_content);
-    for (int i = 0; i < 4; i++) sb_free(&st->args[i]);
+    td_sb_free(&st->content), td_sb_free(&st->reasoning), td_sb_free(&st->reasoning_content);
+    for (int i = 0; i < 4; i++) td_sb_free(&st->args[i]);
 }
 
 static const char *SB(const sbuf *b) { return b->p ? b->p : ""; }
@@ -218,7 +218,7 @@ int main(void) {
     test_parallel_tool_calls();
     test_invalid_arguments();
     test_reasoning_field();
-    tok_free(S.tok);
-    metrics_destroy(&S.metrics);
+    td_tok_free(S.tok);
+    td_metrics_destroy(&S.metrics);
     TEST_MAIN_END("test_server_gen");
 }

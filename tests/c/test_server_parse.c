@@ -20,8 +20,8 @@ typedef struct {
 static int on_ev(void *u, const cp_event *ev) {
     rec *r = u;
     switch (ev->kind) {
-    case CP_REASONING: sb_add(&r->reasoning, ev->text, ev->len); break;
-    case CP_CONTENT: sb_add(&r->content, ev->text, ev->len); break;
+    case CP_REASONING: td_sb_add(&r->reasoning, ev->text, ev->len); break;
+    case CP_CONTENT: td_sb_add(&r->content, ev->text, ev->len); break;
     case CP_TOOL_START:
         if (ev->index != r->n_calls || ev->index >= MAXC) { r->order_bad++; break; }
         snprintf(r->name[ev->index], 64, "%s", ev->name);
@@ -30,16 +30,16 @@ static int on_ev(void *u, const cp_event *ev) {
         break;
     case CP_TOOL_ARGS:
         if (ev->index != r->n_calls - 1 || ev->index < 0) { r->order_bad++; break; }
-        sb_add(&r->args[ev->index], ev->text, ev->len);
+        td_sb_add(&r->args[ev->index], ev->text, ev->len);
         break;
     }
     return 0;
 }
 
 static void rec_free(rec *r) {
-    sb_free(&r->reasoning);
-    sb_free(&r->content);
-    for (int i = 0; i < MAXC; i++) sb_free(&r->args[i]);
+    td_sb_free(&r->reasoning);
+    td_sb_free(&r->content);
+    for (int i = 0; i < MAXC; i++) td_sb_free(&r->args[i]);
 }
 
 static const char *S(const sbuf *b) { return b->p ? b->p : ""; }
@@ -49,16 +49,16 @@ static void parse(const char *text, int mode, bool tools_on, const json_t *tools
     memset(r, 0, sizeof *r);
     chat_parser p;
     cp_config cfg = {.reasoning = mode, .parse_tools = tools_on, .tools = tools, .id_seed = 42};
-    cp_init(&p, &cfg, on_ev, r);
+    td_cp_init(&p, &cfg, on_ev, r);
     td_err err = {0};
     size_t n = strlen(text);
     if (!chunk) chunk = n ? n : 1;
     for (size_t i = 0; i < n; i += chunk) {
         size_t k = n - i < chunk ? n - i : chunk;
-        CHECK(cp_push(&p, text + i, k, &err) == 0, "push: %s", err.msg);
+        CHECK(td_cp_push(&p, text + i, k, &err) == 0, "push: %s", err.msg);
     }
-    CHECK(cp_finish(&p, &err) == 0, "finish: %s", err.msg);
-    cp_free(&p);
+    CHECK(td_cp_finish(&p, &err) == 0, "finish: %s", err.msg);
+    td_cp_free(&p);
 }
 
 static const size_t chunks[] = {0, 1, 2, 3, 5, 7, 11};
@@ -162,16 +162,16 @@ static void test_xml(void) {
     CHECK(!strcmp(S(&r.content), xml) && r.n_calls == 0, "tools off: content kept");
     rec_free(&r);
     /* Direct conversions. */
-    json_t *v = cp_convert_param(tools, "run", "ratio", " 2 ", 3);
+    json_t *v = td_cp_convert_param(tools, "run", "ratio", " 2 ", 3);
     CHECK(json_is_integer(v) && json_integer_value(v) == 2, "number 2 -> integer");
     json_decref(v);
-    v = cp_convert_param(tools, "run", "ratio", "1e3", 3);
+    v = td_cp_convert_param(tools, "run", "ratio", "1e3", 3);
     CHECK(json_is_real(v) && json_real_value(v) == 1000.0, "number 1e3");
     json_decref(v);
-    v = cp_convert_param(tools, "run", "cmd", " 2 ", 3);
+    v = td_cp_convert_param(tools, "run", "cmd", " 2 ", 3);
     CHECK(json_is_string(v) && !strcmp(json_string_value(v), " 2 "), "string kept verbatim");
     json_decref(v);
-    v = cp_convert_param(NULL, "run", "timeout", "5", 1);
+    v = td_cp_convert_param(NULL, "run", "timeout", "5", 1);
     CHECK(json_is_string(v), "no tools: string");
     json_decref(v);
     json_decref(tools);
@@ -180,7 +180,7 @@ static void test_xml(void) {
 static void stop_case(const char *label, const char *const *stops, int ns, const char *text, size_t chunk, const char *want, int want_hit) {
     stop_matcher m;
     td_err err = {0};
-    CHECK(stop_init(&m, stops, ns, false, &err) == 0, "%s: init %s", label, err.msg);
+    CHECK(td_stop_init(&m, stops, ns, false, &err) == 0, "%s: init %s", label, err.msg);
     sbuf out = {0};
     int hit = 0;
     size_t n = strlen(text);
@@ -188,15 +188,15 @@ static void stop_case(const char *label, const char *const *stops, int ns, const
     for (size_t i = 0; i < n && !hit; i += chunk) {
         size_t k = n - i < chunk ? n - i : chunk;
         size_t before = out.len;
-        hit = stop_push(&m, text + i, k, &out, &err);
+        hit = td_stop_push(&m, text + i, k, &out, &err);
         /* What is released must never contain a stop string's start that later completes. */
         (void)before;
     }
-    if (!hit) stop_flush(&m, &out, &err);
+    if (!hit) td_stop_flush(&m, &out, &err);
     CHECK(!strcmp(S(&out), want), "%s chunk %zu: [%s] want [%s]", label, chunk, S(&out), want);
     CHECK(hit == want_hit, "%s chunk %zu: hit %d", label, chunk, hit);
-    sb_free(&out);
-    stop_free(&m);
+    td_sb_free(&out);
+    td_stop_free(&m);
 }
 
 static void test_stop(void) {
@@ -214,24 +214,24 @@ static void test_stop(void) {
     /* Held-back text is released only when it cannot start a stop string. */
     stop_matcher m;
     td_err err = {0};
-    stop_init(&m, s1, 1, false, &err);
+    td_stop_init(&m, s1, 1, false, &err);
     sbuf out = {0};
-    stop_push(&m, "abST", 4, &out, &err);
+    td_stop_push(&m, "abST", 4, &out, &err);
     CHECK(!strcmp(S(&out), "ab"), "held ST: [%s]", S(&out));
-    stop_push(&m, "x", 1, &out, &err);
+    td_stop_push(&m, "x", 1, &out, &err);
     CHECK(!strcmp(S(&out), "abSTx"), "released STx: [%s]", S(&out));
-    sb_free(&out);
-    stop_free(&m);
+    td_sb_free(&out);
+    td_stop_free(&m);
     /* include_stop_str_in_output */
-    stop_init(&m, s1, 1, true, &err);
-    CHECK(stop_push(&m, "aSTOPb", 6, &out, &err) == 1 && !strcmp(S(&out), "aSTOP"), "include stop");
-    sb_free(&out);
-    stop_free(&m);
+    td_stop_init(&m, s1, 1, true, &err);
+    CHECK(td_stop_push(&m, "aSTOPb", 6, &out, &err) == 1 && !strcmp(S(&out), "aSTOP"), "include stop");
+    td_sb_free(&out);
+    td_stop_free(&m);
     const char *empty[] = {""};
-    CHECK(stop_init(&m, empty, 1, false, &err) == TD_ERR_ARG, "empty stop string refused");
-    CHECK(cp_reasoning_mode("x<think>\n", 9, true) == 2, "mode 2");
-    CHECK(cp_reasoning_mode("x<think>\n\n</think>\n\n", 20, true) == 1, "mode 1");
-    CHECK(cp_reasoning_mode("x<think>\n", 9, false) == 0, "mode 0");
+    CHECK(td_stop_init(&m, empty, 1, false, &err) == TD_ERR_ARG, "empty stop string refused");
+    CHECK(td_cp_reasoning_mode("x<think>\n", 9, true) == 2, "mode 2");
+    CHECK(td_cp_reasoning_mode("x<think>\n\n</think>\n\n", 20, true) == 1, "mode 1");
+    CHECK(td_cp_reasoning_mode("x<think>\n", 9, false) == 0, "mode 0");
 }
 
 int main(void) {

@@ -36,18 +36,18 @@ static char *run_job(srv *s, const char *output, bool stream, int reasoning, boo
         r.parse_tools = true;
     }
     td_err err = {0};
-    job *j = job_new(s, &r, 7, reasoning, &err);
-    CHECK(j != NULL, "job_new: %s", err.msg);
+    job *j = td_job_new(s, &r, 7, reasoning, &err);
+    CHECK(j != NULL, "td_job_new: %s", err.msg);
     if (!j) return NULL;
-    if (stream) CHECK(job_stream_begin(j) == 0, "stream begin");
+    if (stream) CHECK(td_job_stream_begin(j) == 0, "stream begin");
     int32_t prompt[1] = {1};
     td_request tr;
-    job_sched_request(j, prompt, 1, &tr);
+    td_job_sched_request(j, prompt, 1, &tr);
     j->submitted = true;
-    job_ref(j); /* the scheduler's */
+    td_job_ref(j); /* the scheduler's */
     int32_t *ids = NULL;
     size_t n = 0;
-    CHECK(tok_encode(s->tok, output, strlen(output), false, &ids, &n, &err) == 0, "encode: %s", err.msg);
+    CHECK(td_tok_encode(s->tok, output, strlen(output), false, &ids, &n, &err) == 0, "encode: %s", err.msg);
     for (size_t i = 0; i < n; i++) {
         td_token_event ev = {.token = ids[i], .logprob = -0.5f};
         CHECK(tr.on_token(tr.user, &ev) == 0, "on_token %zu", i);
@@ -63,7 +63,7 @@ static char *run_job(srv *s, const char *output, bool stream, int reasoning, boo
         out = j->body ? strdup(j->body) : NULL;
     }
     free(ids);
-    job_unref(j);
+    td_job_unref(j);
     return out;
 }
 
@@ -134,8 +134,8 @@ static void test_stream_tools_xml(srv *s) {
             finals++;
             CHECK(!strcmp(fr, "tool_calls"), "finish_reason %s", fr);
         }
-        if (S(d, "reasoning_content", NULL)) sb_adds(&reasoning, S(d, "reasoning_content", NULL));
-        if (S(d, "content", NULL)) sb_adds(&content, S(d, "content", NULL));
+        if (S(d, "reasoning_content", NULL)) td_sb_adds(&reasoning, S(d, "reasoning_content", NULL));
+        if (S(d, "content", NULL)) td_sb_adds(&content, S(d, "content", NULL));
         json_t *tc = json_object_get(d, "tool_calls");
         if (tc) {
             CHECK(json_array_size(tc) == 1, "one fragment per chunk");
@@ -153,7 +153,7 @@ static void test_stream_tools_xml(srv *s) {
             } else {
                 CHECK(names[idx] != NULL, "arguments after the start");
                 CHECK(!json_object_get(json_object_get(f, "function"), "name"), "name only in the first fragment");
-                sb_adds(&args[idx], S(f, "function", "arguments"));
+                td_sb_adds(&args[idx], S(f, "function", "arguments"));
             }
         }
     }
@@ -167,7 +167,7 @@ static void test_stream_tools_xml(srv *s) {
     CHECK(json_equal(a0, w0), "args 0 [%s]", args[0].p);
     CHECK(json_equal(a1, w1), "args 1 [%s]", args[1].p);
     json_decref(a0), json_decref(w0), json_decref(a1), json_decref(w1);
-    sb_free(&reasoning), sb_free(&content), sb_free(&args[0]), sb_free(&args[1]);
+    td_sb_free(&reasoning), td_sb_free(&content), td_sb_free(&args[0]), td_sb_free(&args[1]);
     json_decref(r.chunks);
     free(t);
 }
@@ -204,14 +204,14 @@ static void test_plain(srv *s) {
     json_array_foreach(r.chunks, i, c) {
         json_t *ch = json_array_get(json_object_get(c, "choices"), 0), *d = json_object_get(ch, "delta");
         CHECK(!json_object_get(d, "reasoning_content") && !json_object_get(d, "tool_calls"), "content only");
-        if (S(d, "content", NULL)) sb_adds(&content, S(d, "content", NULL));
+        if (S(d, "content", NULL)) td_sb_adds(&content, S(d, "content", NULL));
         if (json_string_value(json_object_get(ch, "finish_reason"))) fin = json_string_value(json_object_get(ch, "finish_reason"));
     }
     CHECK(content.p && !strcmp(content.p, "<think>not reasoning</think> <tool_call>{}</tool_call>"), "content [%s]", content.p);
     CHECK(fin && !strcmp(fin, "length"), "finish length");
     CHECK(json_array_size(json_object_get(json_array_get(r.chunks, json_array_size(r.chunks) - 1), "choices")) == 1,
           "no usage chunk unless asked");
-    sb_free(&content);
+    td_sb_free(&content);
     json_decref(r.chunks);
     free(t);
 }
@@ -220,25 +220,25 @@ int main(void) {
     td_err err = {0};
     srv s;
     memset(&s, 0, sizeof s);
-    if (tok_load(MODEL, &s.tok, &err)) {
+    if (td_tok_load(MODEL, &s.tok, &err)) {
         printf("test_server_stream: cannot load %s (%s); run from the repository root\n", MODEL, err.msg);
         return 1;
     }
-    metrics_init(&s.metrics);
+    td_metrics_init(&s.metrics);
     pthread_mutex_init(&s.jobs_mu, NULL);
     pthread_cond_init(&s.jobs_cv, NULL);
     pthread_rwlock_init(&s.sched_lock, NULL);
     s.model_name = "tiny";
     s.model_dir = (char *)MODEL;
     s.n_ctx = 4096;
-    s.vocab = tok_vocab_size(s.tok);
+    s.vocab = td_tok_vocab_size(s.tok);
     s.cfg.quiet = true;
     td_sampling_default(&s.cfg.sampling);
     test_stream_tools_xml(&s);
     test_nonstream_hermes(&s);
     test_plain(&s);
     CHECK(s.n_open == 0, "every job freed (%d open)", s.n_open);
-    tok_free(s.tok);
-    metrics_destroy(&s.metrics);
+    td_tok_free(s.tok);
+    td_metrics_destroy(&s.metrics);
     TEST_MAIN_END("test_server_stream");
 }

@@ -57,7 +57,7 @@ static void run_chats(const char *path) {
         if (!src) { json_decref(rec); continue; }
         td_err err = {0};
         tpl *t;
-        int rc = tpl_parse(src, strlen(src), &t, &err);
+        int rc = td_tpl_parse(src, strlen(src), &t, &err);
         CHECK(rc == 0, "parse %s: %s", name, err.msg);
         if (rc == 0) {
             tpl_chat_args a = {.messages = json_object_get(rec, "messages"), .tools = json_object_get(rec, "tools"),
@@ -66,11 +66,11 @@ static void run_chats(const char *path) {
                                .eos_token = "<|im_end|>", .pad_token = "<|endoftext|>"};
             char *out = NULL;
             size_t len = 0;
-            rc = tpl_apply_chat(t, &a, &out, &len, &err);
+            rc = td_tpl_apply_chat(t, &a, &out, &len, &err);
             char what[128];
             snprintf(what, sizeof what, "chats.jsonl:%d (%s)", line, name);
             check_result(rc, out, len, rec, &err, what);
-            tpl_free(t);
+            td_tpl_free(t);
         }
         free(src);
         json_decref(rec);
@@ -93,12 +93,12 @@ static void run_features(const char *path) {
         tpl *t = NULL;
         char *out = NULL;
         size_t len = 0;
-        int rc = tpl_parse(json_string_value(src), json_string_length(src), &t, &err);
-        if (rc == 0) rc = tpl_render(t, json_object_get(rec, "ctx"), &out, &len, &err);
+        int rc = td_tpl_parse(json_string_value(src), json_string_length(src), &t, &err);
+        if (rc == 0) rc = td_tpl_render(t, json_object_get(rec, "ctx"), &out, &len, &err);
         char what[160];
         snprintf(what, sizeof what, "features.jsonl:%d %.80s", line, json_string_value(src));
         check_result(rc, out, len, rec, &err, what);
-        tpl_free(t);
+        td_tpl_free(t);
         json_decref(rec);
     }
     fclose(f);
@@ -109,21 +109,21 @@ static void error_positions(void) {
     td_err err = {0};
     tpl *t = NULL;
     const char *src = "line one\n{% if x %}\n  {{ a ? b }}\n{% endif %}";
-    int rc = tpl_parse(src, strlen(src), &t, &err);
+    int rc = td_tpl_parse(src, strlen(src), &t, &err);
     CHECK(rc != 0 && strstr(err.msg, "line 3 column 8"), "position of '?': %s", err.msg);
-    tpl_free(t);
+    td_tpl_free(t);
     src = "{% for x in xs %}{{ x }}";
-    rc = tpl_parse(src, strlen(src), &t, &err);
+    rc = td_tpl_parse(src, strlen(src), &t, &err);
     CHECK(rc != 0 && strstr(err.msg, "endfor"), "missing endfor: %s", err.msg);
-    tpl_free(t);
+    td_tpl_free(t);
     src = "ok\n  {{ x|bogus }}";
     t = NULL;
-    rc = tpl_parse(src, strlen(src), &t, &err);
+    rc = td_tpl_parse(src, strlen(src), &t, &err);
     char *out;
     size_t len;
-    if (rc == 0) rc = tpl_render(t, NULL, &out, &len, &err);
+    if (rc == 0) rc = td_tpl_render(t, NULL, &out, &len, &err);
     CHECK(rc != 0 && strstr(err.msg, "line 2") && strstr(err.msg, "bogus"), "unknown filter: %s", err.msg);
-    tpl_free(t);
+    td_tpl_free(t);
 }
 
 int main(void) {

@@ -83,9 +83,9 @@ static int run_src(const char *src, size_t n, char **out, size_t *len, td_err *e
     tpl *t = NULL;
     *out = NULL;
     *len = 0;
-    int rc = tpl_parse(src, n, &t, err);
-    if (rc == 0) rc = tpl_render(t, NULL, out, len, err);
-    tpl_free(t);
+    int rc = td_tpl_parse(src, n, &t, err);
+    if (rc == 0) rc = td_tpl_render(t, NULL, out, len, err);
+    td_tpl_free(t);
     return rc;
 }
 
@@ -407,7 +407,7 @@ static void real_templates(void) {
         if (!src || !rec) { free(src); json_decref(rec); continue; }
         td_err err = {0};
         tpl *t = NULL;
-        int rc = tpl_parse(src, strlen(src), &t, &err);
+        int rc = td_tpl_parse(src, strlen(src), &t, &err);
         CHECK(rc == 0, "parse %s: %s", names[k], err.msg);
         if (rc) { free(src); json_decref(rec); continue; }
         tpl_chat_args a = {.messages = json_object_get(rec, "messages"), .tools = json_object_get(rec, "tools"),
@@ -416,7 +416,7 @@ static void real_templates(void) {
                            .eos_token = "<|im_end|>", .pad_token = "<|endoftext|>"};
         char *out = NULL;
         size_t len = 0;
-        rc = tpl_apply_chat(t, &a, &out, &len, &err);
+        rc = td_tpl_apply_chat(t, &a, &out, &len, &err);
         json_t *exp = json_object_get(rec, "expected");
         CHECK(rc == 0, "%s: typical conversation: %s", names[k], err.msg);
         if (!rc) {
@@ -438,7 +438,7 @@ static void real_templates(void) {
         }
         a.messages = msgs;
         double t0 = now_s();
-        rc = tpl_apply_chat(t, &a, &out, &len, &err);
+        rc = td_tpl_apply_chat(t, &a, &out, &len, &err);
         double dt = now_s() - t0;
         CHECK(rc == 0, "%s: 4 MB conversation: %s", names[k], err.msg);
         if (!rc) {
@@ -448,7 +448,7 @@ static void real_templates(void) {
         CHECK(dt < 2.0, "%s: 4 MB conversation took %.2f s", names[k], dt);
         free(big);
         json_decref(msgs);
-        tpl_free(t);
+        td_tpl_free(t);
         json_decref(rec);
         free(src);
     }

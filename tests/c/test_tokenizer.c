@@ -74,7 +74,7 @@ static size_t unhex(const char *h, char *out) {
 
 static bool valid_utf8(const char *s, size_t n) {
     for (size_t i = 0; i < n;) {
-        int bad, k = tok_utf8_seq((const uint8_t *)s + i, n - i, &bad);
+        int bad, k = td_tok_utf8_seq((const uint8_t *)s + i, n - i, &bad);
         if (!k) return false;
         i += (size_t)k;
     }
@@ -83,7 +83,7 @@ static bool valid_utf8(const char *s, size_t n) {
 
 static void check_stream(const tokenizer *t, const int32_t *ids, size_t n, const char *expect, size_t elen, const char *what) {
     tok_stream s;
-    tok_stream_init(&s, t, false);
+    td_tok_stream_init(&s, t, false);
     char *acc = malloc(elen * 2 + 16);
     size_t al = 0;
     bool chunks_ok = true;
@@ -91,7 +91,7 @@ static void check_stream(const tokenizer *t, const int32_t *ids, size_t n, const
     for (size_t i = 0; i <= n; i++) {
         const char *txt;
         size_t tl;
-        int rc = i < n ? tok_stream_push(&s, ids[i], &txt, &tl, &err) : tok_stream_flush(&s, &txt, &tl, &err);
+        int rc = i < n ? td_tok_stream_push(&s, ids[i], &txt, &tl, &err) : td_tok_stream_flush(&s, &txt, &tl, &err);
         if (rc || al + tl > elen * 2 + 16) { chunks_ok = false; break; }
         chunks_ok &= valid_utf8(txt, tl);
         memcpy(acc + al, txt, tl);
@@ -100,7 +100,7 @@ static void check_stream(const tokenizer *t, const int32_t *ids, size_t n, const
     CHECK(chunks_ok, "%s: stream chunk not whole code points", what);
     CHECK(al == elen && memcmp(acc, expect, elen) == 0, "%s: streamed text differs from decode", what);
     free(acc);
-    tok_stream_free(&s);
+    td_tok_stream_free(&s);
 }
 
 static int run_file(const tokenizer *t, const char *path, int *n_vectors) {
@@ -122,7 +122,7 @@ static int run_file(const tokenizer *t, const char *path, int *n_vectors) {
         if (gen) {
             size_t len;
             char *s = gen_long(gen, &len);
-            int rc = tok_encode(t, s, len, true, &ids, &n, &err);
+            int rc = td_tok_encode(t, s, len, true, &ids, &n, &err);
             CHECK(rc == 0, "%s: %s", what, err.msg);
             char hx[20];
             snprintf(hx, sizeof hx, "%016llx", (unsigned long long)fnv(ids, n));
@@ -131,7 +131,7 @@ static int run_file(const tokenizer *t, const char *path, int *n_vectors) {
             CHECK(!strcmp(hx, json_string_value(json_object_get(rec, "fnv"))), "%s (%s): ids differ", what, gen);
             char *d;
             size_t dl;
-            if (tok_decode(t, ids, n, false, &d, &dl, &err) == 0) {
+            if (td_tok_decode(t, ids, n, false, &d, &dl, &err) == 0) {
                 /* "mixed" holds e+U+0301, which NFC composes */
                 char *nfc = (char *)utf8proc_NFC((const utf8proc_uint8_t *)s);
                 CHECK(nfc && dl == strlen(nfc) && !memcmp(d, nfc, dl), "%s: decode(encode(s)) != NFC(s)", what);
@@ -148,7 +148,7 @@ static int run_file(const tokenizer *t, const char *path, int *n_vectors) {
         size_t tl;
         if (text) tl = json_string_length(json_object_get(rec, "text")), memcpy(buf, text, tl);
         else tl = unhex(json_string_value(json_object_get(rec, "hex")), buf);
-        int rc = tok_encode(t, buf, tl, true, &ids, &n, &err);
+        int rc = td_tok_encode(t, buf, tl, true, &ids, &n, &err);
         CHECK(rc == 0, "%s: %s", what, err.msg);
         json_t *exp = json_object_get(rec, "ids");
         bool same = n == json_array_size(exp);
@@ -165,7 +165,7 @@ static int run_file(const tokenizer *t, const char *path, int *n_vectors) {
         json_t *dec = json_object_get(rec, "decoded");
         char *d;
         size_t dl;
-        if (tok_decode(t, ids, n, false, &d, &dl, &err) == 0) {
+        if (td_tok_decode(t, ids, n, false, &d, &dl, &err) == 0) {
             CHECK(dl == json_string_length(dec) && !memcmp(d, json_string_value(dec), dl), "%s: decode differs", what);
             free(d);
         }
@@ -192,7 +192,7 @@ static void llama_vectors(const tokenizer *t) {
         td_err err = {0};
         int32_t *ids;
         size_t n;
-        tok_encode(t, json_string_value(tx), json_string_length(tx), true, &ids, &n, &err);
+        td_tok_encode(t, json_string_value(tx), json_string_length(tx), true, &ids, &n, &err);
         bool same = n == json_array_size(exp);
         for (size_t k = 0; same && k < n; k++) same = ids[k] == json_integer_value(json_array_get(exp, k));
         CHECK(same, "llama.cpp vector %zu differs: %.40s", i, json_string_value(tx));
@@ -222,11 +222,11 @@ static void qwen35_regex(int *nv) {
     json_decref(j);
     tokenizer *t;
     td_err err = {0};
-    int rc = tok_load_files(tmp, NULL, &t, &err);
+    int rc = td_tok_load_files(tmp, NULL, &t, &err);
     CHECK(rc == 0, "load qwen3.5-regex tokenizer: %s", err.msg);
     if (rc == 0) {
         run_file(t, "tests/golden/tokenizer/qwen35re.jsonl", nv);
-        tok_free(t);
+        td_tok_free(t);
     }
     unlink(tmp);
 }
@@ -268,93 +268,93 @@ static void small_tokenizers(void) {
         write_file(tmp, js);
         tokenizer *t;
         td_err err = {0};
-        int rc = tok_load_files(tmp, NULL, &t, &err);
+        int rc = td_tok_load_files(tmp, NULL, &t, &err);
         CHECK(rc == 0, "small tokenizer %zu: %s", i, err.msg);
         if (rc) continue;
         int32_t *ids;
         size_t n;
-        tok_encode(t, cases[i].text, strlen(cases[i].text), true, &ids, &n, &err);
+        td_tok_encode(t, cases[i].text, strlen(cases[i].text), true, &ids, &n, &err);
         char got[256] = "";
         for (size_t k = 0; k < n; k++) snprintf(got + strlen(got), sizeof got - strlen(got), k ? " %d" : "%d", ids[k]);
         CHECK(!strcmp(got, cases[i].expect), "small tokenizer %zu: got [%s] expected [%s]", i, got, cases[i].expect);
         free(ids);
-        tok_free(t);
+        td_tok_free(t);
     }
     snprintf(js, sizeof js, base, "\"a b\"", "false", "false", "false", "{\"type\":\"Lowercase\"}");
     write_file(tmp, js);
     tokenizer *t = NULL;
     td_err err = {0};
-    int rc = tok_load_files(tmp, NULL, &t, &err);
+    int rc = td_tok_load_files(tmp, NULL, &t, &err);
     CHECK(rc == TD_ERR_UNSUPPORTED && strstr(err.msg, "Lowercase"), "unsupported normalizer named: %s", err.msg);
-    tok_free(t);
+    td_tok_free(t);
     write_file(tmp, "{\"model\":{\"type\":\"WordPiece\",\"vocab\":{}},\"decoder\":{\"type\":\"ByteLevel\"},"
                     "\"pre_tokenizer\":{\"type\":\"ByteLevel\"}}");
-    rc = tok_load_files(tmp, NULL, &t, &err);
+    rc = td_tok_load_files(tmp, NULL, &t, &err);
     CHECK(rc == TD_ERR_UNSUPPORTED && strstr(err.msg, "WordPiece"), "unsupported model named: %s", err.msg);
     write_file(tmp, "{\"model\":{\"type\":\"BPE\",\"vocab\":{\"a\":0},\"merges\":[]},\"decoder\":{\"type\":\"ByteLevel\"},"
                     "\"pre_tokenizer\":{\"type\":\"Metaspace\"}}");
-    rc = tok_load_files(tmp, NULL, &t, &err);
+    rc = td_tok_load_files(tmp, NULL, &t, &err);
     CHECK(rc == TD_ERR_UNSUPPORTED && strstr(err.msg, "Metaspace"), "unsupported pre-tokenizer named: %s", err.msg);
-    rc = tok_load_files("/nonexistent/tokenizer.json", NULL, &t, &err);
+    rc = td_tok_load_files("/nonexistent/tokenizer.json", NULL, &t, &err);
     CHECK(rc == TD_ERR_IO, "missing file is TD_ERR_IO");
     unlink(tmp);
 }
 
 static void unit_checks(const tokenizer *t) {
-    CHECK(tok_token_id(t, "<|im_end|>") == 151645, "im_end id");
-    CHECK(tok_eos_id(t) == 151645, "eos id from tokenizer_config");
-    CHECK(tok_bos_id(t) == -1 && tok_bos_token(t) == NULL, "no bos");
-    CHECK(tok_is_special(t, 151644) && !tok_is_special(t, 100), "special flags");
-    CHECK(tok_vocab_size(t) == 151669, "vocab size %d", tok_vocab_size(t));
-    CHECK(tok_chat_template(t) && strstr(tok_chat_template(t), "<|im_start|>"), "chat template present");
-    CHECK(tok_token_str(t, 9707) && !strcmp(tok_token_str(t, 9707), "Hello"), "token string");
+    CHECK(td_tok_token_id(t, "<|im_end|>") == 151645, "im_end id");
+    CHECK(td_tok_eos_id(t) == 151645, "eos id from tokenizer_config");
+    CHECK(td_tok_bos_id(t) == -1 && td_tok_bos_token(t) == NULL, "no bos");
+    CHECK(td_tok_is_special(t, 151644) && !td_tok_is_special(t, 100), "special flags");
+    CHECK(td_tok_vocab_size(t) == 151669, "vocab size %d", td_tok_vocab_size(t));
+    CHECK(td_tok_chat_template(t) && strstr(td_tok_chat_template(t), "<|im_start|>"), "chat template present");
+    CHECK(td_tok_token_str(t, 9707) && !strcmp(td_tok_token_str(t, 9707), "Hello"), "token string");
     /* invalid UTF-8: maximal subparts -> one U+FFFD each */
     size_t n;
-    char *s = tok_utf8_sanitize("a\xf0\x9f\x98" "b\xed\xa0\x80" "c\xc3", 10, &n);
+    char *s = td_tok_utf8_sanitize("a\xf0\x9f\x98" "b\xed\xa0\x80" "c\xc3", 10, &n);
     CHECK(s && !strcmp(s, "a\xef\xbf\xbd" "b\xef\xbf\xbd\xef\xbf\xbd\xef\xbf\xbd" "c\xef\xbf\xbd"), "sanitize");
     free(s);
     /* streaming: 4-byte emoji split over byte tokens is held until complete */
     td_err err = {0};
     int32_t *ids;
     size_t ni;
-    tok_encode(t, "\xf0\x9f\xab\xa0", 4, false, &ids, &ni, &err); /* U+1FAE0: several byte tokens */
+    td_tok_encode(t, "\xf0\x9f\xab\xa0", 4, false, &ids, &ni, &err); /* U+1FAE0: several byte tokens */
     CHECK(ni >= 2, "emoji split into %zu tokens", ni);
     tok_stream st;
-    tok_stream_init(&st, t, false);
+    td_tok_stream_init(&st, t, false);
     const char *txt;
     size_t tl, total = 0;
     for (size_t i = 0; i < ni; i++) {
-        tok_stream_push(&st, ids[i], &txt, &tl, &err);
+        td_tok_stream_push(&st, ids[i], &txt, &tl, &err);
         CHECK(i + 1 == ni ? tl == 4 : tl == 0, "stream holds partial code point (piece %zu gave %zu bytes)", i, tl);
         total += tl;
     }
-    tok_stream_flush(&st, &txt, &tl, &err);
+    td_tok_stream_flush(&st, &txt, &tl, &err);
     CHECK(total == 4 && tl == 0, "stream total");
     /* an unfinished sequence at the end becomes U+FFFD on flush */
-    tok_stream_push(&st, ids[0], &txt, &tl, &err);
-    tok_stream_flush(&st, &txt, &tl, &err);
+    td_tok_stream_push(&st, ids[0], &txt, &tl, &err);
+    td_tok_stream_flush(&st, &txt, &tl, &err);
     CHECK(tl == 3 && !memcmp(txt, "\xef\xbf\xbd", 3), "flush replaces a dangling prefix");
-    tok_stream_free(&st);
+    td_tok_stream_free(&st);
     free(ids);
     /* skip_special */
     int32_t sp[] = {151644, 9707, 151645};
     char *d;
     size_t dl;
-    tok_decode(t, sp, 3, true, &d, &dl, &err);
+    td_tok_decode(t, sp, 3, true, &d, &dl, &err);
     CHECK(!strcmp(d, "Hello"), "skip_special decode: %s", d);
     free(d);
     /* unknown ids are skipped, as tokenizers does */
     int32_t bad[] = {-1, 9707, 99999999};
-    tok_decode(t, bad, 3, false, &d, &dl, &err);
+    td_tok_decode(t, bad, 3, false, &d, &dl, &err);
     CHECK(!strcmp(d, "Hello"), "unknown ids skipped: %s", d);
     free(d);
     /* a per-thread encoder gives the same ids */
     tok_encoder *e;
-    tok_encoder_new(t, &e, &err);
-    tok_encoder_encode(e, "Hello world", 11, false, &ids, &ni, &err);
+    td_tok_encoder_new(t, &e, &err);
+    td_tok_encoder_encode(e, "Hello world", 11, false, &ids, &ni, &err);
     CHECK(ni == 2 && ids[0] == 9707 && ids[1] == 1879, "tok_encoder");
     free(ids);
-    tok_encoder_free(e);
+    td_tok_encoder_free(e);
 }
 
 
@@ -465,7 +465,7 @@ int main(void) {
     tokenizer *t;
     struct timespec a, b;
     clock_gettime(CLOCK_MONOTONIC, &a);
-    int rc = tok_load(g_dir, &t, &err);
+    int rc = td_tok_load(g_dir, &t, &err);
     clock_gettime(CLOCK_MONOTONIC, &b);
     CHECK(rc == 0, "load %s: %s", g_dir, err.msg);
     if (rc) TEST_MAIN_END("test_tokenizer");
@@ -474,7 +474,7 @@ int main(void) {
     run_file(t, "tests/golden/tokenizer/qwen3.jsonl", &nv);
     llama_vectors(t);
     unit_checks(t);
-    tok_free(t);
+    td_tok_free(t);
     qwen35_regex(&nv);
     small_tokenizers();
     cli_checks();

@@ -1,10 +1,10 @@
 /* What the server does with the body of a /v1/responses, /v1/messages or
  * /v1/messages/count_tokens request, without HTTP and without a model:
- * api_translate (src/server/api_responses.c, api_anthropic.c) into a chat
- * body, oai_parse, the chat template (the real Qwen3 template,
+ * td_api_translate (src/server/api_responses.c, api_anthropic.c) into a chat
+ * body, td_oai_parse, the chat template (the real Qwen3 template,
  * tests/data/chat-templates/qwen3.5.jinja, or none), tokenization with the
  * real Qwen3 tokenizer, then a job in that dialect fed a "generated" text
- * token by token through gen.c's scheduler callbacks (the api_* hooks write
+ * token by token through gen.c's scheduler callbacks (the td_api_* hooks write
  * the events or the final object).
  *
  * Input: [mode byte] [JSON body] [NUL [generated text]]. Mode bit 0:
@@ -86,18 +86,18 @@ static void generate(oai_req *r, api_state *st, int dialect, const int32_t *prom
     if (r->max_tokens < 0) r->max_tokens = room;
     if (r->max_tokens > room) r->max_tokens = room;
     td_err err = {0};
-    job *j = job_new(&g_srv, r, (int)n_prompt, reasoning, &err);
-    FUZZ_ASSERT(j, "job_new: %s", err.msg);
+    job *j = td_job_new(&g_srv, r, (int)n_prompt, reasoning, &err);
+    FUZZ_ASSERT(j, "td_job_new: %s", err.msg);
     j->dialect = dialect;
     j->api = st;
-    if (j->req.stream) FUZZ_ASSERT(job_stream_begin(j) == 0, "stream begin");
+    if (j->req.stream) FUZZ_ASSERT(td_job_stream_begin(j) == 0, "stream begin");
     td_request tr;
-    job_sched_request(j, prompt, (int)n_prompt, &tr);
+    td_job_sched_request(j, prompt, (int)n_prompt, &tr);
     j->submitted = true;
-    job_ref(j); /* the scheduler's, dropped by on_done */
+    td_job_ref(j); /* the scheduler's, dropped by on_done */
     int32_t *ids = NULL;
     size_t n = 0;
-    FUZZ_ASSERT(tok_encode(g_srv.tok, out, out_len, false, &ids, &n, &err) == 0, "encode output");
+    FUZZ_ASSERT(td_tok_encode(g_srv.tok, out, out_len, false, &ids, &n, &err) == 0, "encode output");
     td_finish finish = fin == 1 ? TD_FINISH_LENGTH : fin == 2 ? TD_FINISH_CANCEL : TD_FINISH_STOP;
     int gen = 0;
     for (size_t i = 0; i < n && gen < tr.gen.max_tokens; i++) {
@@ -121,7 +121,7 @@ static void generate(oai_req *r, api_state *st, int dialect, const int32_t *prom
         json_decref(o);
     }
     free(ids);
-    job_unref(j);
+    td_job_unref(j);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
@@ -142,7 +142,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     int dialect = mode & 1 ? DIALECT_ANTHROPIC : DIALECT_RESPONSES;
     if (dialect == DIALECT_ANTHROPIC && (mode & 2)) { /* count_tokens, as the prompt worker runs it */
         task t = {.srv = &g_srv, .what = TASK_COUNT_TOKENS, .dialect = dialect, .body = (char *)body, .len = blen};
-        ep_count_tokens(&g_srv, &t);
+        td_ep_count_tokens(&g_srv, &t);
         if (t.e.status) check_err(&t.e);
         else FUZZ_ASSERT(t.reply && t.status == 200, "count_tokens without a reply");
         free(t.reply);
@@ -156,7 +156,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         return 0;
     }
     api_state *st = NULL;
-    if (api_translate(&g_srv, dialect, &b, &st, &e)) {
+    if (td_api_translate(&g_srv, dialect, &b, &st, &e)) {
         check_err(&e);
         json_decref(b);
         return 0;
@@ -168,20 +168,20 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     int32_t *ids = NULL;
     size_t n = 0;
     td_err err = {0};
-    if (oai_parse(&g_srv, b, OAI_CHAT, &r, &e) || oai_render_chat(&g_srv, &r, &text, &tl, &e)) {
+    if (td_oai_parse(&g_srv, b, OAI_CHAT, &r, &e) || td_oai_render_chat(&g_srv, &r, &text, &tl, &e)) {
         check_err(&e);
-        api_state_free(st);
+        td_api_state_free(st);
         goto out;
     }
-    int reasoning = cp_reasoning_mode(text, tl, r.thinking);
-    FUZZ_ASSERT(tok_encode(g_srv.tok, text, tl, false, &ids, &n, &err) == 0, "encode prompt: %s", err.msg);
+    int reasoning = td_cp_reasoning_mode(text, tl, r.thinking);
+    FUZZ_ASSERT(td_tok_encode(g_srv.tok, text, tl, false, &ids, &n, &err) == 0, "encode prompt: %s", err.msg);
     if (n == 0 || (long long)n >= N_CTX) {
-        api_state_free(st);
+        td_api_state_free(st);
         goto out;
     }
     generate(&r, st, dialect, ids, n, reasoning, out, out_len, (mode >> 4) & 3);
 out:
-    oai_req_free(&r);
+    td_oai_req_free(&r);
     free(text);
     free(ids);
     json_decref(b);

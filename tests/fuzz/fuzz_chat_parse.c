@@ -49,7 +49,7 @@ static int on_event(void *user, const cp_event *e) {
     if (e->kind == CP_TOOL_START) FUZZ_ASSERT(e->id && e->name, "tool start without id/name");
     ev *last = r->n ? &r->v[r->n - 1] : NULL;
     if (last && e->kind != CP_TOOL_START && last->kind == (int)e->kind && last->index == e->index) {
-        sb_add(&last->text, e->text, e->len);
+        td_sb_add(&last->text, e->text, e->len);
         return 0;
     }
     if (e->kind != CP_TOOL_START && e->len == 0) return 0;
@@ -61,13 +61,13 @@ static int on_event(void *user, const cp_event *e) {
     memset(n, 0, sizeof *n);
     n->kind = (int)e->kind;
     n->index = e->index;
-    if (e->len) sb_add(&n->text, e->text, e->len);
+    if (e->len) td_sb_add(&n->text, e->text, e->len);
     if (e->kind == CP_TOOL_START) n->id = strdup(e->id), n->name = strdup(e->name);
     return 0;
 }
 
 static void rec_free(rec *r) {
-    for (int i = 0; i < r->n; i++) sb_free(&r->v[i].text), free(r->v[i].id), free(r->v[i].name);
+    for (int i = 0; i < r->n; i++) td_sb_free(&r->v[i].text), free(r->v[i].id), free(r->v[i].name);
     free(r->v);
 }
 
@@ -79,16 +79,16 @@ static uint32_t rnd(uint32_t *s) {
 /* how: 0 whole, 1 bytes, 2 random fragments */
 static void run_cp(const cp_config *cfg, const char *t, size_t n, int how, uint32_t seed, rec *r) {
     chat_parser p;
-    cp_init(&p, cfg, on_event, r);
+    td_cp_init(&p, cfg, on_event, r);
     td_err err = {0};
     for (size_t i = 0; i < n;) {
         size_t k = how == 0 ? n - i : how == 1 ? 1 : 1 + rnd(&seed) % 9;
         if (k > n - i) k = n - i;
-        FUZZ_ASSERT(cp_push(&p, t + i, k, &err) == 0, "cp_push: %s", err.msg);
+        FUZZ_ASSERT(td_cp_push(&p, t + i, k, &err) == 0, "td_cp_push: %s", err.msg);
         i += k;
     }
-    FUZZ_ASSERT(cp_finish(&p, &err) == 0, "cp_finish: %s", err.msg);
-    cp_free(&p);
+    FUZZ_ASSERT(td_cp_finish(&p, &err) == 0, "td_cp_finish: %s", err.msg);
+    td_cp_free(&p);
 }
 
 static bool same(const rec *a, const rec *b) {
@@ -109,12 +109,12 @@ static void run_stop(stop_matcher *m, const char *t, size_t n, int how, uint32_t
     for (size_t i = 0; i < n && !*hit;) {
         size_t k = how == 0 ? n - i : how == 1 ? 1 : 1 + rnd(&seed) % 9;
         if (k > n - i) k = n - i;
-        int rc = stop_push(m, t + i, k, out, &err);
-        FUZZ_ASSERT(rc == 0 || rc == 1, "stop_push %d", rc);
+        int rc = td_stop_push(m, t + i, k, out, &err);
+        FUZZ_ASSERT(rc == 0 || rc == 1, "td_stop_push %d", rc);
         *hit = rc;
         i += k;
     }
-    if (!*hit) FUZZ_ASSERT(stop_flush(m, out, &err) == 0, "stop_flush");
+    if (!*hit) FUZZ_ASSERT(td_stop_flush(m, out, &err) == 0, "td_stop_flush");
 }
 
 /* Stop matching is checked against its contract, not for equality across
@@ -159,7 +159,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     FUZZ_ASSERT(same(&r[0], &r[1]), "byte-by-byte differs from whole (%d vs %d events)", r[0].n, r[1].n);
     FUZZ_ASSERT(same(&r[0], &r[2]), "fragments differ from whole (%d vs %d events)", r[0].n, r[2].n);
     for (int i = 0; i < 3; i++) rec_free(&r[i]);
-    (void)cp_reasoning_mode(t, n, data[0] & 32);
+    (void)td_cp_reasoning_mode(t, n, data[0] & 32);
 
     /* stop strings: up to 3 taken from the text itself, lengths from data[3] */
     const char *stops[3];
@@ -180,11 +180,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     for (int how = 0; how < 3; how++) {
         stop_matcher m;
         td_err err = {0};
-        FUZZ_ASSERT(stop_init(&m, stops, ns, inc, &err) == 0, "stop_init: %s", err.msg);
+        FUZZ_ASSERT(td_stop_init(&m, stops, ns, inc, &err) == 0, "td_stop_init: %s", err.msg);
         run_stop(&m, t, n, how, seed, &out[how], &hit[how]);
-        stop_free(&m);
+        td_stop_free(&m);
     }
     for (int how = 0; how < 3; how++) check_stop(t, n, stops, ns, inc, &out[how], hit[how], how);
-    for (int i = 0; i < 3; i++) sb_free(&out[i]);
+    for (int i = 0; i < 3; i++) td_sb_free(&out[i]);
     return 0;
 }

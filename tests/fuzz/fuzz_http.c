@@ -1,4 +1,4 @@
-/* The HTTP layer, end to end: a real tandem server (srv_start on
+/* The HTTP layer, end to end: a real tandem server (td_srv_start on
  * 127.0.0.1, port 0, one libmicrohttpd thread) with the tiny-a model
  * (tests/golden/tiny-a/f32: tokenizer, chat template, engine, scheduler;
  * a 256-token context so a generation ends quickly). Each input is sent as
@@ -34,12 +34,12 @@ static int g_port;
 
 static void stop_all(void) {
     if (!g_srv) return;
-    srv_drain(g_srv, 2.0);
-    td_sched *sc = srv_detach_sched(g_srv);
+    td_srv_drain(g_srv, 2.0);
+    td_sched *sc = td_srv_detach_sched(g_srv);
     td_sched_free(sc);
-    srv_free(g_srv, 2.0);
+    td_srv_free(g_srv, 2.0);
     td_engine_free(g_eng);
-    tok_free(g_tok);
+    td_tok_free(g_tok);
     g_srv = NULL;
 }
 
@@ -51,9 +51,9 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     srv_config cfg = {.host = "127.0.0.1", .port = 0, .served_model_name = "tiny", .model_dir = d, .max_body = 1 << 20,
                       .http_threads = 1, .max_num_seqs = 2, .max_queue = 8, .quiet = true};
     td_sampling_default(&cfg.sampling);
-    if (srv_start(&cfg, &g_srv, &err)) { fprintf(stderr, "fuzz_http: %s\n", err.msg); abort(); }
-    g_port = srv_port(g_srv);
-    if (tok_load(d, &g_tok, &err)) { fprintf(stderr, "fuzz_http: %s\n", err.msg); abort(); }
+    if (td_srv_start(&cfg, &g_srv, &err)) { fprintf(stderr, "fuzz_http: %s\n", err.msg); abort(); }
+    g_port = td_srv_port(g_srv);
+    if (td_tok_load(d, &g_tok, &err)) { fprintf(stderr, "fuzz_http: %s\n", err.msg); abort(); }
     td_engine_opts eo = {.n_threads = 1, .max_context = 256, .max_seqs = 2};
     if (td_engine_load(d, &eo, &g_eng, &err)) { fprintf(stderr, "fuzz_http: %s\n", err.msg); abort(); }
     td_sched_opts so;
@@ -62,7 +62,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     so.max_queue = 8;
     if (td_sched_new(g_eng, &so, &g_sched, &err)) { fprintf(stderr, "fuzz_http: %s\n", err.msg); abort(); }
     srv_model m = {.tok = g_tok, .eng = g_eng, .sched = g_sched, .n_ctx = 256};
-    if (srv_set_model(g_srv, &m, &err)) { fprintf(stderr, "fuzz_http: %s\n", err.msg); abort(); }
+    if (td_srv_set_model(g_srv, &m, &err)) { fprintf(stderr, "fuzz_http: %s\n", err.msg); abort(); }
     atexit(stop_all);
     return 0;
 }

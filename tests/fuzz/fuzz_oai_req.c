@@ -1,9 +1,9 @@
 /* What the server does with the body of a /v1/chat/completions,
  * /v1/completions or /tokenize request, without HTTP and without a model:
- * src/server/oai_req.c (oai_parse / oai_chat_fields: validation,
+ * src/server/oai_req.c (td_oai_parse / td_oai_chat_fields: validation,
  * normalisation of messages, tools, stops, sampling), the chat template
- * render (oai_render_chat: the real Qwen3 template from tokenizer_config.json,
- * or tests/data/chat-templates/qwen3.5.jinja, or none), cp_reasoning_mode,
+ * render (td_oai_render_chat: the real Qwen3 template from tokenizer_config.json,
+ * or tests/data/chat-templates/qwen3.5.jinja, or none), td_cp_reasoning_mode,
  * tokenization with the real Qwen3 tokenizer, and then src/server/gen.c: a
  * job is created for the request and a "generated" text is fed token by
  * token through the scheduler callbacks (on_token / on_done, with logprob
@@ -15,7 +15,7 @@
  * stop); bits 6-7: default generated text when none is given.
  *
  * The body is parsed as endpoints.c's parse_body does (json_loadb with JSON_REJECT_DUPLICATES,
- * an object); the steps of ep_generate between parsing and the scheduler
+ * an object); the steps of td_ep_generate between parsing and the scheduler
  * (prompt too long, max_tokens clamp) are repeated here because they are
  * static in endpoints.c. Checks: every response body / SSE event the job
  * writes is valid JSON (the stream ends with [DONE]); errors carry a
@@ -62,7 +62,7 @@ static void check_output(job *j) {
         FUZZ_ASSERT(done || j->error[0] || j->res.finish == TD_FINISH_CANCEL, "stream without [DONE]");
         char buf[512];
         ssize_t r;
-        while ((r = job_stream_read(j, 0, buf, sizeof buf)) > 0) {}
+        while ((r = td_job_stream_read(j, 0, buf, sizeof buf)) > 0) {}
         FUZZ_ASSERT(r == MHD_CONTENT_READER_END_OF_STREAM || r == MHD_CONTENT_READER_END_WITH_ERROR, "stream read %zd", r);
     } else if (j->body) {
         json_error_t je;
@@ -77,16 +77,16 @@ static void generate(oai_req *r, const int32_t *prompt, size_t n_prompt, int rea
     if (r->max_tokens < 0) r->max_tokens = room;
     if (r->max_tokens > room) r->max_tokens = room;
     td_err err = {0};
-    job *j = job_new(&g_srv, r, (int)n_prompt, reasoning, &err);
-    FUZZ_ASSERT(j, "job_new: %s", err.msg);
-    if (j->req.stream) FUZZ_ASSERT(job_stream_begin(j) == 0, "stream begin");
+    job *j = td_job_new(&g_srv, r, (int)n_prompt, reasoning, &err);
+    FUZZ_ASSERT(j, "td_job_new: %s", err.msg);
+    if (j->req.stream) FUZZ_ASSERT(td_job_stream_begin(j) == 0, "stream begin");
     td_request tr;
-    job_sched_request(j, prompt, (int)n_prompt, &tr);
+    td_job_sched_request(j, prompt, (int)n_prompt, &tr);
     j->submitted = true;
-    job_ref(j); /* the scheduler's, dropped by on_done */
+    td_job_ref(j); /* the scheduler's, dropped by on_done */
     int32_t *ids = NULL;
     size_t n = 0;
-    FUZZ_ASSERT(tok_encode(g_srv.tok, out, out_len, false, &ids, &n, &err) == 0, "encode output");
+    FUZZ_ASSERT(td_tok_encode(g_srv.tok, out, out_len, false, &ids, &n, &err) == 0, "encode output");
     td_finish finish = fin == 1 ? TD_FINISH_LENGTH : fin == 2 ? TD_FINISH_CANCEL : TD_FINISH_STOP;
     int gen = 0;
     for (size_t i = 0; i < n && gen < tr.gen.max_tokens; i++) {
@@ -111,7 +111,7 @@ static void generate(oai_req *r, const int32_t *prompt, size_t n_prompt, int rea
     tr.on_done(tr.user, &res, fin == 3 && (out_len & 1) ? "engine failed (fuzz)" : NULL);
     check_output(j);
     free(ids);
-    job_unref(j);
+    td_job_unref(j);
 }
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
@@ -147,30 +147,30 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     size_t n = 0;
     td_err err = {0};
     if (kind == 0) { /* /tokenize with messages */
-        if (!oai_chat_fields(b, &r, &e) && !oai_render_chat(&g_srv, &r, &text, &tl, &e)) {
-            FUZZ_ASSERT(tok_encode(g_srv.tok, text, tl, false, &ids, &n, &err) == 0, "encode prompt: %s", err.msg);
+        if (!td_oai_chat_fields(b, &r, &e) && !td_oai_render_chat(&g_srv, &r, &text, &tl, &e)) {
+            FUZZ_ASSERT(td_tok_encode(g_srv.tok, text, tl, false, &ids, &n, &err) == 0, "encode prompt: %s", err.msg);
         } else {
             check_err(&e);
         }
-        oai_req_free(&r);
+        td_oai_req_free(&r);
         goto out;
     }
-    if (oai_parse(&g_srv, b, kind, &r, &e)) {
+    if (td_oai_parse(&g_srv, b, kind, &r, &e)) {
         check_err(&e);
-        oai_req_free(&r);
+        td_oai_req_free(&r);
         goto out;
     }
     FUZZ_ASSERT(r.n_stops >= 0 && r.n_stops <= STOP_MAX && r.n_stop_ids >= 0 && r.n_stop_ids <= 64, "stops");
     for (int i = 0; i < r.n_stop_ids; i++) FUZZ_ASSERT(r.stop_ids[i] >= 0 && r.stop_ids[i] < g_srv.vocab, "stop id");
     int reasoning = 0;
     if (kind == OAI_CHAT) {
-        if (oai_render_chat(&g_srv, &r, &text, &tl, &e)) {
+        if (td_oai_render_chat(&g_srv, &r, &text, &tl, &e)) {
             check_err(&e);
-            oai_req_free(&r);
+            td_oai_req_free(&r);
             goto out;
         }
-        reasoning = cp_reasoning_mode(text, tl, r.thinking);
-        FUZZ_ASSERT(tok_encode(g_srv.tok, text, tl, false, &ids, &n, &err) == 0, "encode prompt: %s", err.msg);
+        reasoning = td_cp_reasoning_mode(text, tl, r.thinking);
+        FUZZ_ASSERT(td_tok_encode(g_srv.tok, text, tl, false, &ids, &n, &err) == 0, "encode prompt: %s", err.msg);
     } else if (r.prompt_ids) {
         for (size_t i = 0; i < r.n_prompt_ids; i++) FUZZ_ASSERT(r.prompt_ids[i] >= 0 && r.prompt_ids[i] < g_srv.vocab, "prompt id");
         ids = r.prompt_ids;
@@ -179,14 +179,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         r.n_prompt_ids = 0;
     } else {
         FUZZ_ASSERT(r.prompt_text, "no prompt");
-        FUZZ_ASSERT(tok_encode(g_srv.tok, r.prompt_text, strlen(r.prompt_text), true, &ids, &n, &err) == 0, "encode: %s", err.msg);
+        FUZZ_ASSERT(td_tok_encode(g_srv.tok, r.prompt_text, strlen(r.prompt_text), true, &ids, &n, &err) == 0, "encode: %s", err.msg);
     }
     if (n == 0 || (long long)n >= N_CTX) {
-        oai_req_free(&r);
+        td_oai_req_free(&r);
         goto out;
     }
     generate(&r, ids, n, reasoning, out, out_len, (mode >> 4) & 3);
-    oai_req_free(&r); /* job_new took it over: empty */
+    td_oai_req_free(&r); /* td_job_new took it over: empty */
 out:
     free(text);
     free(ids);

@@ -1,9 +1,9 @@
 /* Jinja lexer, parser and renderer (src/template) on arbitrary template
  * source. Each input is parsed; a template that parses is rendered twice:
- * tpl_apply_chat with a fixed small conversation (system, user, an
+ * td_tpl_apply_chat with a fixed small conversation (system, user, an
  * assistant turn with reasoning and a tool call, a tool result, user;
  * one tool; add_generation_prompt and enable_thinking from the parsed
- * conversation) and tpl_render with a plain context. The engine's
+ * conversation) and td_tpl_render with a plain context. The engine's
  * per-render limits (src/template/README.md: steps, output, items,
  * memory, 2 s wall clock, recursion) must turn every hostile template into
  * an error; a crash, hang (libFuzzer -timeout) or leak is a finding. */
@@ -42,7 +42,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     tpl *t = NULL;
     td_err err = {0};
-    if (tpl_parse((const char *)data, size, &t, &err)) {
+    if (td_tpl_parse((const char *)data, size, &t, &err)) {
         FUZZ_ASSERT(t == NULL && err.msg[0], "parse error without a message");
         return 0;
     }
@@ -51,14 +51,14 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                        .add_generation_prompt = (h >> 2) & 1, .bos_token = "<s>", .eos_token = "<|im_end|>"};
     char *out = NULL;
     size_t len = 0;
-    if (tpl_apply_chat(t, &a, &out, &len, &err) == 0) {
+    if (td_tpl_apply_chat(t, &a, &out, &len, &err) == 0) {
         FUZZ_ASSERT(out && strlen(out) <= len, "output length");
         free(out);
     } else {
         FUZZ_ASSERT(err.msg[0], "render error without a message");
     }
     out = NULL;
-    if (tpl_render(t, g_ctx, &out, &len, &err) == 0) free(out);
-    tpl_free(t);
+    if (td_tpl_render(t, g_ctx, &out, &len, &err) == 0) free(out);
+    td_tpl_free(t);
     return 0;
 }

@@ -5,10 +5,10 @@
  * Input: one mode byte, then the text. Checks:
  *  - every id is inside the vocabulary;
  *  - a long-lived tok_encoder (its word cache warm from earlier inputs)
- *    gives the same ids as tok_encode;
+ *    gives the same ids as td_tok_encode;
  *  - round trip: text that is valid UTF-8 and already NFC decodes back to
  *    itself (skip_special = false);
- *  - the streaming detokenizer's output equals tok_decode, both skip modes;
+ *  - the streaming detokenizer's output equals td_tok_decode, both skip modes;
  *  - the text's bytes read as int32 ids (negative, huge, unknown) decode
  *    and stream without crashing. */
 #include <jansson.h>
@@ -27,7 +27,7 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     fuzz_path(p, sizeof p, "tests/data/qwen3-tokenizer/tokenizer.json");
     fuzz_path(c, sizeof c, "tests/data/qwen3-tokenizer/tokenizer_config.json");
     td_err err = {0};
-    if (tok_load_files(p, c, &g_tok[0], &err)) { fprintf(stderr, "fuzz_tokenizer: %s\n", err.msg); abort(); }
+    if (td_tok_load_files(p, c, &g_tok[0], &err)) { fprintf(stderr, "fuzz_tokenizer: %s\n", err.msg); abort(); }
     json_error_t je;
     json_t *j = json_load_file(p, 0, &je);
     json_t *split = json_array_get(json_object_get(json_object_get(j, "pre_tokenizer"), "pretokenizers"), 0);
@@ -39,16 +39,16 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     fuzz_file_set(&f, s, strlen(s));
     free(s);
     json_decref(j);
-    if (tok_load_files(f.path, c, &g_tok[1], &err)) { fprintf(stderr, "fuzz_tokenizer: %s\n", err.msg); abort(); }
+    if (td_tok_load_files(f.path, c, &g_tok[1], &err)) { fprintf(stderr, "fuzz_tokenizer: %s\n", err.msg); abort(); }
     close(f.fd);
     for (int i = 0; i < 2; i++)
-        if (tok_encoder_new(g_tok[i], &g_enc[i], &err)) abort();
+        if (td_tok_encoder_new(g_tok[i], &g_enc[i], &err)) abort();
     return 0;
 }
 
 static bool valid_nfc(const uint8_t *s, size_t n) {
     for (size_t i = 0; i < n;) {
-        int bad = 0, l = tok_utf8_seq(s + i, n - i, &bad);
+        int bad = 0, l = td_tok_utf8_seq(s + i, n - i, &bad);
         if (l <= 0) return false;
         i += (size_t)l;
     }
@@ -65,28 +65,28 @@ static void check_stream(const tokenizer *t, const int32_t *ids, size_t n, bool 
     td_err err = {0};
     char *full = NULL;
     size_t fl = 0;
-    int rc = tok_decode(t, ids, n, skip, &full, &fl, &err);
+    int rc = td_tok_decode(t, ids, n, skip, &full, &fl, &err);
     FUZZ_ASSERT(rc == 0, "decode: %s", err.msg);
     tok_stream st;
-    tok_stream_init(&st, t, skip);
+    td_tok_stream_init(&st, t, skip);
     char *acc = malloc(fl + 16);
     size_t al = 0;
     for (size_t i = 0; i < n; i++) {
         const char *p;
         size_t pl;
-        FUZZ_ASSERT(tok_stream_push(&st, ids[i], &p, &pl, &err) == 0, "stream push: %s", err.msg);
+        FUZZ_ASSERT(td_tok_stream_push(&st, ids[i], &p, &pl, &err) == 0, "stream push: %s", err.msg);
         FUZZ_ASSERT(al + pl <= fl, "stream longer than decode");
         memcpy(acc + al, p, pl);
         al += pl;
     }
     const char *p;
     size_t pl;
-    FUZZ_ASSERT(tok_stream_flush(&st, &p, &pl, &err) == 0, "flush");
+    FUZZ_ASSERT(td_tok_stream_flush(&st, &p, &pl, &err) == 0, "flush");
     FUZZ_ASSERT(al + pl <= fl, "stream longer than decode");
     memcpy(acc + al, p, pl);
     al += pl;
     FUZZ_ASSERT(al == fl && memcmp(acc, full, fl) == 0, "stream != decode (skip %d)", skip);
-    tok_stream_free(&st);
+    td_tok_stream_free(&st);
     free(acc);
     free(full);
 }
@@ -99,19 +99,19 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     int which = mode & 1;
     bool add = mode & 2;
     const tokenizer *t = g_tok[which];
-    int nv = tok_vocab_size(t);
+    int nv = td_tok_vocab_size(t);
     td_err err = {0};
     int32_t *ids = NULL, *ids2 = NULL;
     size_t ni = 0, ni2 = 0;
-    int rc = tok_encode(t, text, n, add, &ids, &ni, &err);
+    int rc = td_tok_encode(t, text, n, add, &ids, &ni, &err);
     FUZZ_ASSERT(rc == 0, "encode failed: %s", err.msg);
     for (size_t i = 0; i < ni; i++) FUZZ_ASSERT(ids[i] >= 0 && ids[i] < nv, "id %d", ids[i]);
-    rc = tok_encoder_encode(g_enc[which], text, n, add, &ids2, &ni2, &err);
+    rc = td_tok_encoder_encode(g_enc[which], text, n, add, &ids2, &ni2, &err);
     FUZZ_ASSERT(rc == 0, "encoder failed: %s", err.msg);
-    FUZZ_ASSERT(ni == ni2 && (ni == 0 || memcmp(ids, ids2, ni * sizeof *ids) == 0), "tok_encoder differs from tok_encode");
+    FUZZ_ASSERT(ni == ni2 && (ni == 0 || memcmp(ids, ids2, ni * sizeof *ids) == 0), "tok_encoder differs from td_tok_encode");
     char *out = NULL;
     size_t ol = 0;
-    rc = tok_decode(t, ids, ni, false, &out, &ol, &err);
+    rc = td_tok_decode(t, ids, ni, false, &out, &ol, &err);
     FUZZ_ASSERT(rc == 0, "decode: %s", err.msg);
     if (!add && valid_nfc((const uint8_t *)text, n))
         FUZZ_ASSERT(ol == n && memcmp(out, text, n) == 0, "round trip of %zu bytes gives %zu", n, ol);
