@@ -66,6 +66,8 @@ typedef struct td_engine_opts {
     int isa;             /* CPU kernels of this engine: 0 = the best the CPU has, 1 = portable C, 2 = AVX2,
                             3 = AVX-512 (TD_ERR_UNSUPPORTED when the CPU lacks it); all give the same
                             tokens, AVX2 and AVX-512 the same bits */
+    const char *backend; /* "cpu" (NULL: $TANDEM_BACKEND, else cpu) or "guard" (tests: the CPU ops with all
+                            backend memory inaccessible to host code; see src/backend/README.md) */
 } td_engine_opts;
 
 /* KV cache figures (caller-owned copy). */

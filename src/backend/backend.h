@@ -1,6 +1,15 @@
-/* One backend interface: a table of function pointers, so the CPU and a
- * future CUDA backend share the model code, scheduler, KV cache and spec
- * decoding. Buffers passed to ops are backend memory (host memory for CPU).
+/* One backend interface: a table of function pointers that carries the whole
+ * forward step, so the CPU backend (the numerical reference), the guard
+ * backend (tests) and a device backend share the model code, scheduler, KV
+ * metadata and spec decoding. src/backend/README.md documents every op.
+ *
+ * Memory: every pointer an op takes is backend memory (alloc, or a weight
+ * from weight_load), except the small host structs passed as arguments
+ * (td_config, td_batch, td_kv_view, td_tensor: their fields are host values,
+ * their array / data pointers backend memory). Host code never dereferences
+ * backend memory: it moves data with upload / download (counted in
+ * td_backend.counters) and copies within the backend with copy / copy_rows.
+ * Like device pointers, backend pointers may be offset by host arithmetic.
  *
  * Batch invariance: every op computes each output row with the same
  * arithmetic whatever M (rows in the batch) is, so verifying k+1 tokens in
@@ -9,20 +18,125 @@
 #ifndef TANDEM_BACKEND_H
 #define TANDEM_BACKEND_H
 #include <stddef.h>
+#include <stdint.h>
+#include "model/config.h"
 #include "model/tensor.h"
 #include "tandem.h"
 
 typedef struct td_backend td_backend;
 
+/* KV element storage. F32 is exact; BF16 halves the memory; FP8 is e4m3
+ * with one f32 scale per (token, kv head) = absmax / 448, computed when the
+ * row is written (no calibration data; a per-token scale cannot overflow). */
+typedef enum { TD_KV_F32 = 0, TD_KV_BF16_STORE, TD_KV_FP8_STORE } td_kv_store;
+
+/* Tokens per KV block. */
+#define TD_KV_BLOCK 16
+
+/* One paged KV layer as the ops see it (host struct, backend arrays). */
+typedef struct td_kv_view {
+    td_kv_store store;
+    int kv_dim, head_dim;  /* kv_dim = kv heads x head_dim */
+    void *k, *v;           /* [n_blocks][TD_KV_BLOCK][kv_dim] elements */
+    float *ks, *vs;        /* fp8: [n_blocks][TD_KV_BLOCK][kv heads] scales; else NULL */
+} td_kv_view;
+
+/* Per-segment fields of a batch (td_batch.seg rows). */
+enum {
+    TD_SEG_POS0,    /* position of the segment's first token */
+    TD_SEG_N,       /* tokens in the segment */
+    TD_SEG_ROW0,    /* its first row in the batch */
+    TD_SEG_BT,      /* offset of its block table in td_batch.block_tables */
+    TD_SEG_SLOT,    /* live DeltaNet state slot of its sequence */
+    TD_SEG_CKPT,    /* 1: token t's state goes to slot (SLOT + 1 + t) % NSLOTS; 0: updated in place */
+    TD_SEG_NSLOTS,  /* state slots its sequence owns */
+    TD_SEG_FIELDS
+};
+
+/* One forward's batch description: M token rows in n_seg segments (runs of
+ * consecutive tokens of one sequence), filled on the host and handed to the
+ * backend in one upload. Arrays are backend memory. */
+typedef struct td_batch {
+    int M, n_seg;
+    const int32_t *tokens;       /* [M] token ids */
+    const int32_t *row_seg;      /* [M] segment of each row */
+    const int32_t *seg;          /* [n_seg][TD_SEG_FIELDS] */
+    const int32_t *block_tables; /* KV slot s of segment i: block block_tables[seg.BT + s / TD_KV_BLOCK] */
+    float *const *state;         /* [n_seg] DeltaNet state pool of each segment's sequence:
+                                    [NSLOTS][n_lin][conv_len*conv_dim + nv*dk*dv] floats */
+} td_batch;
+
+/* The DeltaNet weights one op needs (backend pointers). */
+typedef struct td_gdn_params {
+    const float *conv;     /* [conv_dim, K] depthwise causal kernel */
+    const float *dt_bias;  /* [nv] */
+    const float *neg_A;    /* [nv] = -exp(A_log) */
+    const float *norm;     /* [dv] */
+} td_gdn_params;
+
+typedef struct td_backend_counters {
+    uint64_t uploads, upload_bytes;     /* host -> backend */
+    uint64_t downloads, download_bytes; /* backend -> host */
+} td_backend_counters;
+
 typedef struct td_backend_ops {
     const char *name;
+    /* ---- memory ---- */
+    void *(*alloc)(td_backend *b, size_t bytes);  /* zeroed; NULL when out of memory */
+    void (*free)(td_backend *b, void *p);          /* NULL is a no-op */
+    void (*upload)(td_backend *b, void *dst, const void *src, size_t bytes);
+    void (*download)(td_backend *b, void *dst, const void *src, size_t bytes);
+    void (*copy)(td_backend *b, void *dst, const void *src, size_t bytes);   /* within the backend; may overlap */
+    void (*fill0)(td_backend *b, void *dst, size_t bytes);
+    /* dst[r*dst_ld + i] = src[r*src_ld + i], i < width, r < rows (floats; no overlap) */
+    void (*copy_rows)(td_backend *b, float *dst, size_t dst_ld, const float *src, size_t src_ld, size_t width, int rows);
+    /* Waits for every op issued so far (the CPU runs ops synchronously). */
+    void (*sync)(td_backend *b);
+    /* A read-only backend copy of `bytes` of host weights (CPU: the host
+     * pointer itself, no copy); NULL when out of memory. weight_free undoes it. */
+    const void *(*weight_load)(td_backend *b, const void *host, size_t bytes);
+    void (*weight_free)(td_backend *b, const void *dev);
+
+    /* ---- compute (backend pointers unless stated) ---- */
     /* y[M,N] = x[M,K] · W[N,K]^T ; W in any supported weight dtype. */
     void (*matmul)(td_backend *b, const td_tensor *W, const float *x, int M, float *y);
     /* y[m,:] = x[m,:] * rsqrt(mean(x^2) + eps) * w   (w holds 1+w for zero-centred norms) */
     void (*rmsnorm)(td_backend *b, float *y, const float *x, const float *w, int M, int n, float eps);
-    /* out[m, :] = embedding rows of tokens[m] */
+    /* out[m, :] = embedding row tokens[m] (tokens: backend int32 [M]) */
     void (*embed)(td_backend *b, const td_tensor *E, const int32_t *tokens, int M, float *out);
-    /* Runs fn(ctx, i) for i in [0, n) on the backend's threads (CPU only). */
+    /* y[i] += x[i], i < n */
+    void (*add)(td_backend *b, float *y, const float *x, size_t n);
+    /* a[i] = silu(a[i]) * u[i], i < n */
+    void (*silu_mul)(td_backend *b, float *a, const float *u, size_t n);
+    /* Attention prep for the rows of bt: q[m] = rope(rmsnorm(q part of qg[m]) * qn) per head,
+     * gate[m] = gate part of qg[m] (NULL without an output gate), k[m] normed with kn and
+     * roped in place, then K/V rows stored in kv at slot pos + shift. qg [M, nh*hd*(gate?2:1)],
+     * k, v [M, kv_dim], q, gate [M, nh*hd]; inv_freq [rot/2]. */
+    void (*attn_prep)(td_backend *b, const td_config *g, const td_batch *bt, const float *qg, float *k, const float *v,
+                      const float *qn, const float *kn, const float *inv_freq, float *q, float *gate, const td_kv_view *kv,
+                      int shift);
+    /* Causal GQA attention of every row over its sequence's KV (positions 0..pos, at slots
+     * + shift), exact two-pass softmax; out[m, head] *= sigmoid(gate) when gate != NULL. */
+    void (*attention)(td_backend *b, const td_config *g, const td_batch *bt, const float *q, const float *gate,
+                      const td_kv_view *kv, int shift, float *out);
+    /* DeltaNet layer `lin` (index among DeltaNet layers): depthwise causal conv + silu of
+     * qkv [M, conv_dim] into conv_out, reading the conv state of slot SLOT and writing it
+     * back (in place, or per token into the checkpoint slots). */
+    void (*gdn_conv)(td_backend *b, const td_config *g, const td_batch *bt, int lin, const td_gdn_params *w,
+                     const float *qkv, float *conv_out);
+    /* The gated delta rule over conv_out, z [M, nv*dv], beta/alpha inputs b_in, a_in [M, nv],
+     * into o [M, nv*dv] (gated RMSNorm applied); recurrent state as gdn_conv. chunk > 1:
+     * prompt segments without checkpoints in chunks of that many tokens (equal up to rounding). */
+    void (*gdn_recur)(td_backend *b, const td_config *g, const td_batch *bt, int lin, const td_gdn_params *w,
+                      const float *conv_out, const float *z, const float *b_in, const float *a_in, float *o, int chunk);
+    /* KV row `row` (= block * TD_KV_BLOCK + offset) of one layer: store k, v [kv_dim]
+     * (converted to kv->store), or load K (which 0) or V (1) as f32 into out [kv_dim]. */
+    void (*kv_store)(td_backend *b, const td_kv_view *kv, int row, const float *k, const float *v);
+    void (*kv_load)(td_backend *b, const td_kv_view *kv, int row, int which, float *out);
+    /* out[r] = argmax_i x[r*n + i] (lowest index on ties), r < rows; out: backend int32 */
+    void (*argmax)(td_backend *b, const float *x, int rows, int n, int32_t *out);
+    /* CPU backends only (NULL on a device): fn(ctx, i) for i in [0, n) on the backend's
+     * threads, on host memory (the kernels benchmark's bandwidth probe). */
     void (*parallel_for)(td_backend *b, int n, void (*fn)(void *ctx, int i), void *ctx);
 } td_backend_ops;
 
@@ -32,9 +146,37 @@ struct td_backend {
     int n_threads;
     int isa; /* CPU: the td_isa its matmul kernels use (backend/cpu/kernels.h); the best the CPU has at
                 creation, and one the CPU has whoever sets it (td_kernels_have_isa) */
+    td_backend_counters counters;
+    void (*destroy)(td_backend *b);
 };
 
 int td_backend_cpu_create(int n_threads, td_backend **out, td_err *err);
+/* The guard backend (tests): the CPU ops, but all backend memory is PROT_NONE
+ * except while one of its own ops runs, so host code that touches
+ * activations, KV or state crashes. */
+int td_backend_guard_create(int n_threads, td_backend **out, td_err *err);
+/* By name: "cpu" or "guard". */
+int td_backend_create(const char *name, int n_threads, td_backend **out, td_err *err);
 void td_backend_free(td_backend *b);
+
+/* Counted host <-> backend transfers: the only way core code moves data. */
+static inline void td_bk_upload(td_backend *b, void *dst, const void *src, size_t n) {
+    b->counters.uploads++;
+    b->counters.upload_bytes += n;
+    b->ops->upload(b, dst, src, n);
+}
+static inline void td_bk_download(td_backend *b, void *dst, const void *src, size_t n) {
+    b->counters.downloads++;
+    b->counters.download_bytes += n;
+    b->ops->download(b, dst, src, n);
+}
+
+/* Bytes of a weight tensor's data and of its scale array (0 when none). */
+size_t td_tensor_data_bytes(const td_tensor *t);
+size_t td_tensor_scales_bytes(const td_tensor *t);
+/* dev = host with data and scales loaded into the backend (weight_load);
+ * TD_ERR_NOMEM when it cannot; td_bk_tensor_free undoes it. */
+int td_bk_tensor_load(td_backend *b, const td_tensor *host, td_tensor *dev, td_err *err);
+void td_bk_tensor_free(td_backend *b, td_tensor *dev);
 
 #endif

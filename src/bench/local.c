@@ -105,10 +105,9 @@ uint64_t td_bench_local_session_bytes(const bench_local *L, int tokens) {
     td_kv_info ki;
     td_engine_kv_info(L->eng, &ki);
     const td_seq *q = &L->s->seq;
-    uint64_t cs = (uint64_t)q->conv_len * q->conv_dim + 1;
     uint64_t blocks = ki.block_size > 0 ? ((uint64_t)tokens + 1 + (uint64_t)ki.block_size - 1) / (uint64_t)ki.block_size : 0;
     uint64_t b = blocks * ki.bytes_per_block;                                          /* KV blocks, MTP layer included */
-    b += (uint64_t)q->n_lin * (uint64_t)(1 + q->n_ckpt_slots) * (cs + q->ssm_size) * sizeof(float); /* DeltaNet + checkpoints */
+    b += td_seq_state_bytes_for(&L->eng->model->cfg, q->n_ckpt_slots); /* DeltaNet + checkpoints */
     return b;
 }
 

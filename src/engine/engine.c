@@ -10,8 +10,7 @@
 td_kv_shape td_engine_kv_shape_for(const td_config *c, bool has_mtp, int kv_dtype) {
     td_kv_shape ks = {.n_layers = c->n_full_attn + (has_mtp ? 1 : 0), .kv_dim = c->n_kv_heads * c->head_dim,
                       .head_dim = c->head_dim, .store = (td_kv_store)kv_dtype,
-                      .state_floats = (size_t)(c->n_layers - c->n_full_attn) *
-                                      ((size_t)(c->conv_kernel - 1) * td_cfg_lin_conv_dim(c) + (size_t)c->lin_nv * c->lin_dk * c->lin_dv),
+                      .state_floats = td_cfg_deltanet_state_floats(c),
                       .hidden = c->hidden_size};
     if (ks.n_layers == 0) ks.n_layers = 1;
     return ks;
@@ -44,7 +43,8 @@ int td_engine_load(const char *model_dir, const td_engine_opts *opts, td_engine 
         long n = sysconf(_SC_NPROCESSORS_ONLN);
         threads = n > 0 ? (int)n : 1;
     }
-    if ((rc = td_backend_cpu_create(threads, &e->backend, err))) goto fail;
+    const char *bname = e->opts.backend ? e->opts.backend : getenv("TANDEM_BACKEND"); /* the env: tests run on the guard */
+    if ((rc = td_backend_create(bname, threads, &e->backend, err))) goto fail;
     if (e->opts.isa < 0 || e->opts.isa > 3) {
         rc = TD_FAIL(err, TD_ERR_ARG, "isa %d (0 best, 1 c, 2 avx2, 3 avx512)", e->opts.isa);
         goto fail;
@@ -88,7 +88,7 @@ int td_engine_load(const char *model_dir, const td_engine_opts *opts, td_engine 
         goto fail;
     }
     int n_ckpt = e->opts.no_prefix_caching ? 0 : e->opts.prefix_checkpoints > 0 ? e->opts.prefix_checkpoints : 8 * seqs;
-    if ((rc = td_kv_new(&ks, (int)n_blocks, n_ckpt, &e->kv, err))) goto fail;
+    if ((rc = td_kv_new(&ks, (int)n_blocks, n_ckpt, e->backend, &e->kv, err))) goto fail;
     *out = e;
     return TD_OK;
 fail:
@@ -130,7 +130,7 @@ int td_session_new(td_engine *eng, td_session **out, td_err *err) {
     s->logits = TD_CALLOC(err, (size_t)c->vocab_size, sizeof(float));
     s->hidden = TD_CALLOC(err, (size_t)c->hidden_size, sizeof(float));
     s->pend_cap = TD_SESSION_PEND_CAP;
-    s->pend = TD_CALLOC(err, (size_t)s->pend_cap * c->hidden_size, sizeof(float));
+    s->pend = eng->backend->ops->alloc(eng->backend, (size_t)s->pend_cap * c->hidden_size * sizeof(float));
     if (!s->logits || !s->hidden || !s->pend) { td_session_free(s); return TD_ERR_NOMEM; }
     s->next = eng->sessions;
     if (eng->sessions) eng->sessions->prev = s;
@@ -147,7 +147,8 @@ void td_session_free(td_session *s) {
     td_seq_free(&s->seq);
     free(s->logits);
     free(s->hidden);
-    free(s->pend);
+    s->eng->backend->ops->free(s->eng->backend, s->pend);
+    s->eng->backend->ops->free(s->eng->backend, s->dwork);
     free(s->work);
     free(s);
 }
@@ -168,8 +169,7 @@ void td_engine_kv_info(const td_engine *e, td_kv_info *o) {
     o->checkpoint_blocks = td_kv_checkpoint_blocks(e->kv);
     o->bytes_per_block = td_kv_bytes_per_block(&ks);
     o->bytes_total = o->bytes_per_block * (size_t)o->n_blocks;
-    o->deltanet_state_bytes = (size_t)(c->n_layers - c->n_full_attn) *
-                              ((size_t)(c->conv_kernel - 1) * td_cfg_lin_conv_dim(c) + (size_t)c->lin_nv * c->lin_dk * c->lin_dv) * sizeof(float);
+    o->deltanet_state_bytes = td_cfg_deltanet_state_floats(c) * sizeof(float);
 }
 
 void td_engine_memory(const td_engine *e, td_memory_info *o) {
@@ -186,7 +186,7 @@ void td_engine_memory(const td_engine *e, td_memory_info *o) {
         o->deltanet_state += state;
         o->sessions += sizeof *s + seq - state + ((size_t)e->model->cfg.vocab_size + (size_t)e->model->cfg.hidden_size +
                                                  (size_t)s->pend_cap * e->model->cfg.hidden_size) * sizeof(float) +
-                       s->work_cap * sizeof(float);
+                       (s->work_cap + s->dwork_cap) * sizeof(float);
     }
     o->total = o->weights_mapped + o->weights_owned + o->kv_pool + o->prefix_checkpoints + o->scratch + o->deltanet_state + o->sessions;
 }

@@ -29,10 +29,12 @@ struct td_session {
     /* MTP tracking: target hidden states of positions seq.mtp_n .. n_past-1
      * whose MTP entries are not written yet (they need the next token). */
     bool mtp_ok;     /* pend describes the state above */
-    float *pend;     /* [pend_cap][H] */
+    float *pend;     /* backend [pend_cap][H] */
     int pend_cap;
-    float *work;     /* generation scratch, see spec/generate.c */
+    float *work;     /* host generation scratch (logits, probabilities), see spec/gen.c */
     size_t work_cap;
+    float *dwork;    /* backend generation scratch (hidden rows), see spec/gen.c */
+    size_t dwork_cap;
     td_session *prev, *next;  /* the engine's list of live sessions */
 };
 

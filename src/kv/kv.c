@@ -2,7 +2,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <xxhash.h>
-#include <math.h>
 #include "model/tensor.h"
 #include "util/err.h"
 
@@ -22,11 +21,12 @@ typedef struct ckpt {
 
 struct td_kv {
     td_kv_shape sh;
+    td_backend *b;                 /* owns the storage below */
     int n_blocks;
     size_t esize;                  /* bytes per stored element */
     int n_heads;                   /* kv heads (fp8 scales) */
-    unsigned char **k, **v;        /* [layers] -> [n_blocks][B][kv_dim] elements */
-    float **ks, **vs;              /* fp8: [layers] -> [n_blocks][B][kv heads] scales */
+    void **k, **v;                 /* [layers] -> backend [n_blocks][B][kv_dim] elements */
+    float **ks, **vs;              /* fp8: [layers] -> backend [n_blocks][B][kv heads] scales */
     int *ref;
     uint64_t *hash;
     bool *hashed, *mtp_ok;
@@ -83,93 +83,42 @@ int td_kv_checkpoint_blocks(const td_kv *kv) {
     return n;
 }
 
-/* ---- element formats ---------------------------------------------------- */
-
-static uint8_t f32_to_e4m3(float x) { /* round to nearest even, saturating at 448 */
-    uint8_t sign = x < 0 ? 0x80 : 0;
-    float a = x < 0 ? -x : x;
-    if (!(a == a)) return 0x7f;
-    if (a >= 448.0f) return sign | 0x7e;
-    if (a < 0x1p-10f) return sign; /* below half the smallest subnormal (2^-9) */
-    int e;
-    float m = frexpf(a, &e); /* a = m * 2^e, m in [0.5, 1) */
-    int exp = e - 1 + 7;     /* biased exponent for 1.mmm form */
-    if (exp <= 0) {          /* subnormal: value = k * 2^-9 */
-        float k = nearbyintf(a * 512.0f);
-        return sign | (uint8_t)k; /* k <= 8 rounds up into the normal range correctly */
-    }
-    float frac = (m * 2.0f - 1.0f) * 8.0f; /* 3 mantissa bits */
-    float r = nearbyintf(frac);
-    if (r >= 8.0f) { r = 0; exp++; }
-    if (exp > 15 || (exp == 15 && r > 6)) return sign | 0x7e;
-    return sign | (uint8_t)(exp << 3) | (uint8_t)r;
-}
-
-static float e4m3_to_f32(uint8_t v) {
-    int exp = (v >> 3) & 0xf, man = v & 7;
-    float f = exp == 0 ? ldexpf((float)man, -9) : ldexpf(1.0f + man / 8.0f, exp - 7);
-    return v & 0x80 ? -f : f;
-}
-
 static size_t row_index(const td_kv *kv, int b, int off) {
     (void)kv;
     return (size_t)b * TD_KV_BLOCK + off;
 }
 
-static void write_row(td_kv *kv, unsigned char *base, float *scales, size_t row, const float *x) {
-    int D = kv->sh.kv_dim;
-    switch (kv->sh.store) {
-    case TD_KV_F32: memcpy(base + row * D * 4, x, (size_t)D * 4); break;
-    case TD_KV_BF16_STORE: {
-        uint16_t *d = (uint16_t *)(base + row * D * 2);
-        for (int i = 0; i < D; i++) d[i] = td_f32_to_bf16(x[i]);
-        break;
-    }
-    case TD_KV_FP8_STORE: {
-        int hd = kv->sh.head_dim;
-        uint8_t *d = base + row * D;
-        for (int h = 0; h < kv->n_heads; h++) {
-            float mx = 0;
-            for (int i = 0; i < hd; i++) mx = fmaxf(mx, fabsf(x[h * hd + i]));
-            float sc = mx > 0 ? mx / 448.0f : 1.0f;
-            scales[row * kv->n_heads + h] = sc;
-            for (int i = 0; i < hd; i++) d[h * hd + i] = f32_to_e4m3(x[h * hd + i] / sc);
-        }
-        break;
-    }
-    }
+td_backend *td_kv_backend(const td_kv *kv) { return kv->b; }
+
+td_kv_view td_kv_layer(const td_kv *kv, int l) {
+    return (td_kv_view){.store = kv->sh.store, .kv_dim = kv->sh.kv_dim, .head_dim = kv->sh.head_dim, .k = kv->k[l], .v = kv->v[l],
+                        .ks = kv->ks ? kv->ks[l] : NULL, .vs = kv->vs ? kv->vs[l] : NULL};
 }
 
-static const float *read_head(td_kv *kv, unsigned char *base, float *scales, size_t row, int h, float *tmp) {
-    int D = kv->sh.kv_dim, hd = kv->sh.head_dim;
-    switch (kv->sh.store) {
-    case TD_KV_F32: return (const float *)(base + row * D * 4) + (size_t)h * hd;
-    case TD_KV_BF16_STORE: {
-        const uint16_t *s = (const uint16_t *)(base + row * D * 2) + (size_t)h * hd;
-        for (int i = 0; i < hd; i++) tmp[i] = td_bf16_to_f32(s[i]);
-        return tmp;
-    }
-    case TD_KV_FP8_STORE: {
-        const uint8_t *s = base + row * D + (size_t)h * hd;
-        float sc = scales[row * kv->n_heads + h];
-        for (int i = 0; i < hd; i++) tmp[i] = e4m3_to_f32(s[i]) * sc;
-        return tmp;
-    }
-    }
+/* Host access (tests, tools): staged through backend buffers. */
+void td_kv_write(td_kv *kv, int l, int b, int off, const float *k, const float *v) {
+    size_t n = (size_t)kv->sh.kv_dim * sizeof(float);
+    float *d = kv->b->ops->alloc(kv->b, 2 * n);
+    TD_ASSERT(d);
+    td_bk_upload(kv->b, d, k, n);
+    td_bk_upload(kv->b, d + kv->sh.kv_dim, v, n);
+    td_kv_view view = td_kv_layer(kv, l);
+    kv->b->ops->kv_store(kv->b, &view, (int)row_index(kv, b, off), d, d + kv->sh.kv_dim);
+    kv->b->ops->free(kv->b, d);
+}
+
+static const float *read_head(td_kv *kv, int l, int b, int off, int h, int which, float *tmp) {
+    size_t D = (size_t)kv->sh.kv_dim;
+    float *d = kv->b->ops->alloc(kv->b, D * sizeof(float));
+    TD_ASSERT(d);
+    td_kv_view view = td_kv_layer(kv, l);
+    kv->b->ops->kv_load(kv->b, &view, (int)row_index(kv, b, off), which, d);
+    td_bk_download(kv->b, tmp, d + (size_t)h * kv->sh.head_dim, (size_t)kv->sh.head_dim * sizeof(float));
+    kv->b->ops->free(kv->b, d);
     return tmp;
 }
-
-void td_kv_write(td_kv *kv, int l, int b, int off, const float *k, const float *v) {
-    size_t row = row_index(kv, b, off);
-    write_row(kv, kv->k[l], kv->ks ? kv->ks[l] : NULL, row, k);
-    write_row(kv, kv->v[l], kv->vs ? kv->vs[l] : NULL, row, v);
-}
-const float *td_kv_k_head(td_kv *kv, int l, int b, int off, int h, float *tmp) {
-    return read_head(kv, kv->k[l], kv->ks ? kv->ks[l] : NULL, row_index(kv, b, off), h, tmp);
-}
-const float *td_kv_v_head(td_kv *kv, int l, int b, int off, int h, float *tmp) {
-    return read_head(kv, kv->v[l], kv->vs ? kv->vs[l] : NULL, row_index(kv, b, off), h, tmp);
-}
+const float *td_kv_k_head(td_kv *kv, int l, int b, int off, int h, float *tmp) { return read_head(kv, l, b, off, h, 0, tmp); }
+const float *td_kv_v_head(td_kv *kv, int l, int b, int off, int h, float *tmp) { return read_head(kv, l, b, off, h, 1, tmp); }
 
 static void list_remove(td_kv *kv, int b) {
     if (kv->prev[b] >= 0) kv->next[kv->prev[b]] = kv->next[b]; else kv->free_head = kv->next[b];
@@ -192,20 +141,21 @@ static void list_push_tail(td_kv *kv, int b) {
     kv->n_free++;
 }
 
-int td_kv_new(const td_kv_shape *shape, int n_blocks, int n_ckpt, td_kv **out, td_err *err) {
+int td_kv_new(const td_kv_shape *shape, int n_blocks, int n_ckpt, td_backend *bk, td_kv **out, td_err *err) {
     *out = NULL;
     if (n_blocks < 1 || n_ckpt < 0) return TD_FAIL(err, TD_ERR_ARG, "KV cache of %d blocks", n_blocks);
     td_kv *kv = TD_CALLOC(err, 1, sizeof *kv);
     if (!kv) return TD_ERR_NOMEM;
     kv->sh = *shape;
+    kv->b = bk;
     kv->n_blocks = n_blocks;
     kv->n_ckpt = n_ckpt;
     kv->esize = elem_size(shape->store);
     kv->n_heads = kv_heads(shape);
     size_t rows = (size_t)n_blocks * TD_KV_BLOCK, per_layer = rows * shape->kv_dim * kv->esize;
     kv->map_cap = map_cap_for(n_blocks);
-    kv->k = TD_CALLOC(err, (size_t)shape->n_layers, sizeof(unsigned char *));
-    kv->v = TD_CALLOC(err, (size_t)shape->n_layers, sizeof(unsigned char *));
+    kv->k = TD_CALLOC(err, (size_t)shape->n_layers, sizeof(void *));
+    kv->v = TD_CALLOC(err, (size_t)shape->n_layers, sizeof(void *));
     if (shape->store == TD_KV_FP8_STORE) {
         kv->ks = TD_CALLOC(err, (size_t)shape->n_layers, sizeof(float *));
         kv->vs = TD_CALLOC(err, (size_t)shape->n_layers, sizeof(float *));
@@ -221,11 +171,12 @@ int td_kv_new(const td_kv_shape *shape, int n_blocks, int n_ckpt, td_kv **out, t
     kv->ck = TD_CALLOC(err, (size_t)(n_ckpt ? n_ckpt : 1), sizeof(ckpt));
     bool ok = kv->k && kv->v && kv->ref && kv->hash && kv->hashed && kv->mtp_ok && kv->prev && kv->next && kv->map_key && kv->map_val && kv->ck;
     for (int l = 0; ok && l < shape->n_layers; l++) {
-        kv->k[l] = malloc(per_layer);
-        kv->v[l] = malloc(per_layer);
+        kv->k[l] = bk->ops->alloc(bk, per_layer);
+        kv->v[l] = bk->ops->alloc(bk, per_layer);
         ok = kv->k[l] && kv->v[l];
         if (ok && shape->store == TD_KV_FP8_STORE) {
-            ok = kv->ks && kv->vs && (kv->ks[l] = calloc(rows * kv->n_heads, sizeof(float))) && (kv->vs[l] = calloc(rows * kv->n_heads, sizeof(float)));
+            ok = kv->ks && kv->vs && (kv->ks[l] = bk->ops->alloc(bk, rows * kv->n_heads * sizeof(float))) &&
+                 (kv->vs[l] = bk->ops->alloc(bk, rows * kv->n_heads * sizeof(float)));
         }
     }
     if (!ok) {
@@ -253,9 +204,10 @@ void td_kv_free(td_kv *kv) {
         kv->ck[i].used = false; /* blocks go away with the pool */
         ckpt_clear(kv, &kv->ck[i]);
     }
-    for (int l = 0; kv->k && l < kv->sh.n_layers; l++) { free(kv->k[l]); free(kv->v[l]); }
-    for (int l = 0; kv->ks && l < kv->sh.n_layers; l++) free(kv->ks[l]);
-    for (int l = 0; kv->vs && l < kv->sh.n_layers; l++) free(kv->vs[l]);
+    td_backend *bk = kv->b;
+    for (int l = 0; kv->k && l < kv->sh.n_layers; l++) { bk->ops->free(bk, kv->k[l]); bk->ops->free(bk, kv->v[l]); }
+    for (int l = 0; kv->ks && l < kv->sh.n_layers; l++) bk->ops->free(bk, kv->ks[l]);
+    for (int l = 0; kv->vs && l < kv->sh.n_layers; l++) bk->ops->free(bk, kv->vs[l]);
     free(kv->ks); free(kv->vs);
     free(kv->k); free(kv->v); free(kv->ref); free(kv->hash); free(kv->hashed); free(kv->mtp_ok);
     free(kv->prev); free(kv->next); free(kv->map_key); free(kv->map_val); free(kv->ck);
@@ -348,12 +300,14 @@ void td_kv_release(td_kv *kv, int b) {
 static void copy_block(td_kv *kv, int dst, int src, int n) {
     size_t row = (size_t)kv->sh.kv_dim * kv->esize, bytes = (size_t)n * row;
     size_t d0 = row_index(kv, dst, 0), s0 = row_index(kv, src, 0);
+    td_backend *bk = kv->b; /* KV block copy: within the backend */
     for (int l = 0; l < kv->sh.n_layers; l++) {
-        memcpy(kv->k[l] + d0 * row, kv->k[l] + s0 * row, bytes);
-        memcpy(kv->v[l] + d0 * row, kv->v[l] + s0 * row, bytes);
+        bk->ops->copy(bk, (unsigned char *)kv->k[l] + d0 * row, (unsigned char *)kv->k[l] + s0 * row, bytes);
+        bk->ops->copy(bk, (unsigned char *)kv->v[l] + d0 * row, (unsigned char *)kv->v[l] + s0 * row, bytes);
         if (kv->ks) {
-            memcpy(kv->ks[l] + d0 * kv->n_heads, kv->ks[l] + s0 * kv->n_heads, (size_t)n * kv->n_heads * sizeof(float));
-            memcpy(kv->vs[l] + d0 * kv->n_heads, kv->vs[l] + s0 * kv->n_heads, (size_t)n * kv->n_heads * sizeof(float));
+            size_t sb = (size_t)n * kv->n_heads * sizeof(float);
+            bk->ops->copy(bk, kv->ks[l] + d0 * kv->n_heads, kv->ks[l] + s0 * kv->n_heads, sb);
+            bk->ops->copy(bk, kv->vs[l] + d0 * kv->n_heads, kv->vs[l] + s0 * kv->n_heads, sb);
         }
     }
 }
@@ -398,8 +352,8 @@ void td_kv_checkpoint(td_kv *kv, const int32_t *tokens, int n, const int *blocks
     }
     ckpt_clear(kv, slot);
     memcpy(toks, tokens, (size_t)n * sizeof(int32_t));
-    memcpy(st, state, kv->sh.state_floats * sizeof(float));
-    memcpy(hd, hidden, (size_t)kv->sh.hidden * sizeof(float));
+    td_bk_download(kv->b, st, state, kv->sh.state_floats * sizeof(float)); /* state to host */
+    td_bk_download(kv->b, hd, hidden, (size_t)kv->sh.hidden * sizeof(float));
     *slot = (ckpt){.used = true, .lru = ++kv->tick, .n = n, .tokens = toks, .n_full = n_full, .blocks = canon, .hashes = hashes,
                    .tail = tail, .state = st, .hidden = hd, .mtp_ok = mtp_ok};
     return;

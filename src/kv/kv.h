@@ -20,18 +20,14 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include "backend/backend.h"
 #include "tandem.h"
-
-#define TD_KV_BLOCK 16
 
 typedef struct td_kv td_kv;
 
-/* Storage of K and V rows. F32 is exact; BF16 halves the memory; FP8 is
- * e4m3 with one f32 scale per (token, kv head) = absmax / 448, computed when
- * the row is written: there is no calibration data on CPU, and a per-token
- * scale can never overflow, while a fixed per-tensor scale can. */
-typedef enum { TD_KV_F32 = 0, TD_KV_BF16_STORE, TD_KV_FP8_STORE } td_kv_store;
-
+/* Storage of K and V rows: td_kv_store (backend/backend.h). The backend
+ * owns the storage (its memory); the host keeps the metadata: block
+ * refcounts, hashes, LRU, checkpoints. */
 typedef struct td_kv_shape {
     int n_layers;        /* full-attention layers + 1 for the MTP layer */
     int kv_dim;          /* kv_heads * head_dim */
@@ -41,8 +37,12 @@ typedef struct td_kv_shape {
     int hidden;          /* H, for the checkpoint's last hidden state */
 } td_kv_shape;
 
-/* n_blocks blocks; n_ckpt checkpoints at most. */
-int td_kv_new(const td_kv_shape *shape, int n_blocks, int n_ckpt, td_kv **out, td_err *err);
+/* n_blocks blocks in backend b's memory (borrowed; it must outlive kv);
+ * n_ckpt checkpoints at most. */
+int td_kv_new(const td_kv_shape *shape, int n_blocks, int n_ckpt, td_backend *b, td_kv **out, td_err *err);
+td_backend *td_kv_backend(const td_kv *kv);
+/* Layer l's storage as the backend ops see it. */
+td_kv_view td_kv_layer(const td_kv *kv, int l);
 void td_kv_free(td_kv *kv);
 size_t td_kv_bytes_per_block(const td_kv_shape *shape);
 /* Bytes td_kv_new allocates for n_blocks blocks and n_ckpt checkpoint
@@ -58,10 +58,11 @@ int td_kv_n_blocks(const td_kv *kv);
 int td_kv_free_blocks(const td_kv *kv);   /* free + cached (evictable) */
 int td_kv_checkpoint_blocks(const td_kv *kv); /* partial tails held by checkpoints (also evictable) */
 
-/* Writes K and V rows (kv_dim floats each) of layer l at (block, offset). */
+/* Host access for tests and tools, through the backend (counted copies):
+ * writes K and V rows (kv_dim host floats each) of layer l at (block, offset);
+ * reads K or V of one kv head at (block, offset) as f32 into tmp[head_dim]
+ * (returns tmp). The forward pass never uses these (backend ops do). */
 void td_kv_write(td_kv *kv, int layer, int block, int off, const float *k, const float *v);
-/* K or V of one kv head at (block, offset) as f32: a pointer into the cache
- * (F32 storage) or into tmp[head_dim] (converted). */
 const float *td_kv_k_head(td_kv *kv, int layer, int block, int off, int head, float *tmp);
 const float *td_kv_v_head(td_kv *kv, int layer, int block, int off, int head, float *tmp);
 
@@ -86,7 +87,8 @@ typedef struct td_kv_hit {
 } td_kv_hit;
 
 /* Saves a checkpoint of a sequence of n tokens whose blocks are `blocks`
- * (registers its full blocks). state/hidden are copied. */
+ * (registers its full blocks). state [state_floats] and hidden [hidden]
+ * are backend memory, copied to host memory the cache owns. */
 void td_kv_checkpoint(td_kv *kv, const int32_t *tokens, int n, const int *blocks, const float *state, const float *hidden,
                       bool mtp_ok);
 /* Finds the longest checkpoint whose tokens are a prefix of

@@ -3,6 +3,7 @@
 #ifndef TANDEM_MODEL_CONFIG_H
 #define TANDEM_MODEL_CONFIG_H
 #include <stdbool.h>
+#include <stddef.h>
 #include "tandem.h"
 
 #define TD_MAX_LAYERS 1024
@@ -37,5 +38,13 @@ int td_config_load(const char *path, td_config *cfg, td_err *err);
 static inline int td_cfg_lin_key_dim(const td_config *c) { return c->lin_nk * c->lin_dk; }
 static inline int td_cfg_lin_value_dim(const td_config *c) { return c->lin_nv * c->lin_dv; }
 static inline int td_cfg_lin_conv_dim(const td_config *c) { return 2 * c->lin_nk * c->lin_dk + c->lin_nv * c->lin_dv; }
+/* DeltaNet state of one DeltaNet layer (conv window, then recurrent state)
+ * and of the whole model, in floats: the one formula for its size. */
+static inline size_t td_cfg_deltanet_layer_floats(const td_config *c) {
+    return (size_t)(c->conv_kernel - 1) * (size_t)td_cfg_lin_conv_dim(c) + (size_t)c->lin_nv * c->lin_dk * c->lin_dv;
+}
+static inline size_t td_cfg_deltanet_state_floats(const td_config *c) {
+    return (size_t)(c->n_layers - c->n_full_attn) * td_cfg_deltanet_layer_floats(c);
+}
 
 #endif

@@ -1,6 +1,11 @@
 /* Forward pass of the target model and of the MTP head over a batch made of
  * token runs from several sequences (continuous batching, chunked prefill,
- * speculative verify all go through here). fp32 compute. */
+ * speculative verify all go through here). fp32 compute.
+ *
+ * This file only orchestrates: every computation is a backend op on backend
+ * memory (backend/backend.h); what crosses to the host is the batch
+ * description (one upload per forward) and the outputs asked for in host
+ * memory (logits, hidden rows). */
 #ifndef TANDEM_MODEL_FORWARD_H
 #define TANDEM_MODEL_FORWARD_H
 #include <stdbool.h>
@@ -13,20 +18,23 @@ typedef struct td_fwd_item {
     const int32_t *tokens; /* n tokens, at positions seq->n_past .. +n-1 */
     int n;
     int logits_rows;       /* 0: none; 1: last token only; n: every token */
-    float *logits;         /* caller-owned [logits_rows][vocab] */
-    float *hidden;         /* optional caller-owned [n][H]: final-normed hidden states */
+    float *logits;         /* caller-owned host [logits_rows][vocab] (downloaded) */
+    float *hidden;         /* optional caller-owned host [n][H]: final-normed hidden states */
+    float *hidden_d;       /* optional, the same into backend memory [n][H] */
     bool checkpoint;       /* keep DeltaNet state after each token (n <= ckpt slots) */
 } td_fwd_item;
 
 typedef struct td_mtp_item {
     td_seq *seq;
     const int32_t *tokens; /* token at position p+1 for each entry */
-    const float *hidden;   /* [n][H] h_p (target's final-normed hidden) */
+    const float *hidden;   /* host [n][H] h_p (target's final-normed hidden), or NULL and: */
+    const float *hidden_d; /* backend [n][H] h_p */
     int pos0;              /* position of the first entry; entries pos0..pos0+n-1 */
     int n;
     int logits_rows;       /* 0, 1 (last) or n */
     float *logits;         /* [logits_rows][vocab] */
-    float *hidden_out;     /* optional [n][H]: h' = mtp.norm(u), fed back for depth > 1 */
+    float *hidden_out;     /* optional host [n][H]: h' = mtp.norm(u), fed back for depth > 1 */
+    float *hidden_out_d;   /* optional, the same into backend memory */
 } td_mtp_item;
 
 typedef struct td_fwd_ctx td_fwd_ctx;

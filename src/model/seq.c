@@ -3,46 +3,27 @@
 #include <string.h>
 #include "util/err.h"
 
-static float **alloc_ptrs(int n, td_err *err) { return TD_CALLOC(err, (size_t)(n ? n : 1), sizeof(float *)); }
-
 int td_seq_init(td_seq *s, const td_model *m, td_kv *kv, int max_cap, int ckpt_slots, td_err *err) {
     const td_config *c = &m->cfg;
     memset(s, 0, sizeof *s);
     s->kv = kv;
+    s->b = td_kv_backend(kv);
     s->max_cap = max_cap;
     s->n_fa = c->n_full_attn;
     s->n_lin = c->n_layers - c->n_full_attn;
     s->kv_dim = c->n_kv_heads * c->head_dim;
-    s->conv_len = c->conv_kernel - 1;
-    s->conv_dim = td_cfg_lin_conv_dim(c);
-    s->ssm_size = (size_t)c->lin_nv * c->lin_dk * c->lin_dv;
-    s->n_ckpt_slots = ckpt_slots;
-    if (!(s->conv = alloc_ptrs(s->n_lin, err)) || !(s->ssm = alloc_ptrs(s->n_lin, err)) || !(s->ck_conv = alloc_ptrs(s->n_lin, err)) ||
-        !(s->ck_ssm = alloc_ptrs(s->n_lin, err)))
-        goto fail;
-    for (int i = 0; i < s->n_lin; i++) {
-        if (!(s->conv[i] = TD_CALLOC(err, (size_t)s->conv_len * s->conv_dim + 1, sizeof(float)))) goto fail;
-        if (!(s->ssm[i] = TD_CALLOC(err, s->ssm_size, sizeof(float)))) goto fail;
-        if (ckpt_slots > 0) {
-            if (!(s->ck_conv[i] = TD_CALLOC(err, (size_t)ckpt_slots * ((size_t)s->conv_len * s->conv_dim + 1), sizeof(float)))) goto fail;
-            if (!(s->ck_ssm[i] = TD_CALLOC(err, (size_t)ckpt_slots * s->ssm_size, sizeof(float)))) goto fail;
-        }
-    }
+    s->n_ckpt_slots = ckpt_slots > 0 ? ckpt_slots : 0;
+    s->n_slots = 1 + s->n_ckpt_slots;
+    s->slot_floats = td_cfg_deltanet_state_floats(c);
+    s->state = s->b->ops->alloc(s->b, td_seq_state_bytes_for(c, ckpt_slots));
+    if (!s->state) return TD_FAIL(err, TD_ERR_NOMEM, "out of memory for the DeltaNet state (%zu bytes)", td_seq_state_bytes_for(c, ckpt_slots));
     return TD_OK;
-fail:
-    td_seq_free(s);
-    return err ? err->code : TD_ERR_NOMEM;
 }
 
 void td_seq_free(td_seq *s) {
+    if (!s->b) return;
     td_seq_reset(s);
-    for (int i = 0; s->conv && i < s->n_lin; i++) {
-        free(s->conv[i]);
-        free(s->ssm[i]);
-        if (s->ck_conv) free(s->ck_conv[i]);
-        if (s->ck_ssm) free(s->ck_ssm[i]);
-    }
-    free(s->conv); free(s->ssm); free(s->ck_conv); free(s->ck_ssm);
+    s->b->ops->free(s->b, s->state);
     free(s->blocks); free(s->tokens);
     memset(s, 0, sizeof *s);
 }
@@ -81,16 +62,16 @@ int td_seq_reserve(td_seq *s, int slots, td_err *err) {
     return TD_OK;
 }
 
+static float *slot_ptr(const td_seq *s, int slot) { return s->state + (size_t)slot * s->slot_floats; }
+
 void td_seq_reset(td_seq *s) {
     for (int i = 0; i < s->n_blocks; i++) td_kv_release(s->kv, s->blocks[i]);
     s->n_blocks = 0;
     s->n_past = 0;
     s->mtp_n = 0;
     s->n_ckpt_valid = 0;
-    for (int i = 0; s->conv && i < s->n_lin; i++) {
-        memset(s->conv[i], 0, (size_t)s->conv_len * s->conv_dim * sizeof(float));
-        memset(s->ssm[i], 0, s->ssm_size * sizeof(float));
-    }
+    s->live = 0;
+    if (s->state && s->slot_floats) s->b->ops->fill0(s->b, slot_ptr(s, 0), s->slot_floats * sizeof(float));
 }
 
 int td_seq_truncate(td_seq *s, int n, td_err *err) {
@@ -101,16 +82,12 @@ int td_seq_truncate(td_seq *s, int n, td_err *err) {
         return TD_OK;
     }
     if (s->n_lin > 0) {
-        int slot = n - 1 - s->ckpt_base;
-        if (slot < 0 || slot >= s->n_ckpt_valid)
+        int j = n - 1 - s->ckpt_base;
+        if (j < 0 || j >= s->n_ckpt_valid)
             return TD_FAIL(err, TD_ERR_ARG, "no DeltaNet checkpoint for position %d (have %d..%d)", n - 1, s->ckpt_base,
                            s->ckpt_base + s->n_ckpt_valid - 1);
-        size_t cs = (size_t)s->conv_len * s->conv_dim;
-        for (int i = 0; i < s->n_lin; i++) {
-            memcpy(s->conv[i], s->ck_conv[i] + (size_t)slot * (cs + 1), cs * sizeof(float));
-            memcpy(s->ssm[i], s->ck_ssm[i] + (size_t)slot * s->ssm_size, s->ssm_size * sizeof(float));
-        }
-        s->n_ckpt_valid = slot + 1;
+        s->live = (s->ckpt_slot0 + j) % s->n_slots; /* the state after token n-1 is already in its slot */
+        s->n_ckpt_valid = j + 1;
     }
     s->n_past = n;
     if (s->mtp_n > n - 1) s->mtp_n = n - 1; /* entry p needs token p+1 */
@@ -118,32 +95,23 @@ int td_seq_truncate(td_seq *s, int n, td_err *err) {
 }
 
 size_t td_seq_state_bytes_for(const td_config *c, int ckpt_slots) {
-    size_t n_lin = (size_t)(c->n_layers - c->n_full_attn);
-    size_t per = (size_t)(c->conv_kernel - 1) * (size_t)td_cfg_lin_conv_dim(c) + 1 + (size_t)c->lin_nv * c->lin_dk * c->lin_dv;
-    return n_lin * per * (size_t)(1 + (ckpt_slots > 0 ? ckpt_slots : 0)) * sizeof(float);
+    return td_cfg_deltanet_state_floats(c) * (size_t)(1 + (ckpt_slots > 0 ? ckpt_slots : 0)) * sizeof(float) + sizeof(float);
 }
 
 size_t td_seq_bytes(const td_seq *s) {
-    size_t state = (size_t)s->n_lin * ((size_t)s->conv_len * s->conv_dim + 1 + s->ssm_size) * (size_t)(1 + s->n_ckpt_slots) * sizeof(float);
+    size_t state = s->slot_floats * (size_t)s->n_slots * sizeof(float) + sizeof(float);
     return state + (size_t)s->cap_tokens * sizeof(int32_t) + (size_t)s->cap_blocks * sizeof(int);
 }
 
-size_t td_seq_state_floats(const td_seq *s) { return (size_t)s->n_lin * ((size_t)s->conv_len * s->conv_dim + s->ssm_size); }
+size_t td_seq_state_floats(const td_seq *s) { return s->slot_floats; }
+const float *td_seq_live_state(const td_seq *s) { return slot_ptr(s, s->live); }
 
 void td_seq_state_save(const td_seq *s, float *out) {
-    size_t cs = (size_t)s->conv_len * s->conv_dim;
-    for (int i = 0; i < s->n_lin; i++) {
-        memcpy(out, s->conv[i], cs * sizeof(float)); out += cs;
-        memcpy(out, s->ssm[i], s->ssm_size * sizeof(float)); out += s->ssm_size;
-    }
+    td_bk_download(s->b, out, slot_ptr(s, s->live), s->slot_floats * sizeof(float));
 }
 
 void td_seq_state_load(td_seq *s, const float *in) {
-    size_t cs = (size_t)s->conv_len * s->conv_dim;
-    for (int i = 0; i < s->n_lin; i++) {
-        memcpy(s->conv[i], in, cs * sizeof(float)); in += cs;
-        memcpy(s->ssm[i], in, s->ssm_size * sizeof(float)); in += s->ssm_size;
-    }
+    td_bk_upload(s->b, slot_ptr(s, s->live), in, s->slot_floats * sizeof(float));
     s->n_ckpt_valid = 0;
 }
 

@@ -34,8 +34,8 @@ typedef enum { G_PREFILL, G_DECODE, G_DONE } gen_phase;
 
 typedef struct {
     float *vlogits;  /* [(k+1) x V] verify logits */
-    float *vhidden;  /* [max(k+1, CHUNK) x H] target hidden rows */
-    float *mhidden;  /* [pend_cap + 1 x H] MTP h' rows */
+    float *vhidden;  /* backend [max(k+1, CHUNK) x H] target hidden rows */
+    float *mhidden;  /* backend [pend_cap + 1 x H] MTP h' rows */
     float *qprobs;   /* [k x V] draft distributions (draft sampling) */
     float *probs;    /* [V] */
     float *mlogits;  /* [V] */
@@ -95,17 +95,26 @@ static int alloc_buffers(td_gen *g, td_err *err) {
     size_t V = (size_t)c->vocab_size, H = (size_t)c->hidden_size;
     int max_chunk = chunk_cap(g->e);
     size_t rows_h = (size_t)(k + 1 > max_chunk ? k + 1 : max_chunk);
-    size_t need = td_gen_work_bytes_for(c, k, s->pend_cap, max_chunk) / sizeof(float);
+    /* host: logits and probabilities; backend: hidden rows (td_gen_work_bytes_for counts both) */
+    size_t dneed = (rows_h + (size_t)(s->pend_cap + 1)) * H;
+    size_t need = td_gen_work_bytes_for(c, k, s->pend_cap, max_chunk) / sizeof(float) - dneed;
     if (need > s->work_cap) {
         free(s->work);
         s->work = malloc(need * sizeof(float));
         s->work_cap = s->work ? need : 0;
         if (!s->work) return TD_FAIL(err, TD_ERR_NOMEM, "out of memory for generation buffers");
     }
+    td_backend *bk = g->e->backend;
+    if (dneed > s->dwork_cap) {
+        bk->ops->free(bk, s->dwork);
+        s->dwork = bk->ops->alloc(bk, dneed * sizeof(float));
+        s->dwork_cap = s->dwork ? dneed : 0;
+        if (!s->dwork) return TD_FAIL(err, TD_ERR_NOMEM, "out of memory for generation buffers");
+    }
+    g->b.vhidden = s->dwork;
+    g->b.mhidden = s->dwork + rows_h * H;
     float *p = s->work;
     g->b.vlogits = p; p += (size_t)(k + 1) * V;
-    g->b.vhidden = p; p += rows_h * H;
-    g->b.mhidden = p; p += (size_t)(s->pend_cap + 1) * H;
     g->b.qprobs = p; p += (size_t)(k ? k : 1) * V;
     g->b.probs = p; p += V;
     g->b.mlogits = p;
@@ -120,14 +129,15 @@ static int mtp_catch_up(td_session *s, int n_past, td_err *err) {
     td_seq *q = &s->seq;
     int P = n_past - q->mtp_n, H = s->eng->model->cfg.hidden_size;
     if (P <= 1) return TD_OK;
-    td_mtp_item it = {.seq = q, .tokens = q->tokens + q->mtp_n + 1, .hidden = s->pend, .pos0 = q->mtp_n, .n = P - 1};
+    td_mtp_item it = {.seq = q, .tokens = q->tokens + q->mtp_n + 1, .hidden_d = s->pend, .pos0 = q->mtp_n, .n = P - 1};
     int rc = td_mtp_forward(s->eng->fwd, &it, 1, err);
     if (rc) return rc;
-    memmove(s->pend, s->pend + (size_t)(P - 1) * H, (size_t)H * sizeof(float));
+    td_backend *b = s->eng->backend;
+    b->ops->copy(b, s->pend, s->pend + (size_t)(P - 1) * H, (size_t)H * sizeof(float));
     return TD_OK;
 }
 
-/* Appends target hidden rows of the newest n positions to pend. */
+/* Appends target hidden rows (backend) of the newest n positions to pend. */
 static int pend_push(td_session *s, const float *rows, int n, td_err *err) {
     int H = s->eng->model->cfg.hidden_size;
     for (int i = 0; i < n; i++) {
@@ -136,7 +146,7 @@ static int pend_push(td_session *s, const float *rows, int n, td_err *err) {
             int rc = mtp_catch_up(s, pos, err);
             if (rc) return rc;
         }
-        memcpy(s->pend + (size_t)(pos - s->seq.mtp_n) * H, rows + (size_t)i * H, (size_t)H * sizeof(float));
+        s->eng->backend->ops->copy(s->eng->backend, s->pend + (size_t)(pos - s->seq.mtp_n) * H, rows + (size_t)i * H, (size_t)H * sizeof(float));
     }
     return TD_OK;
 }
@@ -295,7 +305,7 @@ static int accept_verified(td_gen *g, td_err *err) {
     int rc = td_seq_truncate(q, keep, err);
     if (rc) return rc;
     q->mtp_n = g->n0; /* entries >= n0 were drafted from h': rewrite from target states */
-    memcpy(g->s->pend, g->b.vhidden, (size_t)(keep - g->n0) * H * sizeof(float));
+    g->e->backend->ops->copy(g->e->backend, g->s->pend, g->b.vhidden, (size_t)(keep - g->n0) * H * sizeof(float));
     if (going && dead) {
         finish(g, TD_FINISH_STOP);
     } else if (going) {
@@ -314,11 +324,7 @@ static void save_checkpoint(td_gen *g) {
     td_err err;
     bool mtp_ok = g->track && s->mtp_ok;
     if (mtp_ok && mtp_catch_up(s, q->n_past, &err) != 0) mtp_ok = s->mtp_ok = false;
-    float *state = malloc(td_seq_state_floats(q) * sizeof(float) + 1);
-    if (!state) return;
-    td_seq_state_save(q, state);
-    td_kv_checkpoint(g->e->kv, q->tokens, q->n_past, q->blocks, state, s->pend, mtp_ok);
-    free(state);
+    td_kv_checkpoint(g->e->kv, q->tokens, q->n_past, q->blocks, td_seq_live_state(q), s->pend, mtp_ok); /* state to host */
 }
 
 /* ---- adaptive depth (spec/autodepth.h) ----------------------------------- */
@@ -422,7 +428,7 @@ static int start_prefill(td_gen *g, td_err *err) {
             if (td_seq_adopt(q, blocks, nb, prompt, len, hit.state, err) == 0) {
                 reuse = len;
                 if (g->track) {
-                    memcpy(s->pend, hit.hidden, (size_t)c->hidden_size * sizeof(float));
+                    td_bk_upload(e->backend, s->pend, hit.hidden, (size_t)c->hidden_size * sizeof(float));
                     q->mtp_n = len - 1;
                     s->mtp_ok = true;
                 }
@@ -667,11 +673,11 @@ static int step(td_gen **gens, int n, int prefill_budget, td_err *err) {
                 TD_ASSERT(P >= 1 && P <= g->s->pend_cap);
                 for (int t = 0; t < P - 1; t++) mtoks[m][t] = q->tokens[q->mtp_n + 1 + t];
                 mtoks[m][P - 1] = g->x;
-                mitems[m] = (td_mtp_item){.seq = q, .tokens = mtoks[m], .hidden = g->s->pend, .pos0 = q->mtp_n, .n = P,
-                                          .logits_rows = 1, .logits = g->b.mlogits, .hidden_out = g->b.mhidden};
+                mitems[m] = (td_mtp_item){.seq = q, .tokens = mtoks[m], .hidden_d = g->s->pend, .pos0 = q->mtp_n, .n = P,
+                                          .logits_rows = 1, .logits = g->b.mlogits, .hidden_out_d = g->b.mhidden};
             } else {
-                mitems[m] = (td_mtp_item){.seq = q, .tokens = &g->toks[j], .hidden = g->h, .pos0 = q->n_past - 1 + j, .n = 1,
-                                          .logits_rows = 1, .logits = g->b.mlogits, .hidden_out = g->b.mhidden};
+                mitems[m] = (td_mtp_item){.seq = q, .tokens = &g->toks[j], .hidden_d = g->h, .pos0 = q->n_past - 1 + j, .n = 1,
+                                          .logits_rows = 1, .logits = g->b.mlogits, .hidden_out_d = g->b.mhidden};
             }
             drafting[m++] = g;
         }
@@ -681,7 +687,7 @@ static int step(td_gen **gens, int n, int prefill_budget, td_err *err) {
             td_gen *g = drafting[i];
             if (j == 0) { /* keep the last row's h' at row 0 */
                 int P = mitems[i].n;
-                memmove(g->b.mhidden, g->b.mhidden + (size_t)(P - 1) * H, (size_t)H * sizeof(float));
+                e->backend->ops->copy(e->backend, g->b.mhidden, g->b.mhidden + (size_t)(P - 1) * H, (size_t)H * sizeof(float));
             }
             g->h = g->b.mhidden;
             choose_draft(g, j);
@@ -695,15 +701,15 @@ static int step(td_gen **gens, int n, int prefill_budget, td_err *err) {
         if (g->phase == G_PREFILL) {
             bool last = g->fed + g->chunk == g->n_prompt;
             items[i] = (td_fwd_item){.seq = &s->seq, .tokens = g->prompt + g->fed, .n = g->chunk, .logits_rows = last ? 1 : 0,
-                                     .logits = s->logits, .hidden = g->track ? g->b.vhidden : NULL};
+                                     .logits = s->logits, .hidden_d = g->track ? g->b.vhidden : NULL};
         } else if (g->k > 0) {
             g->toks[0] = g->x;
             g->n0 = s->seq.n_past;
             items[i] = (td_fwd_item){.seq = &s->seq, .tokens = g->toks, .n = g->k + 1, .logits_rows = g->k + 1, .logits = g->b.vlogits,
-                                     .hidden = g->b.vhidden, .checkpoint = true};
+                                     .hidden_d = g->b.vhidden, .checkpoint = true};
         } else {
             items[i] = (td_fwd_item){.seq = &s->seq, .tokens = &g->x, .n = 1, .logits_rows = 1, .logits = s->logits,
-                                     .hidden = g->track ? g->b.vhidden : NULL};
+                                     .hidden_d = g->track ? g->b.vhidden : NULL};
         }
     }
     int ad_tokens = 0;

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <sys/wait.h>
 #include "check.h"
+#include "test_backend.h"
 #include "engine/engine.h"
 
 static td_engine *load_dt(const char *dir, bool caching, size_t kv_bytes, int dtype) {
@@ -27,7 +28,7 @@ static void storage_formats(void) {
     td_err err;
     td_kv_shape sh = {.n_layers = 1, .kv_dim = 128, .head_dim = 128, .store = TD_KV_FP8_STORE, .state_floats = 1, .hidden = 1};
     td_kv *kv;
-    CHECK(td_kv_new(&sh, 2, 0, &kv, &err) == 0, "%s", err.msg);
+    CHECK(td_kv_new(&sh, 2, 0, test_backend(), &kv, &err) == 0, "%s", err.msg);
     float row[128], back[128], tmp[128];
     /* the 127 non-negative finite e4m3 values: 0, subnormals k*2^-9, normals */
     int n = 0;

@@ -6,6 +6,7 @@
  * blocks still held = pool. */
 #include <stdint.h>
 #include "check.h"
+#include "test_backend.h"
 #include "kv/kv.h"
 
 #define B TD_KV_BLOCK
@@ -46,7 +47,7 @@ static void alias_case(void) {
     td_kv_shape s = shape();
     td_kv *kv;
     td_err err = {0};
-    CHECK(td_kv_new(&s, 4, 2, &kv, &err) == 0, "%s", err.msg);
+    CHECK(td_kv_new(&s, 4, 2, test_backend(), &kv, &err) == 0, "%s", err.msg);
     int32_t toks[20];
     int b0 = finished_sequence(kv, toks);
     td_kv_release(kv, b0); /* b0: cached, free to evict */
@@ -79,7 +80,7 @@ static void evict_self_case(void) {
     td_kv_shape s = shape();
     td_kv *kv;
     td_err err = {0};
-    CHECK(td_kv_new(&s, 4, 2, &kv, &err) == 0, "%s", err.msg);
+    CHECK(td_kv_new(&s, 4, 2, test_backend(), &kv, &err) == 0, "%s", err.msg);
     int32_t toks[20];
     int b0 = finished_sequence(kv, toks); /* b0 and b1 stay referenced: a running sequence */
     int held[4], n_held = 0;

@@ -1,11 +1,38 @@
-/* CPU backend: plain C kernels (the numerical reference) run on a thread pool. */
+/* CPU backend: plain C kernels (the numerical reference) run on a thread
+ * pool. Backend memory is host memory: alloc is calloc, upload / download /
+ * copy are memcpy, weights are used in place (memory-mapped files). */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include "backend/backend.h"
+#include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/kernels.h"
 #include "backend/cpu/pool.h"
 #include "util/err.h"
+
+/* ---- memory -------------------------------------------------------------- */
+
+static void *cpu_alloc(td_backend *b, size_t bytes) { (void)b; return calloc(1, bytes ? bytes : 1); }
+static void cpu_free(td_backend *b, void *p) { (void)b; free(p); }
+static void cpu_memcpy(td_backend *b, void *dst, const void *src, size_t n) { (void)b; if (n) memmove(dst, src, n); }
+static void cpu_fill0(td_backend *b, void *dst, size_t n) { (void)b; if (n) memset(dst, 0, n); }
+static void cpu_copy_rows(td_backend *b, float *dst, size_t dst_ld, const float *src, size_t src_ld, size_t width, int rows) {
+    (void)b;
+    for (int r = 0; r < rows; r++) memcpy(dst + (size_t)r * dst_ld, src + (size_t)r * src_ld, width * sizeof(float));
+}
+static void cpu_sync(td_backend *b) { (void)b; }
+static const void *cpu_weight_load(td_backend *b, const void *host, size_t bytes) { (void)b; (void)bytes; return host; }
+static void cpu_weight_free(td_backend *b, const void *dev) { (void)b; (void)dev; }
+
+void td_cpu_par_for(td_backend *b, int n, void (*fn)(void *, int), void *ctx, double work) {
+    if (work < 65536.0 || b->n_threads == 1) {
+        for (int i = 0; i < n; i++) fn(ctx, i);
+        return;
+    }
+    td_pool_for(b->impl, n, fn, ctx);
+}
+
+/* ---- matmul -------------------------------------------------------------- */
 
 /* Matmul work is split into tasks of (weight rows x activation rows). Each
  * output element is computed whole by one task with the kernels' fixed
@@ -51,6 +78,8 @@ static void cpu_matmul(td_backend *b, const td_tensor *W, const float *x, int M,
     td_pool_for(b->impl, tasks, matmul_task, &j);
 }
 
+/* ---- elementwise ----------------------------------------------------------- */
+
 static void cpu_rmsnorm(td_backend *b, float *y, const float *x, const float *w, int M, int n, float eps) {
     (void)b;
     for (int m = 0; m < M; m++) {
@@ -69,15 +98,59 @@ static void cpu_embed(td_backend *b, const td_tensor *E, const int32_t *tokens, 
     for (int m = 0; m < M; m++) td_tensor_row_f32(E, tokens[m], out + (int64_t)m * H);
 }
 
+static void cpu_add(td_backend *b, float *y, const float *x, size_t n) {
+    (void)b;
+    for (size_t i = 0; i < n; i++) y[i] += x[i];
+}
+
+static void cpu_silu_mul(td_backend *b, float *a, const float *u, size_t n) {
+    (void)b;
+    for (size_t i = 0; i < n; i++) a[i] = (a[i] / (1.0f + expf(-a[i]))) * u[i];
+}
+
+static void cpu_argmax(td_backend *b, const float *x, int rows, int n, int32_t *out) {
+    (void)b;
+    for (int r = 0; r < rows; r++) {
+        const float *v = x + (size_t)r * n;
+        int best = 0;
+        for (int i = 1; i < n; i++)
+            if (v[i] > v[best]) best = i;
+        out[r] = best;
+    }
+}
+
 static void cpu_parallel_for(td_backend *b, int n, void (*fn)(void *, int), void *ctx) { td_pool_for(b->impl, n, fn, ctx); }
 
 static const td_backend_ops cpu_ops = {
     .name = "cpu",
+    .alloc = cpu_alloc,
+    .free = cpu_free,
+    .upload = cpu_memcpy,
+    .download = cpu_memcpy,
+    .copy = cpu_memcpy,
+    .fill0 = cpu_fill0,
+    .copy_rows = cpu_copy_rows,
+    .sync = cpu_sync,
+    .weight_load = cpu_weight_load,
+    .weight_free = cpu_weight_free,
     .matmul = cpu_matmul,
     .rmsnorm = cpu_rmsnorm,
     .embed = cpu_embed,
+    .add = cpu_add,
+    .silu_mul = cpu_silu_mul,
+    .attn_prep = td_cpu_attn_prep,
+    .attention = td_cpu_attention,
+    .gdn_conv = td_cpu_gdn_conv,
+    .gdn_recur = td_cpu_gdn_recur,
+    .kv_store = td_cpu_kv_store,
+    .kv_load = td_cpu_kv_load,
+    .argmax = cpu_argmax,
     .parallel_for = cpu_parallel_for,
 };
+
+const td_backend_ops *td_cpu_backend_ops(void) { return &cpu_ops; }
+
+static void cpu_destroy(td_backend *b) { td_pool_free(b->impl); }
 
 int td_backend_cpu_create(int n_threads, td_backend **out, td_err *err) {
     *out = NULL;
@@ -90,12 +163,7 @@ int td_backend_cpu_create(int n_threads, td_backend **out, td_err *err) {
     b->impl = p;
     b->n_threads = td_pool_threads(p);
     b->isa = (int)td_kernels_best_isa();
+    b->destroy = cpu_destroy;
     *out = b;
     return TD_OK;
-}
-
-void td_backend_free(td_backend *b) {
-    if (!b) return;
-    td_pool_free(b->impl);
-    free(b);
 }

@@ -1,0 +1,49 @@
+/* Backend creation by name and the helpers every backend shares. */
+#include "backend/backend.h"
+#include <stdlib.h>
+#include <string.h>
+#include "util/err.h"
+
+int td_backend_create(const char *name, int n_threads, td_backend **out, td_err *err) {
+    *out = NULL;
+    if (!name || !*name || strcmp(name, "cpu") == 0) return td_backend_cpu_create(n_threads, out, err);
+    if (strcmp(name, "guard") == 0) return td_backend_guard_create(n_threads, out, err);
+    return TD_FAIL(err, TD_ERR_ARG, "unknown backend '%s' (cpu, guard)", name);
+}
+
+void td_backend_free(td_backend *b) {
+    if (!b) return;
+    if (b->destroy) b->destroy(b);
+    free(b);
+}
+
+size_t td_tensor_data_bytes(const td_tensor *t) {
+    int64_t n = td_tensor_numel(t);
+    return t->dtype == TD_DTYPE_NVFP4 ? (size_t)(n + 1) / 2 : (size_t)n * td_dtype_size(t->dtype);
+}
+
+size_t td_tensor_scales_bytes(const td_tensor *t) {
+    if (!t->scales || t->ndim != 2 || t->scale_block[0] <= 0 || t->scale_block[1] <= 0) return 0;
+    int64_t r = (t->shape[0] + t->scale_block[0] - 1) / t->scale_block[0];
+    int64_t c = (t->shape[1] + t->scale_block[1] - 1) / t->scale_block[1];
+    return (size_t)(r * c) * td_dtype_size(t->scales_dtype);
+}
+
+int td_bk_tensor_load(td_backend *b, const td_tensor *host, td_tensor *dev, td_err *err) {
+    *dev = *host;
+    dev->data = dev->scales = NULL;
+    size_t nd = td_tensor_data_bytes(host), ns = td_tensor_scales_bytes(host);
+    if (host->data && !(dev->data = b->ops->weight_load(b, host->data, nd)))
+        return TD_FAIL(err, TD_ERR_NOMEM, "out of backend memory for weight %s (%zu bytes)", host->name ? host->name : "?", nd);
+    if (host->scales && !(dev->scales = b->ops->weight_load(b, host->scales, ns))) {
+        td_bk_tensor_free(b, dev);
+        return TD_FAIL(err, TD_ERR_NOMEM, "out of backend memory for the scales of %s", host->name ? host->name : "?");
+    }
+    return TD_OK;
+}
+
+void td_bk_tensor_free(td_backend *b, td_tensor *dev) {
+    if (dev->data) b->ops->weight_free(b, dev->data);
+    if (dev->scales) b->ops->weight_free(b, dev->scales);
+    dev->data = dev->scales = NULL;
+}
