@@ -176,6 +176,9 @@ typedef struct td_gen_opts {
     const int32_t *stop_ids; /* extra token ids that end generation (borrowed) */
     int n_stop;
     const td_constraint *constraint; /* NULL = unconstrained (borrowed until the generation ends) */
+    bool want_logits;        /* the emit callback gets each token's logits row (logprobs); otherwise it gets
+                                NULL, and a plain greedy request (no penalties, bias or constraint) picks
+                                its tokens on the backend: only token ids cross to the host */
 } td_gen_opts;
 
 /* Speculative decoding counters, named as vLLM's spec_decode metrics.

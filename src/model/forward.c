@@ -29,6 +29,7 @@ struct td_fwd_ctx {
     int cap_M;
     float *x, *xn, *t0, *t1, *t2, *t3, *t4, *t5; /* backend scratch, rows of scratch_widths */
     float *lg;        /* backend [cap_lg][vocab] logits rows */
+    int32_t *am;      /* backend [cap_lg] their argmax */
     int cap_lg;
     int *layer_slot;  /* layer -> index among full-attn or among DeltaNet layers */
     int gdn_chunk;    /* td_fwd_set_deltanet_chunk */
@@ -163,6 +164,7 @@ void td_fwd_ctx_free(td_fwd_ctx *c) {
     float *bufs[] = {c->x, c->xn, c->t0, c->t1, c->t2, c->t3, c->t4, c->t5, c->lg};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) b->ops->free(b, bufs[i]);
     b->ops->free(b, c->bd);
+    b->ops->free(b, c->am);
     free(c->bh);
     free_weights(c);
     free(c->layer_slot);
@@ -338,6 +340,7 @@ static void decoder_layer(td_fwd_ctx *c, const td_layer_weights *lw, int slot, c
 typedef struct out_req {
     int row0, n, logits_rows;
     float *logits, *hidden, *hidden_d; /* host, host, backend; each optional */
+    int32_t *argmax;                   /* host, optional */
 } out_req;
 
 /* Final norm into xn; copies hidden rows and computes the requested logits. */
@@ -360,16 +363,22 @@ static int emit_outputs(td_fwd_ctx *c, const float *normw, int M, const out_req 
     if (!R) return TD_OK;
     if (R > c->cap_lg) {
         b->ops->free(b, c->lg);
+        b->ops->free(b, c->am);
         c->lg = b->ops->alloc(b, (size_t)R * V * sizeof(float));
-        c->cap_lg = c->lg ? R : 0;
-        if (!c->lg) return TD_FAIL(err, TD_ERR_NOMEM, "out of memory for %d logits rows", R);
+        c->am = b->ops->alloc(b, (size_t)R * sizeof(int32_t));
+        c->cap_lg = c->lg && c->am ? R : 0;
+        if (!c->cap_lg) return TD_FAIL(err, TD_ERR_NOMEM, "out of memory for %d logits rows", R);
     }
     b->ops->matmul(b, &c->w.lm_head, c->t0, R, c->lg);
     R = 0;
     for (int i = 0; i < n_items; i++) {
-        if (o[i].logits && o[i].logits_rows)
-            td_bk_download(b, o[i].logits, c->lg + (size_t)R * V, (size_t)o[i].logits_rows * V * sizeof(float));
-        R += o[i].logits_rows;
+        int n = o[i].logits_rows;
+        if (o[i].logits && n) td_bk_download(b, o[i].logits, c->lg + (size_t)R * V, (size_t)n * V * sizeof(float));
+        if (o[i].argmax && n) {
+            b->ops->argmax(b, c->lg + (size_t)R * V, n, V, c->am + R);
+            td_bk_download(b, o[i].argmax, c->am + R, (size_t)n * sizeof(int32_t));
+        }
+        R += n;
     }
     return TD_OK;
 }
@@ -403,7 +412,8 @@ int td_forward(td_fwd_ctx *c, td_fwd_item *items, int n_items, td_err *err) {
         td_fwd_item *it = &items[i];
         ss[i] = (seg_src){.seq = it->seq, .pos0 = it->seq->n_past, .n = it->n, .checkpoint = it->checkpoint};
         tk[i] = it->tokens;
-        o[i] = (out_req){.row0 = row, .n = it->n, .logits_rows = it->logits_rows, .logits = it->logits, .hidden = it->hidden, .hidden_d = it->hidden_d};
+        o[i] = (out_req){.row0 = row, .n = it->n, .logits_rows = it->logits_rows, .logits = it->logits, .hidden = it->hidden, .hidden_d = it->hidden_d,
+                          .argmax = it->argmax};
         row += it->n;
     }
     td_batch bt;
@@ -458,7 +468,7 @@ int td_mtp_forward(td_fwd_ctx *c, td_mtp_item *items, int n_items, td_err *err) 
         ss[i] = (seg_src){.seq = it->seq, .pos0 = it->pos0, .n = it->n};
         tk[i] = it->tokens;
         o[i] = (out_req){.row0 = row, .n = it->n, .logits_rows = it->logits_rows, .logits = it->logits, .hidden = it->hidden_out,
-                         .hidden_d = it->hidden_out_d};
+                         .hidden_d = it->hidden_out_d, .argmax = it->argmax};
         size_t hb = (size_t)it->n * H * sizeof(float);
         if (it->hidden_d) b->ops->copy(b, c->t5 + (size_t)row * H, it->hidden_d, hb);
         else td_bk_upload(b, c->t5 + (size_t)row * H, it->hidden, hb);

@@ -18,7 +18,9 @@ typedef struct td_fwd_item {
     const int32_t *tokens; /* n tokens, at positions seq->n_past .. +n-1 */
     int n;
     int logits_rows;       /* 0: none; 1: last token only; n: every token */
-    float *logits;         /* caller-owned host [logits_rows][vocab] (downloaded) */
+    float *logits;         /* caller-owned host [logits_rows][vocab] (downloaded), or NULL */
+    int32_t *argmax;       /* optional host [logits_rows]: argmax of each logits row, computed by the
+                              backend (only the ids cross to the host) */
     float *hidden;         /* optional caller-owned host [n][H]: final-normed hidden states */
     float *hidden_d;       /* optional, the same into backend memory [n][H] */
     bool checkpoint;       /* keep DeltaNet state after each token (n <= ckpt slots) */
@@ -32,7 +34,8 @@ typedef struct td_mtp_item {
     int pos0;              /* position of the first entry; entries pos0..pos0+n-1 */
     int n;
     int logits_rows;       /* 0, 1 (last) or n */
-    float *logits;         /* [logits_rows][vocab] */
+    float *logits;         /* host [logits_rows][vocab], or NULL */
+    int32_t *argmax;       /* optional host [logits_rows]: the rows' argmax (see td_fwd_item) */
     float *hidden_out;     /* optional host [n][H]: h' = mtp.norm(u), fed back for depth > 1 */
     float *hidden_out_d;   /* optional, the same into backend memory */
 } td_mtp_item;

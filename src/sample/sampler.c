@@ -130,6 +130,8 @@ static int32_t argmax_masked(const float *x, int n, const uint32_t *mask) {
     return best < 0 ? 0 : best;
 }
 
+int td_sampler_is_plain_greedy(const td_sampler *s) { return td_sampler_is_greedy(s) && !has_penalties(s) && !s->n_bias; }
+
 int32_t td_sampler_greedy(td_sampler *s, const float *logits) {
     if (!has_penalties(s) && !s->n_bias && s->mask) return argmax_masked(logits, s->vocab, s->mask);
     if (!has_penalties(s) && !s->mask && !s->n_bias) return argmax(logits, s->vocab);

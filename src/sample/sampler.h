@@ -42,6 +42,9 @@ const float *td_sampler_biased(td_sampler *s, const float *logits);
 void td_sampler_accept(td_sampler *s, int32_t tok);
 /* True when sampling reduces to argmax (temperature 0). */
 int td_sampler_is_greedy(const td_sampler *s);
+/* Greedy with no penalty and no logit_bias: the token is the plain argmax of
+ * the logits (what the backend's argmax op computes, ties to the lowest id). */
+int td_sampler_is_plain_greedy(const td_sampler *s);
 /* Applies penalties to a copy of logits; greedy: returns the argmax. */
 int32_t td_sampler_greedy(td_sampler *s, const float *logits);
 /* Writes the final normalized distribution (after every processor) into

@@ -102,7 +102,7 @@ static int on_emit(void *user, int32_t tok, const float *row) {
     td_token_event ev;
     memset(&ev, 0, sizeof ev);
     ev.token = tok;
-    if (q->r.top_logprobs >= 0) fill_logprobs(row, q->owner->eng->model->cfg.vocab_size, tok, q->r.top_logprobs, &ev);
+    if (q->r.top_logprobs >= 0 && row) fill_logprobs(row, q->owner->eng->model->cfg.vocab_size, tok, q->r.top_logprobs, &ev);
     int r = q->r.on_token ? q->r.on_token(q->r.user, &ev) : 0;
     pthread_mutex_lock(&q->owner->mu);
     if (q->cancel) r = 2;
@@ -242,6 +242,7 @@ static void *loop(void *arg) {
                 if (si >= 0) {
                     s->sess_busy[si] = true;
                     q->sess = si;
+                    q->r.gen.want_logits = q->r.top_logprobs >= 0; /* on_emit reads the row only then */
                     if ((brc = td_gen_begin(s->sessions[si], q->prompt, q->r.n_prompt, &q->r.sampling, &q->r.gen, on_emit, q, &q->g, &err)))
                         q->g = NULL;
                 } else {

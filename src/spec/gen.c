@@ -65,6 +65,8 @@ struct td_gen {
     gen_buffers b;
     double t_begin, t_first;
     bool broken;           /* a failed step left the session's state undefined */
+    bool dev_pick;         /* plain greedy, no logits wanted: tokens are argmax ids from the backend */
+    int32_t am[TD_MAX_SPEC_DEPTH + 1]; /* this step's argmax ids: target rows, or am[0] the MTP row */
     /* this step */
     int chunk, k, n0;
     int32_t toks[TD_MAX_SPEC_DEPTH + 1];
@@ -201,12 +203,13 @@ static bool dead_end(td_gen *g, const uint32_t *m) {
     return g->cons && (!m || td_mask_empty(m, g->e->model->cfg.vocab_size));
 }
 
-/* Samples and emits the next token from a target logits row. */
+/* Samples and emits the next token from a target logits row (row NULL:
+ * dev_pick, the backend's argmax in am[0]). */
 static void next_token(td_gen *g, const float *row) {
     const uint32_t *m = cmask(g, NULL, 0);
     if (dead_end(g, m)) { finish(g, TD_FINISH_STOP); return; }
     td_sampler_set_mask(&g->sm, m);
-    g->x = td_sampler_sample(&g->sm, row);
+    g->x = row ? td_sampler_sample(&g->sm, row) : g->am[0];
     td_sampler_set_mask(&g->sm, NULL);
     td_sampler_accept(&g->sm, g->x);
     emit(g, g->x, row);
@@ -237,6 +240,7 @@ static int32_t sample_residual(td_sampler *sm, float *p, const float *q, int32_t
 static void choose_draft(td_gen *g, int j) {
     int V = g->e->model->cfg.vocab_size;
     const float *lg = g->b.mlogits;
+    if (g->dev_pick) { g->toks[1 + j] = g->am[0]; return; } /* the MTP row's argmax, from the backend */
     const uint32_t *m = cmask(g, g->toks + 1, j);
     if (dead_end(g, m)) m = NULL;
     if (g->o.draft_sampling && !td_sampler_is_greedy(&g->sm)) {
@@ -267,7 +271,7 @@ static int accept_verified(td_gen *g, td_err *err) {
         if (dead_end(g, m)) { dead = true; break; }
         td_sampler_set_mask(&g->sm, m);
         if (a == k) break; /* the bonus token, below, under this mask */
-        const float *row = g->b.vlogits + (size_t)a * V;
+        const float *row = g->dev_pick ? NULL : g->b.vlogits + (size_t)a * V;
         int32_t d = g->toks[1 + a];
         if (!td_mask_allows(m, d)) { /* a draft from a dead end (choose_draft): rejected outright */
             next = td_sampler_sample(&g->sm, row);
@@ -275,7 +279,7 @@ static int accept_verified(td_gen *g, td_err *err) {
         }
         if (ad_coupled(g)) { int32_t t = td_sampler_sample(&g->sm, row); if (t != d) { next = t; break; } td_sampler_accept(&g->sm, d); continue; }
         if (td_sampler_is_greedy(&g->sm)) {
-            int32_t t = td_sampler_greedy(&g->sm, row);
+            int32_t t = row ? td_sampler_greedy(&g->sm, row) : g->am[a];
             if (t != d) { next = t; break; }
         } else {
             td_sampler_probs(&g->sm, row, g->b.probs);
@@ -287,7 +291,7 @@ static int accept_verified(td_gen *g, td_err *err) {
         td_sampler_accept(&g->sm, d);
     }
     if (a > k) a = k;
-    if (next < 0 && !dead) next = td_sampler_sample(&g->sm, g->b.vlogits + (size_t)k * V); /* bonus token */
+    if (next < 0 && !dead) next = g->dev_pick ? g->am[k] : td_sampler_sample(&g->sm, g->b.vlogits + (size_t)k * V); /* bonus token */
     td_sampler_set_mask(&g->sm, NULL);
     td_spec_counters *sc = &g->res.spec;
     sc->drafts++;
@@ -297,7 +301,7 @@ static int accept_verified(td_gen *g, td_err *err) {
     int emitted = 0;
     bool going = true;
     while (emitted < a && going) {
-        going = emit(g, g->toks[1 + emitted], g->b.vlogits + (size_t)emitted * V);
+        going = emit(g, g->toks[1 + emitted], g->dev_pick ? NULL : g->b.vlogits + (size_t)emitted * V);
         emitted++;
     }
     /* hold x and the accepted drafts, except a final token that ended generation */
@@ -311,7 +315,7 @@ static int accept_verified(td_gen *g, td_err *err) {
     } else if (going) {
         g->x = next;
         td_sampler_accept(&g->sm, next);
-        emit(g, next, g->b.vlogits + (size_t)a * V);
+        emit(g, next, g->dev_pick ? NULL : g->b.vlogits + (size_t)a * V);
     }
     return TD_OK;
 }
@@ -497,6 +501,7 @@ int td_gen_begin(td_session *s, const int32_t *prompt, int n_prompt, const td_sa
         free(g);
         return rc;
     }
+    g->dev_pick = !o->want_logits && !g->cons && td_sampler_is_plain_greedy(&g->sm);
     memcpy(g->prompt, prompt, (size_t)n_prompt * sizeof(int32_t));
     if (o->n_stop) memcpy(g->stop_ids, o->stop_ids, (size_t)o->n_stop * sizeof(int32_t));
     g->o.stop_ids = g->stop_ids;
@@ -674,11 +679,13 @@ static int step(td_gen **gens, int n, int prefill_budget, td_err *err) {
                 for (int t = 0; t < P - 1; t++) mtoks[m][t] = q->tokens[q->mtp_n + 1 + t];
                 mtoks[m][P - 1] = g->x;
                 mitems[m] = (td_mtp_item){.seq = q, .tokens = mtoks[m], .hidden_d = g->s->pend, .pos0 = q->mtp_n, .n = P,
-                                          .logits_rows = 1, .logits = g->b.mlogits, .hidden_out_d = g->b.mhidden};
+                                          .logits_rows = 1, .hidden_out_d = g->b.mhidden};
             } else {
                 mitems[m] = (td_mtp_item){.seq = q, .tokens = &g->toks[j], .hidden_d = g->h, .pos0 = q->n_past - 1 + j, .n = 1,
-                                          .logits_rows = 1, .logits = g->b.mlogits, .hidden_out_d = g->b.mhidden};
+                                          .logits_rows = 1, .hidden_out_d = g->b.mhidden};
             }
+            if (g->dev_pick) mitems[m].argmax = g->am;
+            else mitems[m].logits = g->b.mlogits;
             drafting[m++] = g;
         }
         double ad_t0 = now_s();
@@ -701,14 +708,17 @@ static int step(td_gen **gens, int n, int prefill_budget, td_err *err) {
         if (g->phase == G_PREFILL) {
             bool last = g->fed + g->chunk == g->n_prompt;
             items[i] = (td_fwd_item){.seq = &s->seq, .tokens = g->prompt + g->fed, .n = g->chunk, .logits_rows = last ? 1 : 0,
-                                     .logits = s->logits, .hidden_d = g->track ? g->b.vhidden : NULL};
+                                     .logits = g->dev_pick ? NULL : s->logits, .argmax = g->dev_pick ? g->am : NULL,
+                                     .hidden_d = g->track ? g->b.vhidden : NULL};
         } else if (g->k > 0) {
             g->toks[0] = g->x;
             g->n0 = s->seq.n_past;
-            items[i] = (td_fwd_item){.seq = &s->seq, .tokens = g->toks, .n = g->k + 1, .logits_rows = g->k + 1, .logits = g->b.vlogits,
+            items[i] = (td_fwd_item){.seq = &s->seq, .tokens = g->toks, .n = g->k + 1, .logits_rows = g->k + 1,
+                                     .logits = g->dev_pick ? NULL : g->b.vlogits, .argmax = g->dev_pick ? g->am : NULL,
                                      .hidden_d = g->b.vhidden, .checkpoint = true};
         } else {
-            items[i] = (td_fwd_item){.seq = &s->seq, .tokens = &g->x, .n = 1, .logits_rows = 1, .logits = s->logits,
+            items[i] = (td_fwd_item){.seq = &s->seq, .tokens = &g->x, .n = 1, .logits_rows = 1,
+                                     .logits = g->dev_pick ? NULL : s->logits, .argmax = g->dev_pick ? g->am : NULL,
                                      .hidden_d = g->track ? g->b.vhidden : NULL};
         }
     }
@@ -726,7 +736,7 @@ static int step(td_gen **gens, int n, int prefill_budget, td_err *err) {
             if (g->fed == g->n_prompt - 1 || (g->fed % CKPT_INTERVAL == 0 && g->fed < g->n_prompt)) save_checkpoint(g);
             if (g->fed == g->n_prompt) {
                 g->phase = G_DECODE;
-                next_token(g, s->logits);
+                next_token(g, g->dev_pick ? NULL : s->logits);
             }
         } else if (g->k > 0) {
             uint64_t ad_acc0 = g->res.spec.accepted_tokens;
@@ -734,7 +744,7 @@ static int step(td_gen **gens, int n, int prefill_budget, td_err *err) {
             ad_observe(g, (int)(g->res.spec.accepted_tokens - ad_acc0));
         } else {
             if (g->track && (rc = pend_push(s, g->b.vhidden, 1, err))) return rc;
-            next_token(g, s->logits);
+            next_token(g, g->dev_pick ? NULL : s->logits);
         }
         update_times(g);
     }
