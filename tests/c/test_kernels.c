@@ -14,6 +14,7 @@
 #include "backend/backend.h"
 #include "backend/cpu/kernels.h"
 #include "check.h"
+#include "backend/cpu/fp8_table.h"
 #include "model/quant.h"
 #include "tandem.h"
 
@@ -212,6 +213,12 @@ static void test_case(wcase c, int64_t N, int64_t K, const td_isa *isas, int n_i
 
 int main(void) {
     td_err err = {0};
+    int fp8_same = 0; /* the constant fp8 table the SIMD kernels read == the format's definition */
+    for (int v = 0; v < 256; v++) {
+        float a = td_fp8_e4m3_table[v], d = td_fp8_e4m3_to_f32((uint8_t)v);
+        fp8_same += (a == d && signbit(a) == signbit(d)) || (isnan(a) && isnan(d));
+    }
+    CHECK(fp8_same == 256, "fp8 table: %d of 256 entries equal td_fp8_e4m3_to_f32", fp8_same);
     for (int t = 1; t <= 3; t++) CHECK(td_backend_cpu_create(t, &bk[t], &err) == 0, "backend %d threads", t);
     td_isa isas[3];
     int n_isas = 0;

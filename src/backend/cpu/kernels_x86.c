@@ -13,6 +13,7 @@
  * any one is computed. 16 lanes in one zmm or two ymm round identically, so
  * the two ISAs agree bit for bit. */
 #include "backend/cpu/kernels.h"
+#include "backend/cpu/fp8_table.h"
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 #include <string.h>
@@ -35,14 +36,7 @@ typedef struct {
 static const float e2m1_lut[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
                                    -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
 
-static float fp8_lut[256];
-static int fp8_lut_ready;
-
-static void init_lut(void) {
-    if (__atomic_load_n(&fp8_lut_ready, __ATOMIC_ACQUIRE)) return;
-    for (int b = 0; b < 256; b++) fp8_lut[b] = td_fp8_e4m3_to_f32((uint8_t)b);
-    __atomic_store_n(&fp8_lut_ready, 1, __ATOMIC_RELEASE);
-}
+#define fp8_lut td_fp8_e4m3_table /* backend/cpu/fp8_table.h: constant */
 
 static float block_scale_val(const wd *d, int64_t n, int64_t i) {
     const td_tensor *W = d->W;
@@ -55,7 +49,6 @@ static float block_scale_val(const wd *d, int64_t n, int64_t i) {
 }
 
 static int setup(const td_tensor *W, wd *d) {
-    init_lut();
     memset(d, 0, sizeof *d);
     d->W = W;
     d->data = W->data;
