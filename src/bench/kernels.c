@@ -123,7 +123,7 @@ static int bench_model(const kbench_opts *o, double bw, FILE *out) {
                           .quantize = o->quantize, .isa = o->isa};
     td_engine *eng;
     if (td_engine_load(o->model_dir, &eo, &eng, &err)) { fprintf(stderr, "tandem kernels: %s\n", err.msg); return 1; }
-    const td_model *m = eng->model;
+    const td_model *m = td_engine_model(eng);
     int V = m->cfg.vocab_size;
     size_t rb = model_read_bytes(m);
     td_session *s;
@@ -134,20 +134,20 @@ static int bench_model(const kbench_opts *o, double bw, FILE *out) {
     float *lg = malloc(sizeof(float) * (size_t)V * (size_t)(o->max_k + 1));
     int reps = o->reps > 64 ? 64 : o->reps;
     fprintf(out, "\n## model %s: %.0f MB read per decode step (weights without the embedding table), %d threads, isa %s\n\n", o->model_dir,
-            (double)rb / 1e6, eng->backend->n_threads, td_isa_name((td_isa)eng->backend->isa));
+            (double)rb / 1e6, td_engine_backend(eng)->n_threads, td_isa_name((td_isa)td_engine_backend(eng)->isa));
     /* state: a short prompt */
-    td_fwd_item it = {.seq = &s->seq, .tokens = toks, .n = 16, .logits_rows = 1, .logits = lg};
-    int rc = td_forward(eng->fwd, &it, 1, &err);
+    td_fwd_item it = {.seq = td_session_seq(s), .tokens = toks, .n = 16, .logits_rows = 1, .logits = lg};
+    int rc = td_forward(td_engine_fwd(eng), &it, 1, &err);
     /* t(k+1) for k = 0..max_k, interleaved over reps so drift hits all alike */
     double t[17][64];
     for (int r = 0; r < reps && !rc; r++)
         for (int k = 0; k <= o->max_k && !rc; k++) {
-            int n0 = s->seq.n_past;
-            td_fwd_item v = {.seq = &s->seq, .tokens = toks + 20, .n = k + 1, .logits_rows = k + 1, .logits = lg, .checkpoint = k > 0};
+            int n0 = td_session_seq(s)->n_past;
+            td_fwd_item v = {.seq = td_session_seq(s), .tokens = toks + 20, .n = k + 1, .logits_rows = k + 1, .logits = lg, .checkpoint = k > 0};
             double t0 = td_bench_now();
-            rc = td_forward(eng->fwd, &v, 1, &err);
+            rc = td_forward(td_engine_fwd(eng), &v, 1, &err);
             t[k][r] = td_bench_now() - t0;
-            if (!rc && k > 0) rc = td_seq_truncate(&s->seq, n0 + 1, &err); /* as after a verify with no draft accepted */
+            if (!rc && k > 0) rc = td_seq_truncate(td_session_seq(s), n0 + 1, &err); /* as after a verify with no draft accepted */
         }
     if (rc) { fprintf(stderr, "tandem kernels: %s\n", err.msg); goto done; }
     double t1 = td_bench_stat_of(t[0], reps).median;
@@ -161,9 +161,9 @@ static int bench_model(const kbench_opts *o, double bw, FILE *out) {
     fprintf(out, "\n| prefill tokens | s | tokens/s |\n|---|---|---|\n");
     for (int i = 0; i < o->n_prefill; i++) {
         td_session_reset(s);
-        td_fwd_item p = {.seq = &s->seq, .tokens = toks, .n = o->prefill[i], .logits_rows = 1, .logits = lg};
+        td_fwd_item p = {.seq = td_session_seq(s), .tokens = toks, .n = o->prefill[i], .logits_rows = 1, .logits = lg};
         double t0 = td_bench_now();
-        rc = td_forward(eng->fwd, &p, 1, &err);
+        rc = td_forward(td_engine_fwd(eng), &p, 1, &err);
         double dt = td_bench_now() - t0;
         if (rc) { fprintf(stderr, "tandem kernels: prefill %d: %s\n", o->prefill[i], err.msg); break; }
         fprintf(out, "| %d | %.2f | %.1f |\n", o->prefill[i], dt, o->prefill[i] / dt);

@@ -104,10 +104,10 @@ uint64_t td_bench_local_session_bytes(const bench_local *L, int tokens) {
     if (!L->s) return 0;
     td_kv_info ki;
     td_engine_kv_info(L->eng, &ki);
-    const td_seq *q = &L->s->seq;
+    const td_seq *q = td_session_seq(L->s);
     uint64_t blocks = ki.block_size > 0 ? ((uint64_t)tokens + 1 + (uint64_t)ki.block_size - 1) / (uint64_t)ki.block_size : 0;
     uint64_t b = blocks * ki.bytes_per_block;                                          /* KV blocks, MTP layer included */
-    b += td_seq_state_bytes_for(&L->eng->model->cfg, q->n_ckpt_slots); /* DeltaNet + checkpoints */
+    b += td_seq_state_bytes_for(td_engine_cfg(L->eng), q->n_ckpt_slots); /* DeltaNet + checkpoints */
     return b;
 }
 
@@ -117,7 +117,7 @@ uint64_t td_bench_local_session_bytes(const bench_local *L, int tokens) {
 int td_bench_local_costs(bench_local *L, const int32_t *ctx, int n_ctx, int max_n, int reps, bench_costs *out, td_err *err) {
     memset(out, 0, sizeof *out);
     td_engine *e = L->eng;
-    const td_config *cfg = &e->model->cfg;
+    const td_config *cfg = td_engine_cfg(e);
     if (max_n > L->engine_depth + 1) max_n = L->engine_depth + 1;
     if (max_n > BENCH_MAX_DEPTHS) max_n = BENCH_MAX_DEPTHS;
     if (max_n < 1) max_n = 1;
@@ -133,16 +133,16 @@ int td_bench_local_costs(bench_local *L, const int32_t *ctx, int n_ctx, int max_
         free(logits); free(hid); free(hout); free(times);
         return TD_FAIL(err, TD_ERR_NOMEM, "out of memory for cost timing");
     }
-    td_seq *q = &L->s->seq;
+    td_seq *q = td_session_seq(L->s);
     td_session_reset(L->s);
     int rc = td_seq_reserve(q, n_ctx + max_n * reps * 2 + 8, err);
     /* prefill with hidden states, then the MTP entries of the context */
     td_fwd_item pf = {.seq = q, .tokens = ctx, .n = n_ctx, .logits_rows = 1, .logits = logits, .hidden = hid};
-    if (!rc) rc = td_forward(e->fwd, &pf, 1, err);
-    bool mtp = e->model->has_mtp;
+    if (!rc) rc = td_forward(td_engine_fwd(e), &pf, 1, err);
+    bool mtp = td_engine_model(e)->has_mtp;
     if (!rc && mtp) {
         td_mtp_item mi = {.seq = q, .tokens = ctx + 1, .hidden = hid, .pos0 = 0, .n = n_ctx - 1};
-        rc = td_mtp_forward(e->fwd, &mi, 1, err);
+        rc = td_mtp_forward(td_engine_fwd(e), &mi, 1, err);
     }
     int32_t toks[BENCH_MAX_DEPTHS + 1];
     for (int i = 0; i <= max_n && i < BENCH_MAX_DEPTHS + 1; i++) toks[i] = ctx[(n_ctx - 1 - i + 4 * n_ctx) % n_ctx];
@@ -155,7 +155,7 @@ int td_bench_local_costs(bench_local *L, const int32_t *ctx, int n_ctx, int max_
                 int base = q->n_past;
                 td_fwd_item it = {.seq = q, .tokens = toks, .n = n, .logits_rows = n == 1 ? 1 : n, .logits = logits,
                                   .checkpoint = n > 1};
-                rc = td_forward(e->fwd, &it, 1, err);
+                rc = td_forward(td_engine_fwd(e), &it, 1, err);
                 times[(size_t)n * reps + r] = td_bench_now() - t0;
                 /* drop all but one of the n tokens (their DeltaNet checkpoints allow it) */
                 if (!rc && n > 1) rc = td_seq_truncate(q, base + 1, err);
@@ -164,7 +164,7 @@ int td_bench_local_costs(bench_local *L, const int32_t *ctx, int n_ctx, int max_
                 int pos0 = q->mtp_n < q->n_past - 1 ? q->mtp_n : q->n_past - 2;
                 td_mtp_item mi = {.seq = q, .tokens = toks, .hidden = hid, .pos0 = pos0, .n = 1, .logits_rows = 1, .logits = logits,
                                   .hidden_out = hout};
-                rc = td_mtp_forward(e->fwd, &mi, 1, err);
+                rc = td_mtp_forward(td_engine_fwd(e), &mi, 1, err);
                 times[(size_t)n * reps + r] = td_bench_now() - t0;
             }
         }
@@ -180,7 +180,7 @@ int td_bench_local_costs(bench_local *L, const int32_t *ctx, int n_ctx, int max_
         }
     }
     td_session_reset(L->s);
-    L->s->mtp_ok = false;
+    td_mtp_lost(L->s);
     free(logits); free(hid); free(hout); free(times);
     return rc;
 }

@@ -69,6 +69,7 @@ int td_cli_engine_opts(const common_opts *o, int max_seqs, int batch_tokens, td_
     eo->kv_cache_dtype = o->kv_dtype;
     eo->quantize = o->quantize;
     eo->deltanet_chunk = o->deltanet_chunk;
+    eo->backend = o->backend;
     eo->max_prefill_chunk = batch_tokens; /* one chunk may use the whole step budget */
     if (o->quantize) {
         /* the int8 copies (1.125 bytes per weight) come on top of the mapped file, which stays

@@ -99,6 +99,10 @@ int td_common_opts_parse(common_opts *o, int argc, char **argv, int *i) {
         else return bad(a, val, "one of auto, f32, bf16, fp8");
         TAKE(); return 1;
     }
+    if (!strcmp(a, "--backend")) {
+        if (!val || (strcmp(val, "cpu") && strcmp(val, "guard"))) return bad(a, val, "cpu or guard");
+        o->backend = val; TAKE(); return 1;
+    }
     if (!strcmp(a, "--deltanet-chunk")) {
         if (num(a, val, 0, 256, true, NULL, &v)) return -1;
         o->deltanet_chunk = (int)v; TAKE(); return 1;
@@ -155,6 +159,8 @@ const char *td_common_opts_help(void) {
            "                            that fits (default: the model's max_position_embeddings, at most 32768)\n"
            "  --kv-cache-dtype auto|f32|bf16|fp8  KV storage (default auto = f32 on CPU; fp8 = e4m3, per-token per-head scales)\n"
            "  --quantize none|q8        q8: BF16/F16/F32 linear weights to int8 at load, F32 scale per 32 inputs (default none)\n"
+           "  --backend cpu|guard       cpu (default; $TANDEM_BACKEND when not given); guard = the CPU ops with all\n"
+           "                            engine memory unreadable by host code, for tests (slow)\n"
            "  --deltanet-chunk N        prompt DeltaNet in chunks of N tokens, 0..256 (default 0 = off: token by token,\n"
            "                            bit-exact across chunkings and prefix-cache hits)\n"
            "  --kv-cache-memory BYTES   KV cache size (e.g. 2GiB); default: what the budget leaves\n"

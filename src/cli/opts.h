@@ -22,6 +22,7 @@ typedef struct common_opts {
     int kv_dtype;              /* 0 auto (f32), 1 bf16, 2 fp8 */
     int quantize;              /* 0 none, 1 q8 (td_engine_opts.quantize) */
     int deltanet_chunk;        /* td_engine_opts.deltanet_chunk */
+    const char *backend;       /* td_engine_opts.backend (NULL: $TANDEM_BACKEND, else cpu) */
     uint64_t kv_cache_memory;  /* bytes; 0 = from the budget */
     uint64_t memory_budget;    /* bytes; 0 = auto */
     double mem_util;           /* default 0.9 */

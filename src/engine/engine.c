@@ -129,9 +129,8 @@ int td_session_new(td_engine *eng, td_session **out, td_err *err) {
     if (rc) { free(s); return rc; }
     s->logits = TD_CALLOC(err, (size_t)c->vocab_size, sizeof(float));
     s->hidden = TD_CALLOC(err, (size_t)c->hidden_size, sizeof(float));
-    s->pend_cap = TD_SESSION_PEND_CAP;
-    s->pend = eng->backend->ops->alloc(eng->backend, (size_t)s->pend_cap * c->hidden_size * sizeof(float));
-    if (!s->logits || !s->hidden || !s->pend) { td_session_free(s); return TD_ERR_NOMEM; }
+    if (!s->logits || !s->hidden) { td_session_free(s); return TD_ERR_NOMEM; }
+    if ((rc = td_mtp_track_init(&s->mtp, eng->backend, c->hidden_size, err))) { td_session_free(s); return rc; }
     s->next = eng->sessions;
     if (eng->sessions) eng->sessions->prev = s;
     eng->sessions = s;
@@ -147,17 +146,36 @@ void td_session_free(td_session *s) {
     td_seq_free(&s->seq);
     free(s->logits);
     free(s->hidden);
-    s->eng->backend->ops->free(s->eng->backend, s->pend);
+    td_mtp_track_free(&s->mtp, s->eng->backend);
     s->eng->backend->ops->free(s->eng->backend, s->dwork);
     free(s->work);
     free(s);
+}
+
+int td_session_work(td_session *s, size_t host_floats, size_t dev_floats, float **host, float **dev, td_err *err) {
+    if (host_floats > s->work_cap) {
+        free(s->work);
+        s->work = malloc(host_floats * sizeof(float));
+        s->work_cap = s->work ? host_floats : 0;
+        if (!s->work) return TD_FAIL(err, TD_ERR_NOMEM, "out of memory for generation buffers");
+    }
+    td_backend *b = s->eng->backend;
+    if (dev_floats > s->dwork_cap) {
+        b->ops->free(b, s->dwork);
+        s->dwork = b->ops->alloc(b, dev_floats * sizeof(float));
+        s->dwork_cap = s->dwork ? dev_floats : 0;
+        if (!s->dwork) return TD_FAIL(err, TD_ERR_NOMEM, "out of memory for generation buffers");
+    }
+    *host = s->work;
+    *dev = s->dwork;
+    return TD_OK;
 }
 
 int td_session_len(const td_session *s) { return s->seq.n_past; }
 const int32_t *td_session_tokens(const td_session *s) { return s->seq.tokens; }
 void td_session_reset(td_session *s) {
     td_seq_reset(&s->seq);
-    s->mtp_ok = false;
+    td_mtp_lost(s);
 }
 
 void td_engine_kv_info(const td_engine *e, td_kv_info *o) {
@@ -184,8 +202,8 @@ void td_engine_memory(const td_engine *e, td_memory_info *o) {
         o->n_sessions++;
         size_t seq = td_seq_bytes(&s->seq), state = td_seq_state_bytes_for(&e->model->cfg, s->seq.n_ckpt_slots);
         o->deltanet_state += state;
-        o->sessions += sizeof *s + seq - state + ((size_t)e->model->cfg.vocab_size + (size_t)e->model->cfg.hidden_size +
-                                                 (size_t)s->pend_cap * e->model->cfg.hidden_size) * sizeof(float) +
+        o->sessions += sizeof *s + seq - state + ((size_t)e->model->cfg.vocab_size + (size_t)e->model->cfg.hidden_size) * sizeof(float) +
+                       td_mtp_track_bytes_for(e->model->cfg.hidden_size) +
                        (s->work_cap + s->dwork_cap) * sizeof(float);
     }
     o->total = o->weights_mapped + o->weights_owned + o->kv_pool + o->prefix_checkpoints + o->scratch + o->deltanet_state + o->sessions;
@@ -193,10 +211,19 @@ void td_engine_memory(const td_engine *e, td_memory_info *o) {
 
 void td_engine_spec_counters(const td_engine *e, td_spec_counters *out) { *out = e->spec_totals; }
 
+void td_engine_add_spec(td_engine *e, const td_spec_counters *c) {
+    td_spec_counters *t = &e->spec_totals;
+    t->drafts += c->drafts;
+    t->draft_tokens += c->draft_tokens;
+    t->accepted_tokens += c->accepted_tokens;
+    for (int i = 0; i < TD_MAX_SPEC_DEPTH; i++) t->accepted_per_pos[i] += c->accepted_per_pos[i];
+    for (int i = 0; i <= TD_MAX_SPEC_DEPTH; i++) t->chosen_depth[i] += c->chosen_depth[i];
+}
+
 int td_session_feed(td_session *s, const int32_t *tokens, int n, const float **logits, td_err *err) {
     if (n <= 0) return TD_FAIL(err, TD_ERR_ARG, "feed of %d tokens", n);
     td_fwd_item it = {.seq = &s->seq, .tokens = tokens, .n = n, .logits_rows = 1, .logits = s->logits};
-    s->mtp_ok = false; /* no hidden states kept: MTP history is lost */
+    td_mtp_lost(s); /* no hidden states kept: MTP history is lost */
     int rc = td_forward(s->eng->fwd, &it, 1, err);
     if (rc) return rc;
     if (logits) *logits = s->logits;

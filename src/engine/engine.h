@@ -7,6 +7,7 @@
 #include "model/model.h"
 #include "model/seq.h"
 #include "spec/autodepth.h"
+#include "spec/mtp.h"
 #include "tandem.h"
 
 struct td_engine {
@@ -26,11 +27,7 @@ struct td_session {
     td_seq seq;
     float *logits;   /* [vocab] logits after the last fed token */
     float *hidden;   /* [H] scratch */
-    /* MTP tracking: target hidden states of positions seq.mtp_n .. n_past-1
-     * whose MTP entries are not written yet (they need the next token). */
-    bool mtp_ok;     /* pend describes the state above */
-    float *pend;     /* backend [pend_cap][H] */
-    int pend_cap;
+    td_mtp_track mtp; /* MTP bookkeeping (spec/mtp.h): only spec/mtp.c touches it */
     float *work;     /* host generation scratch (logits, probabilities), see spec/gen.c */
     size_t work_cap;
     float *dwork;    /* backend generation scratch (hidden rows), see spec/gen.c */
@@ -39,7 +36,7 @@ struct td_session {
 };
 
 /* Pending hidden rows a session keeps for the MTP head. */
-#define TD_SESSION_PEND_CAP (TD_MAX_SPEC_DEPTH + 4)
+#define TD_SESSION_PEND_CAP TD_MTP_PEND_CAP
 
 /* Shape of the paged KV cache for a config (one MTP layer when the model
  * has the head; kv_dtype 0 f32, 1 bf16, 2 fp8), and the bytes one session
@@ -47,4 +44,22 @@ struct td_session {
  * the generation buffers at `depth`. Used by the engine and the planner. */
 td_kv_shape td_engine_kv_shape_for(const td_config *c, bool has_mtp, int kv_dtype);
 size_t td_session_bytes_for(const td_config *c, int depth, int max_chunk);
+
+/* What spec/, sched/, plan/ and bench/ read of an engine or a session. */
+static inline const td_model *td_engine_model(const td_engine *e) { return e->model; }
+static inline const td_config *td_engine_cfg(const td_engine *e) { return &e->model->cfg; }
+static inline td_fwd_ctx *td_engine_fwd(const td_engine *e) { return e->fwd; }
+static inline td_backend *td_engine_backend(const td_engine *e) { return e->backend; }
+static inline td_kv *td_engine_kv(const td_engine *e) { return e->kv; }
+static inline td_ad_engine *td_engine_ad(td_engine *e) { return &e->ad; }
+static inline const td_engine_opts *td_engine_options(const td_engine *e) { return &e->opts; }
+static inline int td_engine_max_ctx(const td_engine *e) { return e->max_context; }
+static inline td_seq *td_session_seq(td_session *s) { return &s->seq; }
+static inline td_engine *td_session_engine(const td_session *s) { return s->eng; }
+/* Adds one generation's counters to the engine totals (td_engine_spec_counters). */
+void td_engine_add_spec(td_engine *e, const td_spec_counters *c);
+static inline float *td_session_logits(td_session *s) { return s->logits; }
+/* The session's generation scratch, grown to host_floats (host) and
+ * dev_floats (backend) floats; valid until the next call. */
+int td_session_work(td_session *s, size_t host_floats, size_t dev_floats, float **host, float **dev, td_err *err);
 #endif

@@ -102,7 +102,7 @@ static int on_emit(void *user, int32_t tok, const float *row) {
     td_token_event ev;
     memset(&ev, 0, sizeof ev);
     ev.token = tok;
-    if (q->r.top_logprobs >= 0 && row) fill_logprobs(row, q->owner->eng->model->cfg.vocab_size, tok, q->r.top_logprobs, &ev);
+    if (q->r.top_logprobs >= 0 && row) fill_logprobs(row, td_engine_cfg(q->owner->eng)->vocab_size, tok, q->r.top_logprobs, &ev);
     int r = q->r.on_token ? q->r.on_token(q->r.user, &ev) : 0;
     pthread_mutex_lock(&q->owner->mu);
     if (q->cancel) r = 2;
@@ -448,7 +448,7 @@ void td_sched_free(td_sched *s) {
 }
 
 int td_sched_submit(td_sched *s, const td_request *r, uint64_t *id, td_err *err) {
-    int maxc = s->eng->max_context;
+    int maxc = td_engine_max_ctx(s->eng);
     if (r->n_prompt <= 0) return TD_FAIL(err, TD_ERR_ARG, "empty prompt");
     if (r->n_prompt >= maxc)
         return TD_FAIL(err, TD_ERR_ARG, "request (%d tokens) exceeds the available context size (%d tokens)", r->n_prompt, maxc);

@@ -21,9 +21,9 @@ static int cmp_d(const void *a, const void *b) {
 #define CAL_MAX_POINTS 24
 
 int td_engine_calibrate_spec(td_engine *e, int max_k, int rows, int reps, td_err *err) {
-    const td_config *c = &e->model->cfg;
+    const td_config *c = td_engine_cfg(e);
     if (max_k < 0) max_k = 0;
-    if (max_k > e->opts.spec_depth) max_k = e->opts.spec_depth;
+    if (max_k > td_engine_options(e)->spec_depth) max_k = td_engine_options(e)->spec_depth;
     if (rows < 1) rows = 1;
     if (reps < 1) reps = 1;
     if (reps > 15) reps = 15;
@@ -38,10 +38,10 @@ int td_engine_calibrate_spec(td_engine *e, int max_k, int rows, int reps, td_err
     for (;;) {
         need = CAL_CTX + 8;
         for (int p = 0; p < np; p++) need += (reps + 1) * (pts[p] > 1 && pts[p] <= max_k + 1 ? 1 : pts[p]);
-        if (need < e->max_context || np == 1) break;
+        if (need < td_engine_max_ctx(e) || np == 1) break;
         np--; /* a tiny window: only what fits */
     }
-    if (need >= e->max_context) return TD_OK;
+    if (need >= td_engine_max_ctx(e)) return TD_OK;
     max_t = pts[np - 1];
     size_t V = (size_t)c->vocab_size, H = (size_t)c->hidden_size;
     td_session *s = NULL;
@@ -54,14 +54,14 @@ int td_engine_calibrate_spec(td_engine *e, int max_k, int rows, int reps, td_err
     double *times = malloc((size_t)(np + 1) * (size_t)reps * sizeof(double));
     if (!logits || !hid || !hout || !toks || !times) { rc = TD_FAIL(err, TD_ERR_NOMEM, "out of memory for calibration"); goto out; }
     for (int i = 0; i < (max_t > CAL_CTX ? max_t : CAL_CTX); i++) toks[i] = (int32_t)((i * 7 + 3) % c->vocab_size);
-    td_seq *q = &s->seq;
+    td_seq *q = td_session_seq(s);
     rc = td_seq_reserve(q, need, err);
     td_fwd_item pf = {.seq = q, .tokens = toks, .n = CAL_CTX, .logits_rows = 1, .logits = logits, .hidden = hid};
-    if (!rc) rc = td_forward(e->fwd, &pf, 1, err); /* also the warm-up: weights paged in */
-    bool mtp = e->model->has_mtp;
+    if (!rc) rc = td_forward(td_engine_fwd(e), &pf, 1, err); /* also the warm-up: weights paged in */
+    bool mtp = td_engine_model(e)->has_mtp;
     if (!rc && mtp) {
         td_mtp_item mi = {.seq = q, .tokens = toks + 1, .hidden = hid, .pos0 = 0, .n = CAL_CTX - 1};
-        rc = td_mtp_forward(e->fwd, &mi, 1, err);
+        rc = td_mtp_forward(td_engine_fwd(e), &mi, 1, err);
     }
     for (int r = -1; r < reps && !rc; r++) { /* r = -1: a warm-up round, not kept */
         for (int p = 0; p <= np && !rc; p++) {
@@ -70,14 +70,14 @@ int td_engine_calibrate_spec(td_engine *e, int max_k, int rows, int reps, td_err
                 int n = pts[p], base = q->n_past;
                 bool ck = n > 1 && n <= q->n_ckpt_slots;
                 td_fwd_item it = {.seq = q, .tokens = toks, .n = n, .logits_rows = n, .logits = logits, .checkpoint = ck};
-                rc = td_forward(e->fwd, &it, 1, err);
+                rc = td_forward(td_engine_fwd(e), &it, 1, err);
                 if (r >= 0) times[(size_t)p * reps + r] = now_s() - t0;
                 if (!rc && ck) rc = td_seq_truncate(q, base + 1, err);
             } else if (mtp) {
                 int pos0 = q->mtp_n < q->n_past - 1 ? q->mtp_n : q->n_past - 2;
                 td_mtp_item mi = {.seq = q, .tokens = toks, .hidden = hid, .pos0 = pos0, .n = 1, .logits_rows = 1, .logits = logits,
                                   .hidden_out = hout};
-                rc = td_mtp_forward(e->fwd, &mi, 1, err);
+                rc = td_mtp_forward(td_engine_fwd(e), &mi, 1, err);
                 if (r >= 0) times[(size_t)p * reps + r] = now_s() - t0;
             }
         }
@@ -88,10 +88,10 @@ int td_engine_calibrate_spec(td_engine *e, int max_k, int rows, int reps, td_err
             double *v = times + (size_t)p * reps;
             qsort(v, (size_t)reps, sizeof *v, cmp_d);
             double med = v[reps / 2];
-            if (p < np) td_ad_costs_cal_fwd(&e->ad.costs, pts[p], med);
-            else td_ad_costs_cal_mtp(&e->ad.costs, 1, med);
+            if (p < np) td_ad_costs_cal_fwd(&td_engine_ad(e)->costs, pts[p], med);
+            else td_ad_costs_cal_mtp(&td_engine_ad(e)->costs, 1, med);
         }
-        e->ad.calibrated = true;
+        td_engine_ad(e)->calibrated = true;
     }
 out:
     free(logits); free(hid); free(hout); free(toks); free(times);

@@ -81,7 +81,7 @@ static double now_s(void) {
 
 static bool ad_coupled(const td_gen *g); /* adaptive depth, below */
 
-static int chunk_cap(const td_engine *e) { return e->opts.max_prefill_chunk > 0 ? e->opts.max_prefill_chunk : PREFILL_CHUNK; }
+static int chunk_cap(const td_engine *e) { return td_engine_options(e)->max_prefill_chunk > 0 ? td_engine_options(e)->max_prefill_chunk : PREFILL_CHUNK; }
 
 size_t td_gen_work_bytes_for(const td_config *c, int k, int pend_cap, int max_chunk) {
     size_t V = (size_t)c->vocab_size, H = (size_t)c->hidden_size;
@@ -92,30 +92,19 @@ size_t td_gen_work_bytes_for(const td_config *c, int k, int pend_cap, int max_ch
 
 static int alloc_buffers(td_gen *g, td_err *err) {
     td_session *s = g->s;
-    const td_config *c = &g->e->model->cfg;
+    const td_config *c = td_engine_cfg(g->e);
     int k = g->depth;
     size_t V = (size_t)c->vocab_size, H = (size_t)c->hidden_size;
     int max_chunk = chunk_cap(g->e);
     size_t rows_h = (size_t)(k + 1 > max_chunk ? k + 1 : max_chunk);
     /* host: logits and probabilities; backend: hidden rows (td_gen_work_bytes_for counts both) */
-    size_t dneed = (rows_h + (size_t)(s->pend_cap + 1)) * H;
-    size_t need = td_gen_work_bytes_for(c, k, s->pend_cap, max_chunk) / sizeof(float) - dneed;
-    if (need > s->work_cap) {
-        free(s->work);
-        s->work = malloc(need * sizeof(float));
-        s->work_cap = s->work ? need : 0;
-        if (!s->work) return TD_FAIL(err, TD_ERR_NOMEM, "out of memory for generation buffers");
-    }
-    td_backend *bk = g->e->backend;
-    if (dneed > s->dwork_cap) {
-        bk->ops->free(bk, s->dwork);
-        s->dwork = bk->ops->alloc(bk, dneed * sizeof(float));
-        s->dwork_cap = s->dwork ? dneed : 0;
-        if (!s->dwork) return TD_FAIL(err, TD_ERR_NOMEM, "out of memory for generation buffers");
-    }
-    g->b.vhidden = s->dwork;
-    g->b.mhidden = s->dwork + rows_h * H;
-    float *p = s->work;
+    size_t dneed = (rows_h + (size_t)(TD_MTP_PEND_CAP + 1)) * H;
+    size_t need = td_gen_work_bytes_for(c, k, TD_MTP_PEND_CAP, max_chunk) / sizeof(float) - dneed;
+    float *p, *dev;
+    int rc = td_session_work(s, need, dneed, &p, &dev, err);
+    if (rc) return rc;
+    g->b.vhidden = dev;
+    g->b.mhidden = dev + rows_h * H;
     g->b.vlogits = p; p += (size_t)(k + 1) * V;
     g->b.qprobs = p; p += (size_t)(k ? k : 1) * V;
     g->b.probs = p; p += V;
@@ -123,40 +112,10 @@ static int alloc_buffers(td_gen *g, td_err *err) {
     return TD_OK;
 }
 
-/* ---- MTP bookkeeping ---------------------------------------------------- */
-
-/* Writes MTP entries for all pending rows but the last (their next token is
- * held), leaving one pending row. */
-static int mtp_catch_up(td_session *s, int n_past, td_err *err) {
-    td_seq *q = &s->seq;
-    int P = n_past - q->mtp_n, H = s->eng->model->cfg.hidden_size;
-    if (P <= 1) return TD_OK;
-    td_mtp_item it = {.seq = q, .tokens = q->tokens + q->mtp_n + 1, .hidden_d = s->pend, .pos0 = q->mtp_n, .n = P - 1};
-    int rc = td_mtp_forward(s->eng->fwd, &it, 1, err);
-    if (rc) return rc;
-    td_backend *b = s->eng->backend;
-    b->ops->copy(b, s->pend, s->pend + (size_t)(P - 1) * H, (size_t)H * sizeof(float));
-    return TD_OK;
-}
-
-/* Appends target hidden rows (backend) of the newest n positions to pend. */
-static int pend_push(td_session *s, const float *rows, int n, td_err *err) {
-    int H = s->eng->model->cfg.hidden_size;
-    for (int i = 0; i < n; i++) {
-        int pos = s->seq.n_past - n + i;
-        if (pos - s->seq.mtp_n >= s->pend_cap) {
-            int rc = mtp_catch_up(s, pos, err);
-            if (rc) return rc;
-        }
-        s->eng->backend->ops->copy(s->eng->backend, s->pend + (size_t)(pos - s->seq.mtp_n) * H, rows + (size_t)i * H, (size_t)H * sizeof(float));
-    }
-    return TD_OK;
-}
-
 /* ---- tokens out --------------------------------------------------------- */
 
 static bool is_stop(const td_gen *g, int32_t t) {
-    const td_config *c = &g->e->model->cfg;
+    const td_config *c = td_engine_cfg(g->e);
     if (!g->o.ignore_eos)
         for (int i = 0; i < c->n_eos; i++)
             if (t == c->eos_token_ids[i]) return true;
@@ -200,7 +159,7 @@ static const uint32_t *cmask(td_gen *g, const int32_t *spec, int n) {
 /* True when the constraint leaves no token at all after the committed
  * output and spec: the generation has to end there. */
 static bool dead_end(td_gen *g, const uint32_t *m) {
-    return g->cons && (!m || td_mask_empty(m, g->e->model->cfg.vocab_size));
+    return g->cons && (!m || td_mask_empty(m, td_engine_cfg(g->e)->vocab_size));
 }
 
 /* Samples and emits the next token from a target logits row (row NULL:
@@ -238,7 +197,7 @@ static int32_t sample_residual(td_sampler *sm, float *p, const float *q, int32_t
  * unmasked argmax is drafted: verify rejects it, since no token is allowed
  * there, and the generation ends at that position. */
 static void choose_draft(td_gen *g, int j) {
-    int V = g->e->model->cfg.vocab_size;
+    int V = td_engine_cfg(g->e)->vocab_size;
     const float *lg = g->b.mlogits;
     if (g->dev_pick) { g->toks[1 + j] = g->am[0]; return; } /* the MTP row's argmax, from the backend */
     const uint32_t *m = cmask(g, g->toks + 1, j);
@@ -260,8 +219,8 @@ static void choose_draft(td_gen *g, int j) {
 
 /* Accepts drafts after the verify forward, rolls back, emits. */
 static int accept_verified(td_gen *g, td_err *err) {
-    td_seq *q = &g->s->seq;
-    int V = g->e->model->cfg.vocab_size, H = g->e->model->cfg.hidden_size, k = g->k;
+    td_seq *q = td_session_seq(g->s);
+    int V = td_engine_cfg(g->e)->vocab_size, k = g->k;
     int a = 0;
     int32_t next = -1;
     bool dead = false; /* the constraint allows nothing after the accepted drafts */
@@ -308,8 +267,7 @@ static int accept_verified(td_gen *g, td_err *err) {
     int keep = going ? g->n0 + 1 + a : g->n0 + emitted;
     int rc = td_seq_truncate(q, keep, err);
     if (rc) return rc;
-    q->mtp_n = g->n0; /* entries >= n0 were drafted from h': rewrite from target states */
-    g->e->backend->ops->copy(g->e->backend, g->s->pend, g->b.vhidden, (size_t)(keep - g->n0) * H * sizeof(float));
+    td_mtp_rewind(g->s, g->n0, g->b.vhidden, keep); /* entries >= n0 were drafted from h': rewrite from target states */
     if (going && dead) {
         finish(g, TD_FINISH_STOP);
     } else if (going) {
@@ -323,12 +281,10 @@ static int accept_verified(td_gen *g, td_err *err) {
 /* Saves an exact prefix-cache checkpoint of the session's current state. */
 static void save_checkpoint(td_gen *g) {
     td_session *s = g->s;
-    td_seq *q = &s->seq;
-    if (g->e->opts.no_prefix_caching || g->broken || q->n_past == 0) return;
-    td_err err;
-    bool mtp_ok = g->track && s->mtp_ok;
-    if (mtp_ok && mtp_catch_up(s, q->n_past, &err) != 0) mtp_ok = s->mtp_ok = false;
-    td_kv_checkpoint(g->e->kv, q->tokens, q->n_past, q->blocks, td_seq_live_state(q), s->pend, mtp_ok); /* state to host */
+    td_seq *q = td_session_seq(s);
+    if (td_engine_options(g->e)->no_prefix_caching || g->broken || q->n_past == 0) return;
+    bool mtp_ok = td_mtp_checkpoint_ready(s, g->track);
+    td_kv_checkpoint(td_engine_kv(g->e), q->tokens, q->n_past, q->blocks, td_seq_live_state(q), td_mtp_last_row(s), mtp_ok); /* state to host */
 }
 
 /* ---- adaptive depth (spec/autodepth.h) ----------------------------------- */
@@ -339,7 +295,7 @@ static void save_checkpoint(td_gen *g) {
  * drafting is not predicted to pay at all (td_ad_worth_tracking), then it
  * runs as depth 0 without MTP work, except every TD_AD_TRACK_EVERY-th. */
 static void ad_begin(td_gen *g, const td_sampling *sp) {
-    td_ad_engine *ae = &g->e->ad;
+    td_ad_engine *ae = td_engine_ad(g->e);
     int b = sp && sp->temperature > 0 ? 1 : 0;
     g->autod = true;
     td_ad_state_init(&g->ad, &ae->global[b], g->o.spec_schedule_seed);
@@ -356,7 +312,7 @@ static int ad_plan(td_gen **active, int n) {
     td_ad_req r[MAX_BATCH];
     td_gen *dec[MAX_BATCH];
     int nd = 0, extra = 0, n_auto = 0, max_k = 0;
-    td_ad_engine *ae = &active[0]->e->ad;
+    td_ad_engine *ae = td_engine_ad(active[0]->e);
     for (int i = 0; i < n; i++) {
         td_gen *g = active[i];
         if (g->phase != G_DECODE) { extra += g->chunk; continue; }
@@ -395,7 +351,7 @@ static bool ad_coupled(const td_gen *g) { return g->autod && !g->ad.force_seed &
 
 /* A verify drafted g->k tokens and accepted a. */
 static void ad_observe(td_gen *g, int a) {
-    td_ad_observe(&g->e->ad.global[g->autod ? g->ad.bucket : td_sampler_is_greedy(&g->sm) ? 0 : 1], g->k, a, TD_AD_GLOBAL_DECAY);
+    td_ad_observe(&td_engine_ad(g->e)->global[g->autod ? g->ad.bucket : td_sampler_is_greedy(&g->sm) ? 0 : 1], g->k, a, TD_AD_GLOBAL_DECAY);
     if (g->autod) td_ad_observe(&g->ad.acc, g->k, a, TD_AD_DECAY);
 }
 
@@ -408,42 +364,36 @@ static void ad_observe(td_gen *g, int a) {
 static int start_prefill(td_gen *g, td_err *err) {
     td_session *s = g->s;
     td_engine *e = g->e;
-    const td_config *c = &e->model->cfg;
-    td_seq *q = &s->seq;
+    td_seq *q = td_session_seq(s);
     const int32_t *prompt = g->prompt;
     int n_prompt = g->n_prompt;
     /* Reuse the session's state when it holds a strict prefix of the prompt. */
     int reuse = q->n_past;
-    if (reuse >= n_prompt || (reuse > 0 && memcmp(q->tokens, prompt, (size_t)reuse * sizeof(int32_t)) != 0) || (g->track && !s->mtp_ok && reuse > 0)) {
+    if (reuse >= n_prompt || (reuse > 0 && memcmp(q->tokens, prompt, (size_t)reuse * sizeof(int32_t)) != 0) || (g->track && !td_mtp_valid(s) && reuse > 0)) {
         td_session_reset(s);
         reuse = 0;
     }
-    if (reuse == 0) { q->mtp_n = 0; s->mtp_ok = true; }
-    if (!g->track) s->mtp_ok = false;
+    if (reuse == 0) td_mtp_start(s, g->track);
+    if (!g->track) td_mtp_lost(s);
     /* Prefix cache: a longer exact prefix from an earlier request (the last
      * prompt token is always recomputed: it yields the first logits). */
-    if (!e->opts.no_prefix_caching && reuse < n_prompt - 1) {
+    if (!td_engine_options(e)->no_prefix_caching && reuse < n_prompt - 1) {
         int cap = n_prompt / TD_KV_BLOCK + 2;
         int *blocks = malloc((size_t)cap * sizeof(int));
         td_kv_hit hit;
-        int len = blocks ? td_kv_match(e->kv, prompt, n_prompt - 1, g->track, blocks, cap, &hit) : 0;
+        int len = blocks ? td_kv_match(td_engine_kv(e), prompt, n_prompt - 1, g->track, blocks, cap, &hit) : 0;
         int nb = (len + TD_KV_BLOCK - 1) / TD_KV_BLOCK;
         if (len > reuse) {
             if (td_seq_adopt(q, blocks, nb, prompt, len, hit.state, err) == 0) {
                 reuse = len;
-                if (g->track) {
-                    td_bk_upload(e->backend, s->pend, hit.hidden, (size_t)c->hidden_size * sizeof(float));
-                    q->mtp_n = len - 1;
-                    s->mtp_ok = true;
-                }
+                if (g->track) td_mtp_adopt(s, len, hit.hidden);
             } else {
                 td_session_reset(s);
                 reuse = 0;
-                q->mtp_n = 0;
-                s->mtp_ok = g->track;
+                td_mtp_start(s, g->track);
             }
         } else {
-            for (int i = 0; i < nb; i++) td_kv_release(e->kv, blocks[i]);
+            for (int i = 0; i < nb; i++) td_kv_release(td_engine_kv(e), blocks[i]);
         }
         free(blocks);
     }
@@ -468,16 +418,16 @@ static int start_prefill(td_gen *g, td_err *err) {
 int td_gen_begin(td_session *s, const int32_t *prompt, int n_prompt, const td_sampling *sp, const td_gen_opts *o,
                  td_gen_emit_fn emitfn, void *user, td_gen **out, td_err *err) {
     *out = NULL;
-    td_engine *e = s->eng;
-    const td_config *c = &e->model->cfg;
-    td_seq *q = &s->seq;
+    td_engine *e = td_session_engine(s);
+    const td_config *c = td_engine_cfg(e);
+    td_seq *q = td_session_seq(s);
     if (n_prompt <= 0) return TD_FAIL(err, TD_ERR_ARG, "empty prompt");
     if (o->max_tokens <= 0) return TD_FAIL(err, TD_ERR_ARG, "max_tokens must be positive");
     if (o->spec_depth < 0 || o->spec_depth > TD_MAX_SPEC_DEPTH) return TD_FAIL(err, TD_ERR_ARG, "spec depth %d out of 0..%d", o->spec_depth, TD_MAX_SPEC_DEPTH);
     if (o->spec_depth > q->n_ckpt_slots - 1)
         return TD_FAIL(err, TD_ERR_ARG, "spec depth %d exceeds the engine's %d (set td_engine_opts.spec_depth)", o->spec_depth, q->n_ckpt_slots - 1);
-    if (n_prompt >= e->max_context)
-        return TD_FAIL(err, TD_ERR_LIMIT, "request (%d tokens) exceeds the available context size (%d tokens)", n_prompt, e->max_context);
+    if (n_prompt >= td_engine_max_ctx(e))
+        return TD_FAIL(err, TD_ERR_LIMIT, "request (%d tokens) exceeds the available context size (%d tokens)", n_prompt, td_engine_max_ctx(e));
     for (int i = 0; i < n_prompt; i++)
         if (prompt[i] < 0 || prompt[i] >= c->vocab_size) return TD_FAIL(err, TD_ERR_ARG, "token id %d outside the vocabulary", prompt[i]);
     td_gen *g = TD_CALLOC(err, 1, sizeof *g);
@@ -488,7 +438,7 @@ int td_gen_begin(td_session *s, const int32_t *prompt, int n_prompt, const td_sa
     g->emit = emitfn;
     g->user = user;
     g->cons = o->constraint;
-    g->depth = e->model->has_mtp ? o->spec_depth : 0;
+    g->depth = td_engine_model(e)->has_mtp ? o->spec_depth : 0;
     g->track = g->depth > 0;
     if (g->depth > 0 && (o->spec_auto || o->spec_schedule_seed)) ad_begin(g, sp);
     g->prompt = TD_MALLOC(err, (size_t)n_prompt * sizeof(int32_t));
@@ -535,12 +485,7 @@ void td_gen_cancel(td_gen *g) {
 void td_gen_end(td_gen *g) {
     if (!g) return;
     save_checkpoint(g);
-    td_spec_counters *tot = &g->e->spec_totals;
-    tot->drafts += g->res.spec.drafts;
-    tot->draft_tokens += g->res.spec.draft_tokens;
-    tot->accepted_tokens += g->res.spec.accepted_tokens;
-    for (int i = 0; i < TD_MAX_SPEC_DEPTH; i++) tot->accepted_per_pos[i] += g->res.spec.accepted_per_pos[i];
-    for (int i = 0; i <= TD_MAX_SPEC_DEPTH; i++) tot->chosen_depth[i] += g->res.spec.chosen_depth[i];
+    td_engine_add_spec(g->e, &g->res.spec);
     td_sampler_free(&g->sm);
     free(g->prompt);
     free(g->stop_ids);
@@ -549,7 +494,7 @@ void td_gen_end(td_gen *g) {
 }
 
 int td_gen_reserve_step(td_gen *g, int prefill_budget, td_err *err) {
-    td_seq *q = &g->s->seq;
+    td_seq *q = td_session_seq(g->s);
     long slots;
     if (g->phase == G_PREFILL) {
         int c = g->n_prompt - g->fed;
@@ -561,7 +506,7 @@ int td_gen_reserve_step(td_gen *g, int prefill_budget, td_err *err) {
     } else {
         return TD_OK;
     }
-    if (slots > g->e->max_context + 1) slots = g->e->max_context + 1;
+    if (slots > td_engine_max_ctx(g->e) + 1) slots = td_engine_max_ctx(g->e) + 1;
     return td_seq_reserve(q, (int)slots, err);
 }
 
@@ -617,7 +562,7 @@ static int step(td_gen **gens, int n, int prefill_budget, td_err *err) {
     if (n <= 0) return TD_OK;
     if (n > MAX_BATCH) return TD_FAIL(err, TD_ERR_ARG, "step over %d requests (max %d)", n, MAX_BATCH);
     td_engine *e = gens[0]->e;
-    const int H = e->model->cfg.hidden_size;
+    const int H = td_engine_cfg(e)->hidden_size;
     td_fwd_item items[MAX_BATCH];
     td_mtp_item mitems[MAX_BATCH];
     td_gen *active[MAX_BATCH];
@@ -639,7 +584,7 @@ static int step(td_gen **gens, int n, int prefill_budget, td_err *err) {
             if (c > chunk_cap(e)) c = chunk_cap(e); /* the rows the generation buffers hold */
             if (c > prefill_budget) c = prefill_budget;
             /* never past what td_gen_reserve_step reserved (when it did) */
-            int room = g->s->seq.n_blocks * TD_KV_BLOCK - 1 - g->fed;
+            int room = td_session_seq(g->s)->n_blocks * TD_KV_BLOCK - 1 - g->fed;
             if (room >= 1 && c > room) c = room;
             /* stop at checkpoint positions: every CKPT_INTERVAL, and one token
              * before the end (an identical prompt recomputes only its last) */
@@ -650,11 +595,11 @@ static int step(td_gen **gens, int n, int prefill_budget, td_err *err) {
             prefill_budget -= c;
             g->chunk = c;
         } else if (g->phase == G_DECODE) {
-            td_seq *q = &g->s->seq;
-            if (q->n_past + 1 >= e->max_context) { finish(g, TD_FINISH_LENGTH); update_times(g); continue; }
+            td_seq *q = td_session_seq(g->s);
+            if (q->n_past + 1 >= td_engine_max_ctx(e)) { finish(g, TD_FINISH_LENGTH); update_times(g); continue; }
             int k = g->depth;
             if (k > g->o.max_tokens - g->res.n_generated) k = g->o.max_tokens - g->res.n_generated;
-            if (k > e->max_context - 1 - q->n_past) k = e->max_context - 1 - q->n_past;
+            if (k > td_engine_max_ctx(e) - 1 - q->n_past) k = td_engine_max_ctx(e) - 1 - q->n_past;
             g->k = k > 0 ? k : 0;
             if (g->k > max_k) max_k = g->k;
         } else {
@@ -672,14 +617,11 @@ static int step(td_gen **gens, int n, int prefill_budget, td_err *err) {
         for (int i = 0; i < n_active; i++) {
             td_gen *g = active[i];
             if (g->k <= j) continue;
-            td_seq *q = &g->s->seq;
+            td_seq *q = td_session_seq(g->s);
             if (j == 0) { /* pending target rows, then x */
-                int P = q->n_past - q->mtp_n;
-                TD_ASSERT(P >= 1 && P <= g->s->pend_cap);
-                for (int t = 0; t < P - 1; t++) mtoks[m][t] = q->tokens[q->mtp_n + 1 + t];
-                mtoks[m][P - 1] = g->x;
-                mitems[m] = (td_mtp_item){.seq = q, .tokens = mtoks[m], .hidden_d = g->s->pend, .pos0 = q->mtp_n, .n = P,
-                                          .logits_rows = 1, .hidden_out_d = g->b.mhidden};
+                td_mtp_first_item(g->s, g->x, mtoks[m], &mitems[m]);
+                mitems[m].logits_rows = 1;
+                mitems[m].hidden_out_d = g->b.mhidden;
             } else {
                 mitems[m] = (td_mtp_item){.seq = q, .tokens = &g->toks[j], .hidden_d = g->h, .pos0 = q->n_past - 1 + j, .n = 1,
                                           .logits_rows = 1, .hidden_out_d = g->b.mhidden};
@@ -689,17 +631,17 @@ static int step(td_gen **gens, int n, int prefill_budget, td_err *err) {
             drafting[m++] = g;
         }
         double ad_t0 = now_s();
-        if ((rc = td_mtp_forward(e->fwd, mitems, m, err))) return rc;
+        if ((rc = td_mtp_forward(td_engine_fwd(e), mitems, m, err))) return rc;
         for (int i = 0; i < m; i++) {
             td_gen *g = drafting[i];
             if (j == 0) { /* keep the last row's h' at row 0 */
                 int P = mitems[i].n;
-                e->backend->ops->copy(e->backend, g->b.mhidden, g->b.mhidden + (size_t)(P - 1) * H, (size_t)H * sizeof(float));
+                td_engine_backend(e)->ops->copy(td_engine_backend(e), g->b.mhidden, g->b.mhidden + (size_t)(P - 1) * H, (size_t)H * sizeof(float));
             }
             g->h = g->b.mhidden;
             choose_draft(g, j);
         }
-        td_ad_costs_mtp(&e->ad.costs, m, now_s() - ad_t0); /* the draft cost table: MTP pass + choosing the drafts */
+        td_ad_costs_mtp(&td_engine_ad(e)->costs, m, now_s() - ad_t0); /* the draft cost table: MTP pass + choosing the drafts */
     }
     /* 3. one target forward for everything */
     for (int i = 0; i < n_active; i++) {
@@ -707,48 +649,48 @@ static int step(td_gen **gens, int n, int prefill_budget, td_err *err) {
         td_session *s = g->s;
         if (g->phase == G_PREFILL) {
             bool last = g->fed + g->chunk == g->n_prompt;
-            items[i] = (td_fwd_item){.seq = &s->seq, .tokens = g->prompt + g->fed, .n = g->chunk, .logits_rows = last ? 1 : 0,
-                                     .logits = g->dev_pick ? NULL : s->logits, .argmax = g->dev_pick ? g->am : NULL,
+            items[i] = (td_fwd_item){.seq = td_session_seq(s), .tokens = g->prompt + g->fed, .n = g->chunk, .logits_rows = last ? 1 : 0,
+                                     .logits = g->dev_pick ? NULL : td_session_logits(s), .argmax = g->dev_pick ? g->am : NULL,
                                      .hidden_d = g->track ? g->b.vhidden : NULL};
         } else if (g->k > 0) {
             g->toks[0] = g->x;
-            g->n0 = s->seq.n_past;
-            items[i] = (td_fwd_item){.seq = &s->seq, .tokens = g->toks, .n = g->k + 1, .logits_rows = g->k + 1,
+            g->n0 = td_session_seq(s)->n_past;
+            items[i] = (td_fwd_item){.seq = td_session_seq(s), .tokens = g->toks, .n = g->k + 1, .logits_rows = g->k + 1,
                                      .logits = g->dev_pick ? NULL : g->b.vlogits, .argmax = g->dev_pick ? g->am : NULL,
                                      .hidden_d = g->b.vhidden, .checkpoint = true};
         } else {
-            items[i] = (td_fwd_item){.seq = &s->seq, .tokens = &g->x, .n = 1, .logits_rows = 1,
-                                     .logits = g->dev_pick ? NULL : s->logits, .argmax = g->dev_pick ? g->am : NULL,
+            items[i] = (td_fwd_item){.seq = td_session_seq(s), .tokens = &g->x, .n = 1, .logits_rows = 1,
+                                     .logits = g->dev_pick ? NULL : td_session_logits(s), .argmax = g->dev_pick ? g->am : NULL,
                                      .hidden_d = g->track ? g->b.vhidden : NULL};
         }
     }
     int ad_tokens = 0;
     for (int i = 0; i < n_active; i++) ad_tokens += items[i].n;
     double ad_t0 = now_s();
-    if ((rc = td_forward(e->fwd, items, n_active, err))) return rc;
+    if ((rc = td_forward(td_engine_fwd(e), items, n_active, err))) return rc;
     /* 4. per request: MTP bookkeeping, acceptance, tokens out */
     for (int i = 0; i < n_active; i++) {
         td_gen *g = active[i];
         td_session *s = g->s;
         if (g->phase == G_PREFILL) {
             g->fed += g->chunk;
-            if (g->track && ((rc = pend_push(s, g->b.vhidden, g->chunk, err)) || (rc = mtp_catch_up(s, s->seq.n_past, err)))) return rc;
+            if (g->track && ((rc = td_mtp_push(s, g->b.vhidden, g->chunk, err)) || (rc = td_mtp_catch_up(s, err)))) return rc;
             if (g->fed == g->n_prompt - 1 || (g->fed % CKPT_INTERVAL == 0 && g->fed < g->n_prompt)) save_checkpoint(g);
             if (g->fed == g->n_prompt) {
                 g->phase = G_DECODE;
-                next_token(g, g->dev_pick ? NULL : s->logits);
+                next_token(g, g->dev_pick ? NULL : td_session_logits(s));
             }
         } else if (g->k > 0) {
             uint64_t ad_acc0 = g->res.spec.accepted_tokens;
             if ((rc = accept_verified(g, err))) return rc;
             ad_observe(g, (int)(g->res.spec.accepted_tokens - ad_acc0));
         } else {
-            if (g->track && (rc = pend_push(s, g->b.vhidden, 1, err))) return rc;
-            next_token(g, g->dev_pick ? NULL : s->logits);
+            if (g->track && (rc = td_mtp_push(s, g->b.vhidden, 1, err))) return rc;
+            next_token(g, g->dev_pick ? NULL : td_session_logits(s));
         }
         update_times(g);
     }
-    td_ad_costs_fwd(&e->ad.costs, ad_tokens, now_s() - ad_t0); /* the step cost table: forward, acceptance, tokens out */
+    td_ad_costs_fwd(&td_engine_ad(e)->costs, ad_tokens, now_s() - ad_t0); /* the step cost table: forward, acceptance, tokens out */
     return TD_OK;
 }
 
@@ -770,10 +712,10 @@ int td_session_generate(td_session *s, const int32_t *prompt, int n_prompt, cons
     int rc = td_gen_begin(s, prompt, n_prompt, sp, o, simple_emit, &cb, &g, err);
     if (rc) return rc;
     while (!td_gen_done(g) && rc == 0) {
-        rc = td_gen_reserve_step(g, chunk_cap(s->eng), err);
-        if (!rc) rc = td_gen_step(&g, 1, chunk_cap(s->eng), err);
+        rc = td_gen_reserve_step(g, chunk_cap(td_session_engine(s)), err);
+        if (!rc) rc = td_gen_step(&g, 1, chunk_cap(td_session_engine(s)), err);
     }
-    if (rc) s->mtp_ok = false;
+    if (rc) td_mtp_lost(s);
     *res = *td_gen_result_of(g);
     td_gen_end(g);
     return rc;

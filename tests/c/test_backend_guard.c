@@ -88,7 +88,7 @@ static void armed(td_engine *e) {
     td_err err = {0};
     td_session *s;
     CHECK(td_session_new(e, &s, &err) == 0, "%s", err.msg);
-    const volatile float *state = s->seq.state, *pend = s->pend;
+    const volatile float *state = s->seq.state, *pend = s->mtp.pend;
     pid_t pid = fork();
     if (pid == 0) { float x = state[0] + pend[0]; _exit(x == 12345.0f ? 3 : 0); }
     int st = 0;
