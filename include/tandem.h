@@ -48,6 +48,12 @@ typedef struct td_session td_session;
 
 /* ---- engine ---------------------------------------------------------- */
 
+/* KV cache element type: one enum for the engine (td_engine_opts.kv_cache_dtype),
+ * the memory planner and the backend's KV storage. AUTO is f32 on the CPU (the
+ * planner's GPU rows: bf16); the storage never holds AUTO (resolved first).
+ * FP8 is e4m3 with one f32 scale per (token, kv head). */
+typedef enum { TD_KV_AUTO = 0, TD_KV_BF16 = 1, TD_KV_FP8 = 2, TD_KV_F32 = 3 } td_kv_dtype;
+
 typedef struct td_engine_opts {
     int n_threads;       /* 0 = all cores */
     int max_context;     /* per-session token capacity; 0 = model's max_position_embeddings, capped at 32768 */
@@ -56,7 +62,7 @@ typedef struct td_engine_opts {
     int max_seqs;        /* sequences expected at once, for the default KV size (0 = 4) */
     bool no_prefix_caching; /* do not keep prefix-cache checkpoints */
     int prefix_checkpoints; /* DeltaNet checkpoints kept for prefix hits (0 = 8 x max_seqs) */
-    int kv_cache_dtype;  /* 0 = auto (f32 on CPU), 1 = bf16, 2 = fp8 e4m3 with per-token, per-head scales */
+    td_kv_dtype kv_cache_dtype; /* TD_KV_AUTO (f32 on CPU), TD_KV_BF16, TD_KV_FP8 (e4m3, per-token per-head scales), TD_KV_F32 */
     int quantize;        /* 0 = weights as stored; 1 = q8: F32/BF16/F16 linear weights to int8 with an F32
                             scale per 32 inputs, made at load (the engine owns the copies) */
     int max_prefill_chunk; /* prompt tokens one request prefills per step at most (0 = 256); set it to the

@@ -25,17 +25,17 @@
 
 typedef struct td_backend td_backend;
 
-/* KV element storage. F32 is exact; BF16 halves the memory; FP8 is e4m3
- * with one f32 scale per (token, kv head) = absmax / 448, computed when the
- * row is written (no calibration data; a per-token scale cannot overflow). */
-typedef enum { TD_KV_F32 = 0, TD_KV_BF16_STORE, TD_KV_FP8_STORE } td_kv_store;
+/* KV element storage: td_kv_dtype (tandem.h), never TD_KV_AUTO here. F32 is
+ * exact; BF16 halves the memory; FP8 is e4m3 with one f32 scale per (token,
+ * kv head) = absmax / 448, computed when the row is written (no calibration
+ * data; a per-token scale cannot overflow). */
 
 /* Tokens per KV block. */
 #define TD_KV_BLOCK 16
 
 /* One paged KV layer as the ops see it (host struct, backend arrays). */
 typedef struct td_kv_view {
-    td_kv_store store;
+    td_kv_dtype store;
     int kv_dim, head_dim;  /* kv_dim = kv heads x head_dim */
     void *k, *v;           /* [n_blocks][TD_KV_BLOCK][kv_dim] elements */
     float *ks, *vs;        /* fp8: [n_blocks][TD_KV_BLOCK][kv heads] scales; else NULL */

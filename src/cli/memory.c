@@ -26,7 +26,7 @@ static void plan_opts(const common_opts *o, const td_config *cfg, const td_plan_
                       int batch_tokens, uint64_t budget, int depth, td_plan_opts *po) {
     td_plan_opts_default(po);
     po->backend = TD_PLAN_CPU;
-    po->kv_dtype = (td_kv_dtype)o->kv_dtype;
+    po->kv_dtype = o->kv_dtype;
     po->device_bytes = budget;
     po->gpu_util = 1.0;
     po->cuda_graphs = false;
@@ -118,7 +118,7 @@ int td_cli_engine_opts(const common_opts *o, int max_seqs, int batch_tokens, td_
     eo->max_context = (int)want;
     eo->kv_cache_bytes = (size_t)p.kv_blocks * (size_t)p.kv_bytes_per_block;
     snprintf(summary, cap_summary, "tandem: KV cache %.2f GiB (%s, %d-token blocks): %lld tokens, max concurrency %.2f at the full window (%lld tokens, depth %d)%s\n",
-            (double)eo->kv_cache_bytes / GIB, o->kv_dtype == 0 ? "f32" : o->kv_dtype == 1 ? "bf16" : "fp8", TD_KV_BLOCK, (long long)p.kv_tokens,
+            (double)eo->kv_cache_bytes / GIB, td_kv_dtype_name(o->kv_dtype == TD_KV_AUTO ? TD_KV_F32 : o->kv_dtype), TD_KV_BLOCK, (long long)p.kv_tokens,
             p.max_concurrency, (long long)want, d, o->quantize ? "; linear weights quantized to q8 at load" : "");
     return 0;
 }

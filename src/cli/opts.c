@@ -93,9 +93,10 @@ int td_common_opts_parse(common_opts *o, int argc, char **argv, int *i) {
     }
     if (!strcmp(a, "--kv-cache-dtype")) {
         if (!val) return bad(a, val, "one of auto, f32, bf16, fp8");
-        if (!strcmp(val, "auto") || !strcmp(val, "f32") || !strcmp(val, "float32")) o->kv_dtype = 0;
-        else if (!strcmp(val, "bf16") || !strcmp(val, "bfloat16")) o->kv_dtype = 1;
-        else if (!strcmp(val, "fp8") || !strcmp(val, "fp8_e4m3")) o->kv_dtype = 2;
+        if (!strcmp(val, "auto")) o->kv_dtype = TD_KV_AUTO;
+        else if (!strcmp(val, "f32") || !strcmp(val, "float32")) o->kv_dtype = TD_KV_F32;
+        else if (!strcmp(val, "bf16") || !strcmp(val, "bfloat16")) o->kv_dtype = TD_KV_BF16;
+        else if (!strcmp(val, "fp8") || !strcmp(val, "fp8_e4m3")) o->kv_dtype = TD_KV_FP8;
         else return bad(a, val, "one of auto, f32, bf16, fp8");
         TAKE(); return 1;
     }

@@ -19,7 +19,7 @@ typedef struct common_opts {
     td_sampling sampling;
     /* memory (CPU): budget = --memory-budget, or MemTotal x --gpu-memory-utilization */
     bool max_model_len_auto;
-    int kv_dtype;              /* 0 auto (f32), 1 bf16, 2 fp8 */
+    td_kv_dtype kv_dtype;      /* td_engine_opts.kv_cache_dtype */
     int quantize;              /* 0 none, 1 q8 (td_engine_opts.quantize) */
     int deltanet_chunk;        /* td_engine_opts.deltanet_chunk */
     const char *backend;       /* td_engine_opts.backend (NULL: $TANDEM_BACKEND, else cpu) */

@@ -7,9 +7,9 @@
 #include "util/err.h"
 #include "backend/cpu/kernels.h"
 
-td_kv_shape td_engine_kv_shape_for(const td_config *c, bool has_mtp, int kv_dtype) {
+td_kv_shape td_engine_kv_shape_for(const td_config *c, bool has_mtp, td_kv_dtype kv_dtype) {
     td_kv_shape ks = {.n_layers = c->n_full_attn + (has_mtp ? 1 : 0), .kv_dim = c->n_kv_heads * c->head_dim,
-                      .head_dim = c->head_dim, .store = (td_kv_store)kv_dtype,
+                      .head_dim = c->head_dim, .store = kv_dtype == TD_KV_AUTO ? TD_KV_F32 : kv_dtype,
                       .state_floats = td_cfg_deltanet_state_floats(c),
                       .hidden = c->hidden_size};
     if (ks.n_layers == 0) ks.n_layers = 1;
@@ -73,8 +73,8 @@ int td_engine_load(const char *model_dir, const td_engine_opts *opts, td_engine 
         goto fail;
     }
     /* paged KV cache */
-    if (e->opts.kv_cache_dtype < 0 || e->opts.kv_cache_dtype > 2) {
-        rc = TD_FAIL(err, TD_ERR_ARG, "kv_cache_dtype %d (0 auto, 1 bf16, 2 fp8)", e->opts.kv_cache_dtype);
+    if ((int)e->opts.kv_cache_dtype < 0 || (int)e->opts.kv_cache_dtype > 3) {
+        rc = TD_FAIL(err, TD_ERR_ARG, "kv_cache_dtype %d (0 auto, 1 bf16, 2 fp8, 3 f32)", (int)e->opts.kv_cache_dtype);
         goto fail;
     }
     td_kv_shape ks = kv_shape(e);

@@ -39,10 +39,10 @@ struct td_session {
 #define TD_SESSION_PEND_CAP TD_MTP_PEND_CAP
 
 /* Shape of the paged KV cache for a config (one MTP layer when the model
- * has the head; kv_dtype 0 f32, 1 bf16, 2 fp8), and the bytes one session
+ * has the head; AUTO stores f32), and the bytes one session
  * allocates besides its DeltaNet state: logits, hidden and pending rows and
  * the generation buffers at `depth`. Used by the engine and the planner. */
-td_kv_shape td_engine_kv_shape_for(const td_config *c, bool has_mtp, int kv_dtype);
+td_kv_shape td_engine_kv_shape_for(const td_config *c, bool has_mtp, td_kv_dtype kv_dtype);
 size_t td_session_bytes_for(const td_config *c, int depth, int max_chunk);
 
 /* What spec/, sched/, plan/ and bench/ read of an engine or a session. */

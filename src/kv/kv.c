@@ -40,11 +40,11 @@ struct td_kv {
     uint64_t tick;
 };
 
-static size_t elem_size(td_kv_store st) { return st == TD_KV_F32 ? 4 : st == TD_KV_BF16_STORE ? 2 : 1; }
+static size_t elem_size(td_kv_dtype st) { return st == TD_KV_F32 ? 4 : st == TD_KV_BF16 ? 2 : 1; }
 static int kv_heads(const td_kv_shape *s) { return s->head_dim > 0 ? s->kv_dim / s->head_dim : 1; }
 
 size_t td_kv_bytes_per_block(const td_kv_shape *s) {
-    size_t row = (size_t)s->kv_dim * elem_size(s->store) + (s->store == TD_KV_FP8_STORE ? (size_t)kv_heads(s) * sizeof(float) : 0);
+    size_t row = (size_t)s->kv_dim * elem_size(s->store) + (s->store == TD_KV_FP8 ? (size_t)kv_heads(s) * sizeof(float) : 0);
     return (size_t)s->n_layers * 2 * TD_KV_BLOCK * row;
 }
 static size_t map_cap_for(int n_blocks) {
@@ -55,7 +55,7 @@ static size_t map_cap_for(int n_blocks) {
 
 size_t td_kv_alloc_bytes(const td_kv_shape *s, int n_blocks, int n_ckpt) {
     size_t per_block = td_kv_bytes_per_block(s) + sizeof(int) * 3 + sizeof(uint64_t) + 2 * sizeof(bool); /* ref, prev, next, hash, hashed, mtp_ok */
-    size_t tables = (size_t)s->n_layers * 2 * sizeof(void *) * (s->store == TD_KV_FP8_STORE ? 2 : 1);
+    size_t tables = (size_t)s->n_layers * 2 * sizeof(void *) * (s->store == TD_KV_FP8 ? 2 : 1);
     return (size_t)n_blocks * per_block + map_cap_for(n_blocks) * (sizeof(uint64_t) + sizeof(int)) + tables +
            (size_t)(n_ckpt ? n_ckpt : 1) * sizeof(ckpt) + sizeof(td_kv);
 }
@@ -144,6 +144,8 @@ static void list_push_tail(td_kv *kv, int b) {
 int td_kv_new(const td_kv_shape *shape, int n_blocks, int n_ckpt, td_backend *bk, td_kv **out, td_err *err) {
     *out = NULL;
     if (n_blocks < 1 || n_ckpt < 0) return TD_FAIL(err, TD_ERR_ARG, "KV cache of %d blocks", n_blocks);
+    if (shape->store != TD_KV_F32 && shape->store != TD_KV_BF16 && shape->store != TD_KV_FP8)
+        return TD_FAIL(err, TD_ERR_ARG, "KV storage dtype %d (f32, bf16 or fp8; auto is resolved by the engine)", (int)shape->store);
     td_kv *kv = TD_CALLOC(err, 1, sizeof *kv);
     if (!kv) return TD_ERR_NOMEM;
     kv->sh = *shape;
@@ -156,7 +158,7 @@ int td_kv_new(const td_kv_shape *shape, int n_blocks, int n_ckpt, td_backend *bk
     kv->map_cap = map_cap_for(n_blocks);
     kv->k = TD_CALLOC(err, (size_t)shape->n_layers, sizeof(void *));
     kv->v = TD_CALLOC(err, (size_t)shape->n_layers, sizeof(void *));
-    if (shape->store == TD_KV_FP8_STORE) {
+    if (shape->store == TD_KV_FP8) {
         kv->ks = TD_CALLOC(err, (size_t)shape->n_layers, sizeof(float *));
         kv->vs = TD_CALLOC(err, (size_t)shape->n_layers, sizeof(float *));
     }
@@ -174,7 +176,7 @@ int td_kv_new(const td_kv_shape *shape, int n_blocks, int n_ckpt, td_backend *bk
         kv->k[l] = bk->ops->alloc(bk, per_layer);
         kv->v[l] = bk->ops->alloc(bk, per_layer);
         ok = kv->k[l] && kv->v[l];
-        if (ok && shape->store == TD_KV_FP8_STORE) {
+        if (ok && shape->store == TD_KV_FP8) {
             ok = kv->ks && kv->vs && (kv->ks[l] = bk->ops->alloc(bk, rows * kv->n_heads * sizeof(float))) &&
                  (kv->vs[l] = bk->ops->alloc(bk, rows * kv->n_heads * sizeof(float)));
         }

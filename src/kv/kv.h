@@ -25,14 +25,14 @@
 
 typedef struct td_kv td_kv;
 
-/* Storage of K and V rows: td_kv_store (backend/backend.h). The backend
+/* Storage of K and V rows: td_kv_dtype (backend/backend.h). The backend
  * owns the storage (its memory); the host keeps the metadata: block
  * refcounts, hashes, LRU, checkpoints. */
 typedef struct td_kv_shape {
     int n_layers;        /* full-attention layers + 1 for the MTP layer */
     int kv_dim;          /* kv_heads * head_dim */
     int head_dim;        /* for per-head fp8 scales */
-    td_kv_store store;
+    td_kv_dtype store;
     size_t state_floats; /* DeltaNet state per sequence (all layers, conv + recurrent) */
     int hidden;          /* H, for the checkpoint's last hidden state */
 } td_kv_shape;

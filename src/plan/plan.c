@@ -50,7 +50,7 @@ void td_plan_opts_default(td_plan_opts *o) {
 }
 
 const char *td_quant_name(td_quant q) { return q == TD_QUANT_NVFP4 ? "nvfp4" : q == TD_QUANT_FP8 ? "fp8" : "bf16"; }
-const char *td_kv_dtype_name(td_kv_dtype k) { return k == TD_KV_FP8 ? "fp8" : k == TD_KV_BF16 ? "bf16" : "auto"; }
+const char *td_kv_dtype_name(td_kv_dtype k) { return k == TD_KV_FP8 ? "fp8" : k == TD_KV_BF16 ? "bf16" : k == TD_KV_F32 ? "f32" : "auto"; }
 
 /* ---- weights -------------------------------------------------------------- */
 
@@ -101,7 +101,7 @@ void td_plan_weights_estimate(const td_config *c, td_quant q, td_plan_weights *w
 
 /* ---- per-token and per-sequence state --------------------------------------- */
 
-static int kv_bytes(td_kv_dtype k) { return k == TD_KV_FP8 ? 1 : 2; }
+static int kv_bytes(td_kv_dtype k) { return k == TD_KV_FP8 ? 1 : k == TD_KV_F32 ? 4 : 2; }
 
 /* The MTP layer keeps its own KV cache only when it drafts (depth > 0). */
 uint64_t td_plan_kv_bytes_per_token(const td_config *c, int depth, td_kv_dtype kv) {

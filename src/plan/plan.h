@@ -18,7 +18,6 @@
 #define TD_PLAN_DEPTHS 9 /* the per-depth table covers depths 0..8 */
 
 typedef enum { TD_QUANT_NVFP4 = 0, TD_QUANT_FP8, TD_QUANT_BF16 } td_quant;
-typedef enum { TD_KV_AUTO = 0, TD_KV_BF16, TD_KV_FP8 } td_kv_dtype;
 /* GPU: the vLLM-calibrated model below. CPU: what the CPU engine allocates
  * (src/plan/README.md, "CPU backend"): KV f32 under AUTO, no graphs, no
  * runtime reserve, the engine's own scratch / session / state sizes. */

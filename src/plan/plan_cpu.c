@@ -26,7 +26,7 @@ typedef struct cpu_parts {
 static int64_t blocks_for(int64_t len, int bs) { return (len + 2 + bs - 1) / bs; }
 
 static td_kv_shape shape_of(const td_config *c, const td_plan_opts *o) {
-    return td_engine_kv_shape_for(c, o->has_mtp, (int)o->kv_dtype);
+    return td_engine_kv_shape_for(c, o->has_mtp, o->kv_dtype);
 }
 
 static void parts_at(const td_config *c, const td_plan_opts *o, int depth, int64_t len, cpu_parts *p) {
@@ -137,7 +137,7 @@ int td_plan_compute_cpu(const td_config *c, const td_plan_opts *o, td_plan *p, t
         snprintf(p->message, sizeof p->message,
                  "Fits (CPU): %lld tokens at spec depth %d; KV pool %.2f GiB (%s, %d-token blocks, %lld tokens), max concurrency %.2f; "
                  "total %.2f GiB of the %.2f GiB budget.",
-                 (long long)len, d, (double)p->kv_pool_bytes / g, o->kv_dtype == TD_KV_FP8 ? "fp8" : o->kv_dtype == TD_KV_BF16 ? "bf16" : "f32",
+                 (long long)len, d, (double)p->kv_pool_bytes / g, td_kv_dtype_name(o->kv_dtype == TD_KV_AUTO ? TD_KV_F32 : o->kv_dtype),
                  o->block_size, (long long)p->kv_tokens, p->max_concurrency, (double)p->total_bytes / g, (double)p->budget_bytes / g);
     else
         snprintf(p->message, sizeof p->message,

@@ -26,7 +26,7 @@ static int gen(td_engine *e, const int32_t *prompt, int n, int depth, int32_t *o
  * survives a write and a read exactly; bf16 rounds to nearest even. */
 static void storage_formats(void) {
     td_err err;
-    td_kv_shape sh = {.n_layers = 1, .kv_dim = 128, .head_dim = 128, .store = TD_KV_FP8_STORE, .state_floats = 1, .hidden = 1};
+    td_kv_shape sh = {.n_layers = 1, .kv_dim = 128, .head_dim = 128, .store = TD_KV_FP8, .state_floats = 1, .hidden = 1};
     td_kv *kv;
     CHECK(td_kv_new(&sh, 2, 0, test_backend(), &kv, &err) == 0, "%s", err.msg);
     float row[128], back[128], tmp[128];
@@ -56,7 +56,7 @@ static void storage_formats(void) {
     CHECK(worst <= 1.0 / 16 + 1e-6, "fp8 relative error %.4f", worst);
     td_kv_free(kv);
     td_kv_shape b16 = sh, f32 = sh;
-    b16.store = TD_KV_BF16_STORE;
+    b16.store = TD_KV_BF16;
     f32.store = TD_KV_F32;
     CHECK(td_kv_bytes_per_block(&b16) * 2 == td_kv_bytes_per_block(&f32), "bf16 block bytes");
     CHECK(td_kv_bytes_per_block(&sh) == td_kv_bytes_per_block(&f32) / 4 + 2 * TD_KV_BLOCK * sizeof(float), "fp8 block bytes");

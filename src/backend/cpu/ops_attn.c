@@ -43,13 +43,14 @@ static void write_row(const td_kv_view *kv, void *basev, float *scales, size_t r
     unsigned char *base = basev;
     int D = kv->kv_dim;
     switch (kv->store) {
+    case TD_KV_AUTO: TD_ASSERT(!"KV storage dtype not resolved"); break;
     case TD_KV_F32: memcpy(base + row * D * 4, x, (size_t)D * 4); break;
-    case TD_KV_BF16_STORE: {
+    case TD_KV_BF16: {
         uint16_t *d = (uint16_t *)(base + row * D * 2);
         for (int i = 0; i < D; i++) d[i] = td_f32_to_bf16(x[i]);
         break;
     }
-    case TD_KV_FP8_STORE: {
+    case TD_KV_FP8: {
         int hd = kv->head_dim, nh = kv_heads(kv);
         uint8_t *d = base + row * D;
         for (int h = 0; h < nh; h++) {
@@ -69,13 +70,14 @@ static const float *read_head(const td_kv_view *kv, const void *basev, const flo
     const unsigned char *base = basev;
     int D = kv->kv_dim, hd = kv->head_dim;
     switch (kv->store) {
+    case TD_KV_AUTO: TD_ASSERT(!"KV storage dtype not resolved"); break;
     case TD_KV_F32: return (const float *)(base + row * D * 4) + (size_t)h * hd;
-    case TD_KV_BF16_STORE: {
+    case TD_KV_BF16: {
         const uint16_t *s = (const uint16_t *)(base + row * D * 2) + (size_t)h * hd;
         for (int i = 0; i < hd; i++) tmp[i] = td_bf16_to_f32(s[i]);
         return tmp;
     }
-    case TD_KV_FP8_STORE: {
+    case TD_KV_FP8: {
         const uint8_t *s = base + row * D + (size_t)h * hd;
         float sc = scales[row * kv_heads(kv) + h];
         for (int i = 0; i < hd; i++) tmp[i] = e4m3_to_f32(s[i]) * sc;
