@@ -58,6 +58,14 @@ tests: $(TEST_BIN) $(BUILD)/tests/test_spec_mutant
 test: all tests
 	@BUILD=$(BUILD) sh tests/run_all.sh
 
+# The same tests on the guard backend (src/backend/README.md: all backend memory
+# PROT_NONE outside the backend's own ops, so host code touching activations, KV
+# or state crashes). GUARD_TESTS: the C tests to run (default all); the Python
+# tests run too (the server reads $$TANDEM_BACKEND) unless TANDEM_SKIP_PY=1.
+GUARD_TESTS ?=
+test-guard: all tests
+	@BUILD=$(BUILD) TANDEM_BACKEND=guard TANDEM_TESTS="$(GUARD_TESTS)" sh tests/run_all.sh
+
 asan:
 	$(MAKE) BUILD=build-asan OPT=-O1 SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" test
 
@@ -68,7 +76,7 @@ deps:
 clean:
 	rm -rf build build-asan
 
-.PHONY: all test tests asan deps clean
+.PHONY: all test test-guard tests asan deps clean
 -include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(BUILD)/tests/mutant/gen.d $(TEST_BIN:=.d)
 
 # ---- fuzzing: libFuzzer harnesses in tests/fuzz (see tests/fuzz/README.md) ----

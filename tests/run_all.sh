@@ -5,6 +5,8 @@ BUILD=${BUILD:-build}
 passed=0; failed=0
 for t in "$BUILD"/tests/test_*; do
   [ -x "$t" ] || continue
+  # TANDEM_TESTS: a space-separated list of test names to run (default: all)
+  if [ -n "$TANDEM_TESTS" ]; then case " $TANDEM_TESTS " in *" $(basename "$t") "*) ;; *) continue ;; esac; fi
   out=$("$t" 2>&1); rc=$?
   echo "$out" | tail -n 30
   line=$(echo "$out" | grep -E '[0-9]+ passed, [0-9]+ failed' | tail -n 1)
