@@ -7,8 +7,9 @@
  * proof a device backend can run the step: it only has to provide the ops.
  *
  * The range is reserved once (MAP_NORESERVE, nothing committed) and handed
- * out page by page, first fit, freed ranges coalesced and returned to the
- * kernel (MADV_DONTNEED: they read back as zeros, so alloc stays zeroed). */
+ * out page by page, first fit, in 2 MiB steps backed by transparent huge
+ * pages (mprotect costs per page-table entry); freed ranges are zeroed and
+ * coalesced for reuse. */
 #include <pthread.h>
 #include <stdint.h>
 #include <stdlib.h>
@@ -107,7 +108,12 @@ static void guard_free(td_backend *b, void *p) {
     TD_ASSERT(li >= 0); /* freeing what this backend did not allocate */
     span s = g->live[li];
     memmove(g->live + li, g->live + li + 1, (size_t)(--g->n_live - li) * sizeof(span));
-    madvise(g->base + s.off, s.len, MADV_DONTNEED); /* zeros when reused */
+    /* Zeroed now, so alloc hands out zeros; not MADV_DONTNEED: that splits
+     * the huge pages, and 4 KiB page-table entries make every op's mprotect
+     * slow (the range is kept and reused instead). */
+    open_all(b); /* the whole range: a partial mprotect would split huge pages too */
+    memset(g->base + s.off, 0, s.len);
+    close_all(b);
     int at = 0;
     while (at < g->n_free && g->free_l[at].off < s.off) at++;
     if (at > 0 && g->free_l[at - 1].off + g->free_l[at - 1].len == s.off) { /* merge left */
