@@ -110,6 +110,7 @@ typedef struct td_model_info {
     int max_position_embeddings;
     int eos_token_ids[8], n_eos;   /* from config / generation_config */
     const char *model_type;        /* owned by the engine */
+    const char *backend;           /* "cpu" or "guard" (static string) */
 } td_model_info;
 void td_engine_info(const td_engine *eng, td_model_info *out);
 

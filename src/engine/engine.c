@@ -117,6 +117,7 @@ void td_engine_info(const td_engine *e, td_model_info *o) {
     o->n_eos = c->n_eos;
     memcpy(o->eos_token_ids, c->eos_token_ids, sizeof o->eos_token_ids);
     o->model_type = c->model_type;
+    o->backend = e->backend->ops->name;
 }
 
 int td_session_new(td_engine *eng, td_session **out, td_err *err) {
