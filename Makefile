@@ -42,14 +42,14 @@ $(BUILD)/tests/%: tests/c/%.c $(BUILD)/libtandem.a tests/c/check.h
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -Itests/c -o $@ $< $(BUILD)/libtandem.a $(LDLIBS)
 
-# Test-only mutant: gen.c with a deliberately wrong rejection-sampling
+# Test-only mutant: the sampler with a deliberately wrong rejection-sampling
 # residual; test_spec_mutant passes only if the chi-square test catches it.
-$(BUILD)/tests/mutant/gen.o: src/spec/gen.c
+$(BUILD)/tests/mutant/sampler.o: src/sample/sampler.c
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -DTD_MUTATE_RESIDUAL -c $< -o $@
 
-$(BUILD)/tests/test_spec_mutant: tests/c/test_spec.c $(BUILD)/tests/mutant/gen.o $(BUILD)/libtandem.a tests/c/check.h
-	$(CC) $(ALL_CFLAGS) -DSPEC_MUTANT -Itests/c -o $@ $< $(BUILD)/tests/mutant/gen.o $(BUILD)/libtandem.a $(LDLIBS)
+$(BUILD)/tests/test_spec_mutant: tests/c/test_spec.c $(BUILD)/tests/mutant/sampler.o $(BUILD)/libtandem.a tests/c/check.h
+	$(CC) $(ALL_CFLAGS) -DSPEC_MUTANT -Itests/c -o $@ $< $(BUILD)/tests/mutant/sampler.o $(BUILD)/libtandem.a $(LDLIBS)
 
 tests: $(TEST_BIN) $(BUILD)/tests/test_spec_mutant
 
@@ -77,7 +77,7 @@ clean:
 	rm -rf build build-asan
 
 .PHONY: all test test-guard tests asan deps clean
--include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(BUILD)/tests/mutant/gen.d $(TEST_BIN:=.d)
+-include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(BUILD)/tests/mutant/sampler.d $(TEST_BIN:=.d)
 
 # ---- fuzzing: libFuzzer harnesses in tests/fuzz (see tests/fuzz/README.md) ----
 # `make fuzz [FUZZ_SECONDS=N] [FUZZ=name ...]` builds the library and the

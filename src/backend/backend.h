@@ -24,6 +24,8 @@
 #include "tandem.h"
 
 typedef struct td_backend td_backend;
+struct td_sampler;     /* sample/sampler.h */
+struct td_sample_call;
 
 /* KV element storage: td_kv_dtype (tandem.h), never TD_KV_AUTO here. F32 is
  * exact; BF16 halves the memory; FP8 is e4m3 with one f32 scale per (token,
@@ -135,6 +137,12 @@ typedef struct td_backend_ops {
     void (*kv_load)(td_backend *b, const td_kv_view *kv, int row, int which, float *out);
     /* out[r] = argmax_i x[r*n + i] (lowest index on ties), r < rows; out: backend int32 */
     void (*argmax)(td_backend *b, const float *x, int rows, int n, int32_t *out);
+    /* One call of a request's sampler (sample/sampler.h td_sample_call: sample, greedy,
+     * probabilities, draw, draft argmax, count an accepted token, the rejection test, the
+     * residual draw) on logits / probability rows and sampler arrays in backend memory; the
+     * sampler's parameters and RNG state are host values that travel with the call.
+     * Returns the token id or the test's 0/1. The CPU op is td_sampler_run. */
+    int32_t (*sample)(td_backend *b, struct td_sampler *s, const struct td_sample_call *c);
     /* CPU backends only (NULL on a device): fn(ctx, i) for i in [0, n) on the backend's
      * threads, on host memory (the kernels benchmark's bandwidth probe). */
     void (*parallel_for)(td_backend *b, int n, void (*fn)(void *ctx, int i), void *ctx);
@@ -169,6 +177,13 @@ static inline void td_bk_download(td_backend *b, void *dst, const void *src, siz
     b->counters.downloads++;
     b->counters.download_bytes += n;
     b->ops->download(b, dst, src, n);
+}
+
+/* A sampler call; its result (an id or a flag) counts as a 4-byte download. */
+static inline int32_t td_bk_sample(td_backend *b, struct td_sampler *s, const struct td_sample_call *c) {
+    b->counters.downloads++;
+    b->counters.download_bytes += 4;
+    return b->ops->sample(b, s, c);
 }
 
 /* Bytes of a weight tensor's data and of its scale array (0 when none). */

@@ -341,6 +341,7 @@ typedef struct out_req {
     int row0, n, logits_rows;
     float *logits, *hidden, *hidden_d; /* host, host, backend; each optional */
     int32_t *argmax;                   /* host, optional */
+    float *logits_d;                   /* backend, optional */
 } out_req;
 
 /* Final norm into xn; copies hidden rows and computes the requested logits. */
@@ -374,6 +375,7 @@ static int emit_outputs(td_fwd_ctx *c, const float *normw, int M, const out_req 
     for (int i = 0; i < n_items; i++) {
         int n = o[i].logits_rows;
         if (o[i].logits && n) td_bk_download(b, o[i].logits, c->lg + (size_t)R * V, (size_t)n * V * sizeof(float));
+        if (o[i].logits_d && n) b->ops->copy(b, o[i].logits_d, c->lg + (size_t)R * V, (size_t)n * V * sizeof(float));
         if (o[i].argmax && n) {
             b->ops->argmax(b, c->lg + (size_t)R * V, n, V, c->am + R);
             td_bk_download(b, o[i].argmax, c->am + R, (size_t)n * sizeof(int32_t));
@@ -413,7 +415,7 @@ int td_forward(td_fwd_ctx *c, td_fwd_item *items, int n_items, td_err *err) {
         ss[i] = (seg_src){.seq = it->seq, .pos0 = it->seq->n_past, .n = it->n, .checkpoint = it->checkpoint};
         tk[i] = it->tokens;
         o[i] = (out_req){.row0 = row, .n = it->n, .logits_rows = it->logits_rows, .logits = it->logits, .hidden = it->hidden, .hidden_d = it->hidden_d,
-                          .argmax = it->argmax};
+                          .argmax = it->argmax, .logits_d = it->logits_d};
         row += it->n;
     }
     td_batch bt;
@@ -468,7 +470,7 @@ int td_mtp_forward(td_fwd_ctx *c, td_mtp_item *items, int n_items, td_err *err) 
         ss[i] = (seg_src){.seq = it->seq, .pos0 = it->pos0, .n = it->n};
         tk[i] = it->tokens;
         o[i] = (out_req){.row0 = row, .n = it->n, .logits_rows = it->logits_rows, .logits = it->logits, .hidden = it->hidden_out,
-                         .hidden_d = it->hidden_out_d, .argmax = it->argmax};
+                         .hidden_d = it->hidden_out_d, .argmax = it->argmax, .logits_d = it->logits_d};
         size_t hb = (size_t)it->n * H * sizeof(float);
         if (it->hidden_d) b->ops->copy(b, c->t5 + (size_t)row * H, it->hidden_d, hb);
         else td_bk_upload(b, c->t5 + (size_t)row * H, it->hidden, hb);

@@ -19,6 +19,7 @@ typedef struct td_fwd_item {
     int n;
     int logits_rows;       /* 0: none; 1: last token only; n: every token */
     float *logits;         /* caller-owned host [logits_rows][vocab] (downloaded), or NULL */
+    float *logits_d;       /* or / and the same into backend memory */
     int32_t *argmax;       /* optional host [logits_rows]: argmax of each logits row, computed by the
                               backend (only the ids cross to the host) */
     float *hidden;         /* optional caller-owned host [n][H]: final-normed hidden states */
@@ -35,6 +36,7 @@ typedef struct td_mtp_item {
     int n;
     int logits_rows;       /* 0, 1 (last) or n */
     float *logits;         /* host [logits_rows][vocab], or NULL */
+    float *logits_d;       /* or / and the same into backend memory */
     int32_t *argmax;       /* optional host [logits_rows]: the rows' argmax (see td_fwd_item) */
     float *hidden_out;     /* optional host [n][H]: h' = mtp.norm(u), fed back for depth > 1 */
     float *hidden_out_d;   /* optional, the same into backend memory */

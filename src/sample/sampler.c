@@ -2,6 +2,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include "backend/backend.h"
 #include "util/err.h"
 
 void td_sampling_default(td_sampling *p) {
@@ -60,12 +61,43 @@ int td_sampler_init(td_sampler *s, const td_sampling *p, int vocab, const int32_
     return TD_OK;
 }
 
+int td_sampler_init_backend(td_sampler *s, td_backend *b, const td_sampling *p, int vocab, const int32_t *prompt, int n_prompt,
+                            td_err *err) {
+    int rc = td_sampler_init(s, p, vocab, prompt, n_prompt, err); /* validation, bias, in_prompt, the RNG */
+    if (rc) return rc;
+    uint8_t *in_prompt = s->in_prompt;
+    free(s->counts); free(s->work); free(s->idx);
+    s->counts = NULL; s->work = NULL; s->idx = NULL; s->in_prompt = NULL;
+    s->b = b;
+    size_t V = (size_t)vocab;
+    s->counts = b->ops->alloc(b, V * sizeof *s->counts);
+    s->in_prompt = b->ops->alloc(b, V);
+    s->work = b->ops->alloc(b, V * sizeof(float));
+    s->idx = b->ops->alloc(b, V * sizeof(int32_t));
+    s->probs = b->ops->alloc(b, V * sizeof(float));
+    if (!s->counts || !s->in_prompt || !s->work || !s->idx || !s->probs) {
+        free(in_prompt);
+        td_sampler_free(s);
+        return TD_FAIL(err, TD_ERR_NOMEM, "out of memory for a sampler");
+    }
+    td_bk_upload(b, s->in_prompt, in_prompt, V);
+    free(in_prompt);
+    return TD_OK;
+}
+
 void td_sampler_free(td_sampler *s) {
-    free(s->counts); free(s->in_prompt); free(s->work); free(s->idx); free(s->bias);
+    if (s->b) {
+        td_backend *b = s->b;
+        b->ops->free(b, s->counts); b->ops->free(b, s->in_prompt); b->ops->free(b, s->work); b->ops->free(b, s->idx);
+        b->ops->free(b, s->probs);
+    } else {
+        free(s->counts); free(s->in_prompt); free(s->work); free(s->idx); free(s->probs);
+    }
+    free(s->bias);
     memset(s, 0, sizeof *s);
 }
 
-void td_sampler_accept(td_sampler *s, int32_t tok) {
+static void ref_accept(td_sampler *s, int32_t tok) {
     if (tok >= 0 && tok < s->vocab) s->counts[tok]++;
 }
 
@@ -110,11 +142,17 @@ static int32_t argmax(const float *x, int n) {
     return best;
 }
 
-const float *td_sampler_biased(td_sampler *s, const float *logits) {
-    if (!s->n_bias) return logits;
-    memcpy(s->work, logits, (size_t)s->vocab * sizeof(float));
-    for (int i = 0; i < s->n_bias; i++) s->work[s->bias[i].token] += s->bias[i].bias;
-    return s->work;
+static int32_t ref_draft_argmax(td_sampler *s, const float *logits, const uint32_t *mask) {
+    const float *bl = logits;
+    if (s->n_bias) {
+        memcpy(s->work, logits, (size_t)s->vocab * sizeof(float));
+        for (int i = 0; i < s->n_bias; i++) s->work[s->bias[i].token] += s->bias[i].bias;
+        bl = s->work;
+    }
+    int32_t best = -1;
+    for (int i = 0; i < s->vocab; i++)
+        if (td_mask_allows(mask, i) && (best < 0 || bl[i] > bl[best])) best = i;
+    return best;
 }
 
 /* argmax over the tokens of mask (the first of equal maxima, as argmax):
@@ -132,7 +170,7 @@ static int32_t argmax_masked(const float *x, int n, const uint32_t *mask) {
 
 int td_sampler_is_plain_greedy(const td_sampler *s) { return td_sampler_is_greedy(s) && !has_penalties(s) && !s->n_bias; }
 
-int32_t td_sampler_greedy(td_sampler *s, const float *logits) {
+static int32_t ref_greedy(td_sampler *s, const float *logits) {
     if (!has_penalties(s) && !s->n_bias && s->mask) return argmax_masked(logits, s->vocab, s->mask);
     if (!has_penalties(s) && !s->mask && !s->n_bias) return argmax(logits, s->vocab);
     penalize(s, logits);
@@ -146,7 +184,7 @@ static int cmp_desc(const void *a, const void *b, void *keys) {
     return *(const int32_t *)a - *(const int32_t *)b;
 }
 
-void td_sampler_probs(td_sampler *s, const float *logits, float *probs) {
+static void ref_probs(td_sampler *s, const float *logits, float *probs) {
     int V = s->vocab;
     penalize(s, logits);
     float *x = s->work, inv_t = 1.0f / (s->p.temperature > 0 ? s->p.temperature : 1.0f);
@@ -185,7 +223,7 @@ void td_sampler_probs(td_sampler *s, const float *logits, float *probs) {
     for (int i = 0; i < V; i++) probs[i] = (float)(probs[i] / sum);
 }
 
-int32_t td_sample_from(td_sampler *s, const float *probs) {
+static int32_t ref_from(td_sampler *s, const float *probs) {
     double u = td_rng_uniform(&s->rng), cum = 0.0;
     int32_t last = 0;
     for (int i = 0; i < s->vocab; i++) {
@@ -197,12 +235,73 @@ int32_t td_sample_from(td_sampler *s, const float *probs) {
     return last; /* rounding: u beyond the accumulated mass */
 }
 
-int32_t td_sampler_sample(td_sampler *s, const float *logits) {
-    if (td_sampler_is_greedy(s)) return td_sampler_greedy(s, logits);
-    float *probs = malloc((size_t)s->vocab * sizeof(float));
-    if (!probs) return td_sampler_greedy(s, logits);
-    td_sampler_probs(s, logits, probs);
-    int32_t t = td_sample_from(s, probs);
-    free(probs);
+static int32_t ref_sample(td_sampler *s, const float *logits) {
+    if (td_sampler_is_greedy(s)) return ref_greedy(s, logits);
+    float *probs = s->probs ? s->probs : malloc((size_t)s->vocab * sizeof(float));
+    if (!probs) return ref_greedy(s, logits);
+    ref_probs(s, logits, probs);
+    int32_t t = ref_from(s, probs);
+    if (probs != s->probs) free(probs);
     return t;
+}
+
+static int ref_accept_draft(td_sampler *s, const float *p, const float *q, int32_t d) {
+    float qd = q ? q[d] : 1.0f;
+    double u = td_rng_uniform(&s->rng);
+    return qd > 0 && u < (double)p[d] / qd;
+}
+
+static int32_t ref_residual(td_sampler *s, float *p, const float *q, int32_t d) {
+    double sum = 0;
+    for (int i = 0; i < s->vocab; i++) {
+#ifdef TD_MUTATE_RESIDUAL /* test-only build: a deliberately wrong residual */
+        float r = p[i];
+        (void)q;
+#else
+        float r = q ? p[i] - q[i] : (i == d ? 0.0f : p[i]);
+#endif
+        p[i] = r > 0 ? r : 0.0f;
+        sum += p[i];
+    }
+    if (sum <= 0) return d; /* p == q: rejection had probability 0 */
+    for (int i = 0; i < s->vocab; i++) p[i] = (float)(p[i] / sum);
+    return ref_from(s, p);
+}
+
+int32_t td_sampler_run(td_sampler *s, const td_sample_call *c) {
+    switch (c->kind) {
+    case TD_SAMPLE_SAMPLE: return ref_sample(s, c->x);
+    case TD_SAMPLE_GREEDY: return ref_greedy(s, c->x);
+    case TD_SAMPLE_PROBS: ref_probs(s, c->x, c->out); return 0;
+    case TD_SAMPLE_FROM: return ref_from(s, c->x);
+    case TD_SAMPLE_DRAFT_ARGMAX: return ref_draft_argmax(s, c->x, s->mask);
+    case TD_SAMPLE_ACCEPT: ref_accept(s, c->token); return 0;
+    case TD_SAMPLE_ACCEPT_DRAFT: return ref_accept_draft(s, c->x, c->q, c->token);
+    case TD_SAMPLE_RESIDUAL: return ref_residual(s, c->out, c->q, c->token);
+    }
+    return 0;
+}
+
+/* Here, or as the backend's op (arrays and rows in its memory). */
+static int32_t call(td_sampler *s, td_sample_call c) { return s->b ? td_bk_sample(s->b, s, &c) : td_sampler_run(s, &c); }
+
+void td_sampler_accept(td_sampler *s, int32_t tok) { call(s, (td_sample_call){.kind = TD_SAMPLE_ACCEPT, .token = tok}); }
+int32_t td_sampler_greedy(td_sampler *s, const float *logits) { return call(s, (td_sample_call){.kind = TD_SAMPLE_GREEDY, .x = logits}); }
+void td_sampler_probs(td_sampler *s, const float *logits, float *probs) {
+    call(s, (td_sample_call){.kind = TD_SAMPLE_PROBS, .x = logits, .out = probs});
+}
+int32_t td_sample_from(td_sampler *s, const float *probs) { return call(s, (td_sample_call){.kind = TD_SAMPLE_FROM, .x = probs}); }
+int32_t td_sampler_sample(td_sampler *s, const float *logits) { return call(s, (td_sample_call){.kind = TD_SAMPLE_SAMPLE, .x = logits}); }
+int32_t td_sampler_draft_argmax(td_sampler *s, const float *logits, const uint32_t *mask) {
+    const uint32_t *m = s->mask;
+    s->mask = mask;
+    int32_t t = call(s, (td_sample_call){.kind = TD_SAMPLE_DRAFT_ARGMAX, .x = logits});
+    s->mask = m;
+    return t;
+}
+int td_sampler_accept_draft(td_sampler *s, const float *p, const float *q, int32_t d) {
+    return call(s, (td_sample_call){.kind = TD_SAMPLE_ACCEPT_DRAFT, .x = p, .q = q, .token = d});
+}
+int32_t td_sampler_residual(td_sampler *s, float *p, const float *q, int32_t d) {
+    return call(s, (td_sample_call){.kind = TD_SAMPLE_RESIDUAL, .out = p, .q = q, .token = d});
 }

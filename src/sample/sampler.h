@@ -12,13 +12,19 @@ void td_rng_seed(td_rng *r, uint64_t seed);
 uint64_t td_rng_next(td_rng *r);
 double td_rng_uniform(td_rng *r); /* [0, 1) */
 
+struct td_backend;
+
 typedef struct td_sampler {
+    struct td_backend *b;  /* NULL: the arrays below are host memory and every call runs here; else they
+                              are that backend's memory and every call that reads logits, probabilities
+                              or the arrays runs as its `sample` op (only ids and flags cross) */
     td_sampling p;
     int vocab;
     uint32_t *counts;      /* [vocab] occurrences in the generated output */
     uint8_t *in_prompt;    /* [vocab] 1 when the token is in the prompt */
     float *work;           /* [vocab] processed logits / probabilities */
     int32_t *idx;          /* [vocab] sort scratch */
+    float *probs;          /* [vocab] td_sampler_sample's distribution */
     td_rng rng;
     td_logit_bias *bias;   /* owned copy of p.logit_bias (n_bias entries) */
     int n_bias;
@@ -27,6 +33,11 @@ typedef struct td_sampler {
 } td_sampler;
 
 int td_sampler_init(td_sampler *s, const td_sampling *p, int vocab, const int32_t *prompt, int n_prompt, td_err *err);
+/* The same with the arrays in backend memory (b borrowed): logits and
+ * probabilities passed to it are then backend memory too, and no mask may
+ * be set (a grammar mask is host memory: constrained requests sample here). */
+int td_sampler_init_backend(td_sampler *s, struct td_backend *b, const td_sampling *p, int vocab, const int32_t *prompt, int n_prompt,
+                            td_err *err);
 void td_sampler_free(td_sampler *s);
 /* Restricts the next calls to the tokens of mask (borrowed; NULL = all),
  * as vLLM's structured-output bitmask: masked tokens are -inf logits. */
@@ -35,9 +46,9 @@ void td_sampler_set_mask(td_sampler *s, const uint32_t *mask);
 static inline int td_mask_allows(const uint32_t *mask, int32_t t) { return !mask || ((mask[t >> 5] >> (t & 31)) & 1u); }
 /* Whether mask allows no token of [0, vocab). */
 int td_mask_empty(const uint32_t *mask, int vocab);
-/* logits + logit_bias (in the work buffer, valid until the next call), or
- * logits itself without a bias: argmax drafts proposed under the bias. */
-const float *td_sampler_biased(td_sampler *s, const float *logits);
+/* The argmax of logits + logit_bias over the tokens of mask (NULL: all):
+ * argmax drafts are proposed under the bias. */
+int32_t td_sampler_draft_argmax(td_sampler *s, const float *logits, const uint32_t *mask);
 /* Records a generated token (for penalties). */
 void td_sampler_accept(td_sampler *s, int32_t tok);
 /* True when sampling reduces to argmax (temperature 0). */
@@ -54,4 +65,25 @@ void td_sampler_probs(td_sampler *s, const float *logits, float *probs);
 int32_t td_sample_from(td_sampler *s, const float *probs);
 /* One step: greedy argmax or a draw from td_sampler_probs. */
 int32_t td_sampler_sample(td_sampler *s, const float *logits);
+/* Rejection test of draft d (speculative sampling): true when u < p[d] / q[d]
+ * for a fresh uniform u (q NULL: one-hot at d, q[d] = 1). */
+int td_sampler_accept_draft(td_sampler *s, const float *p, const float *q, int32_t d);
+/* After a rejection: draws from normalize(max(0, p - q)) (q NULL: one-hot at d);
+ * p is overwritten. */
+int32_t td_sampler_residual(td_sampler *s, float *p, const float *q, int32_t d);
+
+/* One sampler call as the backend's `sample` op receives it; the CPU op is
+ * td_sampler_run (these same functions on its memory). */
+typedef enum {
+    TD_SAMPLE_SAMPLE, TD_SAMPLE_GREEDY, TD_SAMPLE_PROBS, TD_SAMPLE_FROM, TD_SAMPLE_DRAFT_ARGMAX, TD_SAMPLE_ACCEPT,
+    TD_SAMPLE_ACCEPT_DRAFT, TD_SAMPLE_RESIDUAL
+} td_sample_kind;
+typedef struct td_sample_call {
+    td_sample_kind kind;
+    const float *x;   /* logits or probabilities row */
+    float *out;       /* PROBS: the distribution; RESIDUAL: p (overwritten) */
+    const float *q;   /* ACCEPT_DRAFT, RESIDUAL: the draft distribution or NULL */
+    int32_t token;    /* ACCEPT: the token; ACCEPT_DRAFT, RESIDUAL: the draft */
+} td_sample_call;
+int32_t td_sampler_run(td_sampler *s, const td_sample_call *c);
 #endif

@@ -66,12 +66,22 @@ struct td_gen {
     double t_begin, t_first;
     bool broken;           /* a failed step left the session's state undefined */
     bool dev_pick;         /* plain greedy, no logits wanted: tokens are argmax ids from the backend */
+    bool dev_sample;       /* any other sampler, no logits wanted, no constraint: the sampler runs on the
+                              backend and every logits / probability buffer below is backend memory */
     int32_t am[TD_MAX_SPEC_DEPTH + 1]; /* this step's argmax ids: target rows, or am[0] the MTP row */
     /* this step */
     int chunk, k, n0;
     int32_t toks[TD_MAX_SPEC_DEPTH + 1];
     float *h;              /* MTP hidden fed back */
 };
+
+/* Whether the logits rows come to the host (and go to the emit callback). */
+static bool host_rows(const td_gen *g) { return !g->dev_pick && !g->dev_sample; }
+/* The target's last logits row after a prefill chunk or a decode row: host,
+ * backend (dev_sample) or none (dev_pick: the argmax id is in am[0]). */
+static const float *target_row(const td_gen *g, td_session *s) {
+    return g->dev_pick ? NULL : g->dev_sample ? g->b.vlogits : td_session_logits(s);
+}
 
 static double now_s(void) {
     struct timespec ts;
@@ -100,11 +110,13 @@ static int alloc_buffers(td_gen *g, td_err *err) {
     /* host: logits and probabilities; backend: hidden rows (td_gen_work_bytes_for counts both) */
     size_t dneed = (rows_h + (size_t)(TD_MTP_PEND_CAP + 1)) * H;
     size_t need = td_gen_work_bytes_for(c, k, TD_MTP_PEND_CAP, max_chunk) / sizeof(float) - dneed;
+    if (g->dev_sample) dneed += need, need = 0; /* logits and probabilities on the backend too */
     float *p, *dev;
     int rc = td_session_work(s, need, dneed, &p, &dev, err);
     if (rc) return rc;
     g->b.vhidden = dev;
     g->b.mhidden = dev + rows_h * H;
+    if (g->dev_sample) p = dev + rows_h * H + (size_t)(TD_MTP_PEND_CAP + 1) * H;
     g->b.vlogits = p; p += (size_t)(k + 1) * V;
     g->b.qprobs = p; p += (size_t)(k ? k : 1) * V;
     g->b.probs = p; p += V;
@@ -171,25 +183,7 @@ static void next_token(td_gen *g, const float *row) {
     g->x = row ? td_sampler_sample(&g->sm, row) : g->am[0];
     td_sampler_set_mask(&g->sm, NULL);
     td_sampler_accept(&g->sm, g->x);
-    emit(g, g->x, row);
-}
-
-/* Draws from the residual normalize(max(0, p - q)); q == NULL means one-hot at d. */
-static int32_t sample_residual(td_sampler *sm, float *p, const float *q, int32_t d, int V) {
-    double sum = 0;
-    for (int i = 0; i < V; i++) {
-#ifdef TD_MUTATE_RESIDUAL /* test-only build: a deliberately wrong residual */
-        float r = p[i];
-        (void)q;
-#else
-        float r = q ? p[i] - q[i] : (i == d ? 0.0f : p[i]);
-#endif
-        p[i] = r > 0 ? r : 0.0f;
-        sum += p[i];
-    }
-    if (sum <= 0) return d; /* p == q: rejection had probability 0 */
-    for (int i = 0; i < V; i++) p[i] = (float)(p[i] / sum);
-    return td_sample_from(sm, p);
+    emit(g, g->x, host_rows(g) ? row : NULL);
 }
 
 /* Draft j (0-based) from the MTP logits, under the constraint's mask after
@@ -209,11 +203,7 @@ static void choose_draft(td_gen *g, int j) {
         td_sampler_set_mask(&g->sm, NULL);
         g->toks[1 + j] = td_sample_from(&g->sm, qp);
     } else {
-        const float *bl = td_sampler_biased(&g->sm, lg); /* logit_bias: drafts proposed under it too */
-        int32_t best = -1;
-        for (int i = 0; i < V; i++)
-            if (td_mask_allows(m, i) && (best < 0 || bl[i] > bl[best])) best = i;
-        g->toks[1 + j] = best;
+        g->toks[1 + j] = td_sampler_draft_argmax(&g->sm, lg, m); /* logit_bias: drafts proposed under it too */
     }
 }
 
@@ -243,9 +233,7 @@ static int accept_verified(td_gen *g, td_err *err) {
         } else {
             td_sampler_probs(&g->sm, row, g->b.probs);
             const float *qrow = g->o.draft_sampling ? g->b.qprobs + (size_t)a * V : NULL;
-            float qd = qrow ? qrow[d] : 1.0f;
-            double u = td_rng_uniform(&g->sm.rng);
-            if (!(qd > 0 && u < (double)g->b.probs[d] / qd)) { next = sample_residual(&g->sm, g->b.probs, qrow, d, V); break; }
+            if (!td_sampler_accept_draft(&g->sm, g->b.probs, qrow, d)) { next = td_sampler_residual(&g->sm, g->b.probs, qrow, d); break; }
         }
         td_sampler_accept(&g->sm, d);
     }
@@ -260,7 +248,7 @@ static int accept_verified(td_gen *g, td_err *err) {
     int emitted = 0;
     bool going = true;
     while (emitted < a && going) {
-        going = emit(g, g->toks[1 + emitted], g->dev_pick ? NULL : g->b.vlogits + (size_t)emitted * V);
+        going = emit(g, g->toks[1 + emitted], host_rows(g) ? g->b.vlogits + (size_t)emitted * V : NULL);
         emitted++;
     }
     /* hold x and the accepted drafts, except a final token that ended generation */
@@ -273,7 +261,7 @@ static int accept_verified(td_gen *g, td_err *err) {
     } else if (going) {
         g->x = next;
         td_sampler_accept(&g->sm, next);
-        emit(g, next, g->dev_pick ? NULL : g->b.vlogits + (size_t)a * V);
+        emit(g, next, host_rows(g) ? g->b.vlogits + (size_t)a * V : NULL);
     }
     return TD_OK;
 }
@@ -443,15 +431,25 @@ int td_gen_begin(td_session *s, const int32_t *prompt, int n_prompt, const td_sa
     if (g->depth > 0 && (o->spec_auto || o->spec_schedule_seed)) ad_begin(g, sp);
     g->prompt = TD_MALLOC(err, (size_t)n_prompt * sizeof(int32_t));
     g->stop_ids = TD_MALLOC(err, (size_t)(o->n_stop + 1) * sizeof(int32_t));
-    int rc = (!g->prompt || !g->stop_ids) ? TD_ERR_NOMEM : alloc_buffers(g, err);
-    if (!rc) rc = td_sampler_init(&g->sm, sp, c->vocab_size, prompt, n_prompt, err);
+    int rc = (!g->prompt || !g->stop_ids) ? TD_ERR_NOMEM : td_sampler_init(&g->sm, sp, c->vocab_size, prompt, n_prompt, err);
+    if (!rc && !o->want_logits && !g->cons) {
+        /* Nobody reads the logits on the host: plain greedy takes the backend's argmax of
+         * each row, any other sampler runs on the backend; only token ids cross. */
+        g->dev_pick = td_sampler_is_plain_greedy(&g->sm);
+        if (!g->dev_pick) {
+            td_sampler_free(&g->sm);
+            rc = td_sampler_init_backend(&g->sm, td_engine_backend(e), sp, c->vocab_size, prompt, n_prompt, err);
+            g->dev_sample = rc == 0;
+        }
+    }
+    if (!rc) rc = alloc_buffers(g, err);
     if (rc) {
+        td_sampler_free(&g->sm);
         free(g->prompt);
         free(g->stop_ids);
         free(g);
         return rc;
     }
-    g->dev_pick = !o->want_logits && !g->cons && td_sampler_is_plain_greedy(&g->sm);
     memcpy(g->prompt, prompt, (size_t)n_prompt * sizeof(int32_t));
     if (o->n_stop) memcpy(g->stop_ids, o->stop_ids, (size_t)o->n_stop * sizeof(int32_t));
     g->o.stop_ids = g->stop_ids;
@@ -627,6 +625,7 @@ static int step(td_gen **gens, int n, int prefill_budget, td_err *err) {
                                           .logits_rows = 1, .hidden_out_d = g->b.mhidden};
             }
             if (g->dev_pick) mitems[m].argmax = g->am;
+            else if (g->dev_sample) mitems[m].logits_d = g->b.mlogits;
             else mitems[m].logits = g->b.mlogits;
             drafting[m++] = g;
         }
@@ -650,18 +649,18 @@ static int step(td_gen **gens, int n, int prefill_budget, td_err *err) {
         if (g->phase == G_PREFILL) {
             bool last = g->fed + g->chunk == g->n_prompt;
             items[i] = (td_fwd_item){.seq = td_session_seq(s), .tokens = g->prompt + g->fed, .n = g->chunk, .logits_rows = last ? 1 : 0,
-                                     .logits = g->dev_pick ? NULL : td_session_logits(s), .argmax = g->dev_pick ? g->am : NULL,
-                                     .hidden_d = g->track ? g->b.vhidden : NULL};
+                                     .logits = host_rows(g) ? td_session_logits(s) : NULL, .logits_d = g->dev_sample ? g->b.vlogits : NULL,
+                                     .argmax = g->dev_pick ? g->am : NULL, .hidden_d = g->track ? g->b.vhidden : NULL};
         } else if (g->k > 0) {
             g->toks[0] = g->x;
             g->n0 = td_session_seq(s)->n_past;
             items[i] = (td_fwd_item){.seq = td_session_seq(s), .tokens = g->toks, .n = g->k + 1, .logits_rows = g->k + 1,
-                                     .logits = g->dev_pick ? NULL : g->b.vlogits, .argmax = g->dev_pick ? g->am : NULL,
-                                     .hidden_d = g->b.vhidden, .checkpoint = true};
+                                     .logits = host_rows(g) ? g->b.vlogits : NULL, .logits_d = g->dev_sample ? g->b.vlogits : NULL,
+                                     .argmax = g->dev_pick ? g->am : NULL, .hidden_d = g->b.vhidden, .checkpoint = true};
         } else {
             items[i] = (td_fwd_item){.seq = td_session_seq(s), .tokens = &g->x, .n = 1, .logits_rows = 1,
-                                     .logits = g->dev_pick ? NULL : td_session_logits(s), .argmax = g->dev_pick ? g->am : NULL,
-                                     .hidden_d = g->track ? g->b.vhidden : NULL};
+                                     .logits = host_rows(g) ? td_session_logits(s) : NULL, .logits_d = g->dev_sample ? g->b.vlogits : NULL,
+                                     .argmax = g->dev_pick ? g->am : NULL, .hidden_d = g->track ? g->b.vhidden : NULL};
         }
     }
     int ad_tokens = 0;
@@ -678,7 +677,7 @@ static int step(td_gen **gens, int n, int prefill_budget, td_err *err) {
             if (g->fed == g->n_prompt - 1 || (g->fed % CKPT_INTERVAL == 0 && g->fed < g->n_prompt)) save_checkpoint(g);
             if (g->fed == g->n_prompt) {
                 g->phase = G_DECODE;
-                next_token(g, g->dev_pick ? NULL : td_session_logits(s));
+                next_token(g, target_row(g, s));
             }
         } else if (g->k > 0) {
             uint64_t ad_acc0 = g->res.spec.accepted_tokens;
@@ -686,7 +685,7 @@ static int step(td_gen **gens, int n, int prefill_budget, td_err *err) {
             ad_observe(g, (int)(g->res.spec.accepted_tokens - ad_acc0));
         } else {
             if (g->track && (rc = td_mtp_push(s, g->b.vhidden, 1, err))) return rc;
-            next_token(g, g->dev_pick ? NULL : td_session_logits(s));
+            next_token(g, target_row(g, s));
         }
         update_times(g);
     }

@@ -2,11 +2,13 @@
  * backend memory is PROT_NONE outside the backend's own ops,
  *  - host code touching backend memory dies (the guard is armed: a child
  *    process reading the DeltaNet state or the forward scratch gets SIGSEGV);
- *  - greedy generation at depths 0..4 gives the CPU backend's tokens;
+ *  - greedy and seeded sampled generation at depths 0..4 give the CPU
+ *    backend's tokens (the sampler running on the backend, or on the host
+ *    when logits are wanted: the same tokens);
  *  - a decode step and a draft + verify + accept step copy only the batch
  *    description (token ids, positions, block tables) in and token ids out,
- *    asserted with the backend's transfer counters; logits rows come out
- *    only when the request wants them (logprobs). */
+ *    asserted with the backend's transfer counters, for greedy and sampled
+ *    requests; logits rows come out only when the request wants them. */
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -37,12 +39,15 @@ static int keep(void *u, int32_t t, const float *row) {
 
 /* Step-wise greedy generation; per decode step after the first, checks the
  * transfer counters. Returns the number of steps checked. */
-static int run(td_engine *e, int depth, bool want_logits, toks *out, int *bad_steps) {
+static int run(td_engine *e, int depth, bool want_logits, float temperature, toks *out, int *bad_steps) {
     td_err err = {0};
     td_session *s;
     CHECK(td_session_new(e, &s, &err) == 0, "%s", err.msg);
     td_sampling sp;
     td_sampling_default(&sp);
+    sp.temperature = temperature;
+    sp.top_p = temperature > 0 ? 0.9f : 1.0f;
+    sp.seed = 7;
     td_gen_opts go = {.max_tokens = NGEN, .spec_depth = depth, .ignore_eos = true, .want_logits = want_logits};
     td_gen *g;
     out->n = 0;
@@ -65,9 +70,11 @@ static int run(td_engine *e, int depth, bool want_logits, toks *out, int *bad_st
         /* one batch description per pass: state pointer, tokens and rows, segment fields, block table */
         uint64_t batch_max = (uint64_t)(k + 1) * (8 + 4 * (2 * (uint64_t)(k + 1) + 7 + (uint64_t)blocks + 1));
         bool ok;
-        if (!want_logits)
+        if (!want_logits && temperature == 0) /* argmax ids: k drafts, k + 1 verify rows */
             ok = n_up == (uint64_t)k + 1 && up <= batch_max && up < (uint64_t)H * 4 && n_down == (uint64_t)k + 1 &&
                  down == 4 * (uint64_t)(k + k + 1);
+        else if (!want_logits) /* the sampler on the backend: each call returns one id or flag */
+            ok = n_up == (uint64_t)k + 1 && up <= batch_max && up < (uint64_t)H * 4 && down == 4 * n_down && n_down >= 1;
         else
             ok = n_up == (uint64_t)k + 1 && up <= batch_max && down >= (uint64_t)(k + 1) * V * 4;
         if (!ok) {
@@ -102,23 +109,34 @@ int main(void) {
     if (!cpu || !guard) TEST_MAIN_END("backend_guard");
     CHECK(strcmp(guard->backend->ops->name, "guard") == 0, "guard backend selected");
     armed(guard);
-    int same = 0, steps = 0, bad = 0, bad_l = 0, steps_l = 0;
+    int same = 0, steps = 0, bad = 0, bad_l = 0, steps_l = 0, same_s = 0, steps_s = 0, bad_s = 0;
     for (int d = 0; d <= 4; d++) {
         toks a, b, c;
         int bd;
-        run(cpu, d, false, &a, &bd);
-        steps += run(guard, d, false, &b, &bd);
+        run(cpu, d, false, 0, &a, &bd);
+        steps += run(guard, d, false, 0, &b, &bd);
         bad += bd;
-        steps_l += run(guard, d, true, &c, &bd);
+        steps_l += run(guard, d, true, 0, &c, &bd);
         bad_l += bd;
         bool eq = a.n == b.n && a.n == c.n && memcmp(a.t, b.t, (size_t)a.n * 4) == 0 && memcmp(a.t, c.t, (size_t)a.n * 4) == 0;
         CHECK(eq, "depth %d: guard tokens (%d, %d with logits) == cpu tokens (%d)", d, b.n, c.n, a.n);
         same += eq;
+        /* seeded sampling (T 0.8, top_p 0.9): the sampler runs on the backend unless logits are wanted,
+         * and the tokens are the CPU's, and those of the host sampler (logits wanted) */
+        run(cpu, d, false, 0.8f, &a, &bd);
+        steps_s += run(guard, d, false, 0.8f, &b, &bd);
+        bad_s += bd;
+        run(guard, d, true, 0.8f, &c, &bd);
+        bad_l += bd;
+        eq = a.n == b.n && a.n == c.n && memcmp(a.t, b.t, (size_t)a.n * 4) == 0 && memcmp(a.t, c.t, (size_t)a.n * 4) == 0;
+        CHECK(eq, "depth %d sampled: guard tokens (%d, %d with logits) == cpu tokens (%d)", d, b.n, c.n, a.n);
+        same_s += eq;
     }
     CHECK(steps > 20 && bad == 0, "%d of %d decode steps moved more than token ids and the batch description", bad, steps);
     CHECK(steps_l > 20 && bad_l == 0, "%d of %d steps with logits wanted did not download the logits rows", bad_l, steps_l);
-    printf("backend_guard: greedy depths 0-4 on guard == cpu: %d/5; %d decode steps moved only token ids and batch descriptions\n", same,
-           steps);
+    CHECK(steps_s > 20 && bad_s == 0, "%d of %d sampled steps moved more than ids and the batch description", bad_s, steps_s);
+    printf("backend_guard: depths 0-4 on guard == cpu: greedy %d/5, seeded sampling %d/5; %d greedy and %d sampled decode steps moved "
+           "only token ids and batch descriptions\n", same, same_s, steps, steps_s);
     td_engine_free(cpu);
     td_engine_free(guard);
     TEST_MAIN_END("backend_guard");

@@ -8,6 +8,7 @@
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/kernels.h"
 #include "backend/cpu/pool.h"
+#include "sample/sampler.h"
 #include "util/err.h"
 
 /* ---- memory -------------------------------------------------------------- */
@@ -119,6 +120,8 @@ static void cpu_argmax(td_backend *b, const float *x, int rows, int n, int32_t *
     }
 }
 
+static int32_t cpu_sample(td_backend *b, td_sampler *s, const td_sample_call *c) { (void)b; return td_sampler_run(s, c); }
+
 static void cpu_parallel_for(td_backend *b, int n, void (*fn)(void *, int), void *ctx) { td_pool_for(b->impl, n, fn, ctx); }
 
 static const td_backend_ops cpu_ops = {
@@ -145,6 +148,7 @@ static const td_backend_ops cpu_ops = {
     .kv_store = td_cpu_kv_store,
     .kv_load = td_cpu_kv_load,
     .argmax = cpu_argmax,
+    .sample = cpu_sample,
     .parallel_for = cpu_parallel_for,
 };
 

@@ -187,6 +187,12 @@ static void g_argmax(td_backend *b, const float *x, int rows, int n, int32_t *ou
     open_all(b); CPU->argmax(INNER, x, rows, n, out); close_all(b);
 }
 
+static int32_t g_sample(td_backend *b, struct td_sampler *s, const struct td_sample_call *c) {
+    open_all(b);
+    int32_t r = CPU->sample(INNER, s, c);
+    close_all(b);
+    return r;
+}
 static void g_parallel_for(td_backend *b, int n, void (*fn)(void *, int), void *ctx) { CPU->parallel_for(INNER, n, fn, ctx); }
 
 static const td_backend_ops guard_ops = {
@@ -213,6 +219,7 @@ static const td_backend_ops guard_ops = {
     .kv_store = g_kv_store,
     .kv_load = g_kv_load,
     .argmax = g_argmax,
+    .sample = g_sample,
     .parallel_for = g_parallel_for,
 };
 
