@@ -90,6 +90,7 @@ void td_sampler_free(td_sampler *s) {
         td_backend *b = s->b;
         b->ops->free(b, s->counts); b->ops->free(b, s->in_prompt); b->ops->free(b, s->work); b->ops->free(b, s->idx);
         b->ops->free(b, s->probs);
+        b->ops->free(b, s->dmask);
     } else {
         free(s->counts); free(s->in_prompt); free(s->work); free(s->idx); free(s->probs);
     }
@@ -108,7 +109,15 @@ static int has_penalties(const td_sampler *s) {
     return s->p.repetition_penalty != 1.0f || s->p.presence_penalty != 0.0f || s->p.frequency_penalty != 0.0f;
 }
 
-void td_sampler_set_mask(td_sampler *s, const uint32_t *mask) { s->mask = mask; }
+void td_sampler_set_mask(td_sampler *s, const uint32_t *mask) {
+    if (!s->b || !mask) { s->mask = mask; return; }
+    /* a backend sampler reads the mask in backend memory: one upload of V/32 words */
+    size_t words = ((size_t)s->vocab + 31) / 32;
+    if (!s->dmask) s->dmask = s->b->ops->alloc(s->b, words * sizeof(uint32_t));
+    TD_ASSERT(s->dmask); /* a few KiB; only under backend memory exhaustion */
+    td_bk_upload(s->b, s->dmask, mask, words * sizeof(uint32_t));
+    s->mask = s->dmask;
+}
 
 int td_mask_empty(const uint32_t *mask, int vocab) {
     if (!mask) return 0;
@@ -294,9 +303,9 @@ int32_t td_sample_from(td_sampler *s, const float *probs) { return call(s, (td_s
 int32_t td_sampler_sample(td_sampler *s, const float *logits) { return call(s, (td_sample_call){.kind = TD_SAMPLE_SAMPLE, .x = logits}); }
 int32_t td_sampler_draft_argmax(td_sampler *s, const float *logits, const uint32_t *mask) {
     const uint32_t *m = s->mask;
-    s->mask = mask;
+    td_sampler_set_mask(s, mask);
     int32_t t = call(s, (td_sample_call){.kind = TD_SAMPLE_DRAFT_ARGMAX, .x = logits});
-    s->mask = m;
+    s->mask = m; /* callers set the mask per call; a backend copy of it is stale now (re-uploaded when set) */
     return t;
 }
 int td_sampler_accept_draft(td_sampler *s, const float *p, const float *q, int32_t d) {

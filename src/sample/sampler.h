@@ -29,18 +29,21 @@ typedef struct td_sampler {
     td_logit_bias *bias;   /* owned copy of p.logit_bias (n_bias entries) */
     int n_bias;
     const uint32_t *mask;  /* allowed tokens (bit t%32 of word t/32) or NULL: the others get -inf
-                              before every processor (set per call by td_sampler_set_mask) */
+                              before every processor (set per call by td_sampler_set_mask; with a
+                              backend, the backend copy in dmask) */
+    uint32_t *dmask;       /* backend [vocab/32] copy of the mask (backend samplers) */
 } td_sampler;
 
 int td_sampler_init(td_sampler *s, const td_sampling *p, int vocab, const int32_t *prompt, int n_prompt, td_err *err);
 /* The same with the arrays in backend memory (b borrowed): logits and
- * probabilities passed to it are then backend memory too, and no mask may
- * be set (a grammar mask is host memory: constrained requests sample here). */
+ * probabilities passed to it are then backend memory too; a mask set with
+ * td_sampler_set_mask (host memory) is uploaded (V/32 words per call). */
 int td_sampler_init_backend(td_sampler *s, struct td_backend *b, const td_sampling *p, int vocab, const int32_t *prompt, int n_prompt,
                             td_err *err);
 void td_sampler_free(td_sampler *s);
-/* Restricts the next calls to the tokens of mask (borrowed; NULL = all),
- * as vLLM's structured-output bitmask: masked tokens are -inf logits. */
+/* Restricts the next calls to the tokens of mask (host memory, borrowed;
+ * NULL = all), as vLLM's structured-output bitmask: masked tokens are -inf
+ * logits. A backend sampler uploads it (as vLLM uploads its bitmask). */
 void td_sampler_set_mask(td_sampler *s, const uint32_t *mask);
 /* Whether token t is allowed by mask (NULL: every token). */
 static inline int td_mask_allows(const uint32_t *mask, int32_t t) { return !mask || ((mask[t >> 5] >> (t & 31)) & 1u); }

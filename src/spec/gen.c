@@ -66,8 +66,8 @@ struct td_gen {
     double t_begin, t_first;
     bool broken;           /* a failed step left the session's state undefined */
     bool dev_pick;         /* plain greedy, no logits wanted: tokens are argmax ids from the backend */
-    bool dev_sample;       /* any other sampler, no logits wanted, no constraint: the sampler runs on the
-                              backend and every logits / probability buffer below is backend memory */
+    bool dev_sample;       /* any other request that wants no logits (constrained ones too): the sampler runs
+                              on the backend and every logits / probability buffer below is backend memory */
     int32_t am[TD_MAX_SPEC_DEPTH + 1]; /* this step's argmax ids: target rows, or am[0] the MTP row */
     /* this step */
     int chunk, k, n0;
@@ -432,10 +432,11 @@ int td_gen_begin(td_session *s, const int32_t *prompt, int n_prompt, const td_sa
     g->prompt = TD_MALLOC(err, (size_t)n_prompt * sizeof(int32_t));
     g->stop_ids = TD_MALLOC(err, (size_t)(o->n_stop + 1) * sizeof(int32_t));
     int rc = (!g->prompt || !g->stop_ids) ? TD_ERR_NOMEM : td_sampler_init(&g->sm, sp, c->vocab_size, prompt, n_prompt, err);
-    if (!rc && !o->want_logits && !g->cons) {
+    if (!rc && !o->want_logits) {
         /* Nobody reads the logits on the host: plain greedy takes the backend's argmax of
-         * each row, any other sampler runs on the backend; only token ids cross. */
-        g->dev_pick = td_sampler_is_plain_greedy(&g->sm);
+         * each row, any other sampler (and any constrained request: its grammar mask is
+         * uploaded per position) runs on the backend; only token ids (and masks) cross. */
+        g->dev_pick = !g->cons && td_sampler_is_plain_greedy(&g->sm);
         if (!g->dev_pick) {
             td_sampler_free(&g->sm);
             rc = td_sampler_init_backend(&g->sm, td_engine_backend(e), sp, c->vocab_size, prompt, n_prompt, err);
