@@ -178,6 +178,27 @@ int main(void) {
         CHECK(fs[1].first_order < fs[2].first_order && fs[2].first_order < fs[3].first_order,
               "first tokens out of arrival order: %d %d %d", fs[1].first_order, fs[2].first_order, fs[3].first_order);
     }
+    /* the same with 150-token prompts: long enough (over two 64-token budgets) that
+     * handing the budget out in array order (a swap-remove moved the newest to the
+     * front) puts the third first; the 90-token case above passes either way
+     * (bench/results/issue16-before-after-2026-12-01.md: 20 of 20 failed before) */
+    {
+        g_first_rank = 0;
+        static int32_t longp[3][150];
+        for (int i = 0; i < 3; i++)
+            for (int t = 0; t < 150; t++) longp[i][t] = (t * (i + 13) + 7 * i + 2) % 58;
+        int32_t shortp[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+        sink fs[4];
+        td_request r = make_req(shortp, 8, 0, 2, &fs[0]);
+        td_sched_submit(sch, &r, NULL, &err);
+        for (int i = 1; i < 4; i++) {
+            r = make_req(longp[i - 1], 150, 0, 4, &fs[i]);
+            td_sched_submit(sch, &r, NULL, &err);
+        }
+        wait_all(fs, 4);
+        CHECK(fs[1].first_order < fs[2].first_order && fs[2].first_order < fs[3].first_order,
+              "first tokens out of arrival order (150-token prompts): %d %d %d", fs[1].first_order, fs[2].first_order, fs[3].first_order);
+    }
 
     /* 3. a request whose step fails is isolated: the others finish exactly */
     {
