@@ -22,8 +22,8 @@ static td_kv_shape kv_shape(const td_engine *e) {
 
 size_t td_session_bytes_for(const td_config *c, int depth, int max_chunk) {
     size_t V = (size_t)c->vocab_size, H = (size_t)c->hidden_size;
-    return sizeof(td_session) + (V + H + (size_t)TD_SESSION_PEND_CAP * H) * sizeof(float) +
-           td_gen_work_bytes_for(c, depth, TD_SESSION_PEND_CAP, max_chunk);
+    return sizeof(td_session) + (V + H) * sizeof(float) + td_mtp_track_bytes_for(c->hidden_size) +
+           td_gen_work_bytes_for(c, depth, TD_MTP_PEND_CAP, max_chunk);
 }
 
 int td_engine_load(const char *model_dir, const td_engine_opts *opts, td_engine **out, td_err *err) {

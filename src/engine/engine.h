@@ -35,8 +35,6 @@ struct td_session {
     td_session *prev, *next;  /* the engine's list of live sessions */
 };
 
-/* Pending hidden rows a session keeps for the MTP head. */
-#define TD_SESSION_PEND_CAP TD_MTP_PEND_CAP
 
 /* Shape of the paged KV cache for a config (one MTP layer when the model
  * has the head; AUTO stores f32), and the bytes one session

@@ -31,7 +31,7 @@
  * What a depth-0 request costs: a request at `auto` that may draft keeps
  * its MTP entries in step with the target (gen.c's `track`: one hidden-row
  * copy per token and one batched MTP-layer pass over the pending rows every
- * TD_SESSION_PEND_CAP - 1 tokens, without the lm_head), so it can draft
+ * TD_MTP_PEND_CAP - 1 tokens, without the lm_head), so it can draft
  * again at any step without a gap in the MTP layer's KV. On a model in cache
  * (the demo model on a CPU) that pass is ~1/7 of a forward per token: more
  * than the whole gain drafting could bring. So a new request tracks only
