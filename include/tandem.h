@@ -54,6 +54,14 @@ typedef struct td_session td_session;
  * FP8 is e4m3 with one f32 scale per (token, kv head). */
 typedef enum { TD_KV_AUTO = 0, TD_KV_BF16 = 1, TD_KV_FP8 = 2, TD_KV_F32 = 3 } td_kv_dtype;
 
+/* Matmul activation precision. F32 (default) is the reference the golden tests
+ * check to 1e-5. BF16 rounds activations (and weights that are not exact in
+ * BF16) to BF16 and uses the CPU's BF16 dot-product instructions (AVX-512
+ * BF16): faster prefill, within the tolerance test_precision states. Both
+ * are batch-invariant, so greedy output at any draft depth equals depth 0
+ * within one precision. */
+typedef enum { TD_PRECISION_F32 = 0, TD_PRECISION_BF16 = 1 } td_precision;
+
 typedef struct td_engine_opts {
     int n_threads;       /* 0 = all cores */
     int max_context;     /* per-session token capacity; 0 = model's max_position_embeddings, capped at 32768 */
@@ -74,6 +82,7 @@ typedef struct td_engine_opts {
                             tokens, AVX2 and AVX-512 the same bits */
     const char *backend; /* "cpu" (NULL: $TANDEM_BACKEND, else cpu) or "guard" (tests: the CPU ops with all
                             backend memory inaccessible to host code; see src/backend/README.md) */
+    td_precision precision; /* matmul activations (TD_ERR_UNSUPPORTED when the backend cannot) */
 } td_engine_opts;
 
 /* KV cache figures (caller-owned copy). */

@@ -154,6 +154,7 @@ struct td_backend {
     int n_threads;
     int isa; /* CPU: the td_isa its matmul kernels use (backend/cpu/kernels.h); the best the CPU has at
                 creation, and one the CPU has whoever sets it (td_kernels_have_isa) */
+    int precision; /* td_precision (tandem.h): the matmul activations; CPU BF16 needs AVX-512 BF16 */
     td_backend_counters counters;
     void (*destroy)(td_backend *b);
 };

@@ -57,6 +57,17 @@ int td_engine_load(const char *model_dir, const td_engine_opts *opts, td_engine 
         }
         e->backend->isa = (int)want;
     }
+    if (e->opts.precision != TD_PRECISION_F32 && e->opts.precision != TD_PRECISION_BF16) {
+        rc = TD_FAIL(err, TD_ERR_ARG, "precision %d (0 f32, 1 bf16)", (int)e->opts.precision);
+        goto fail;
+    }
+    if (e->opts.precision == TD_PRECISION_BF16 && (e->backend->isa != TD_ISA_AVX512 || !td_kernels_have_bf16())) {
+        rc = TD_FAIL(err, TD_ERR_UNSUPPORTED, "--precision bf16 needs AVX-512 BF16 (this CPU: %s%s; kernels %s)",
+                     td_isa_name(td_kernels_best_isa()), td_kernels_best_isa() == TD_ISA_AVX512 ? " without BF16" : "",
+                     td_isa_name((td_isa)e->backend->isa));
+        goto fail;
+    }
+    e->backend->precision = (int)e->opts.precision;
     if ((rc = td_fwd_ctx_new(e->model, e->backend, &e->fwd, err))) goto fail;
     if (e->opts.deltanet_chunk < 0 || e->opts.deltanet_chunk > 256) {
         rc = TD_FAIL(err, TD_ERR_ARG, "deltanet_chunk %d (0 = off, up to 256 tokens)", e->opts.deltanet_chunk);

@@ -211,6 +211,78 @@ static void test_case(wcase c, int64_t N, int64_t K, const td_isa *isas, int n_i
     free_w(&w);
 }
 
+/* RNE to BF16 and back (finite inputs): what td_x_to_bf16 does to x. */
+static float bf16_round(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    u = (u + 0x7fffu + ((u >> 16) & 1u)) & 0xffff0000u;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+/* --precision bf16 (kernels_bf16.c) on AVX-512 BF16 machines:
+ * - against the double reference: |y - ref| <= 2^-7 * sum |x w| (x rounded to
+ *   BF16, 2^-8 relative, and the weight too where it is not exact in BF16);
+ * - weights exact in BF16 (bf16, fp8 per-tensor, nvfp4): against the double
+ *   reference of the BF16-rounded x to the f32 path's 1e-5, so the rounding is
+ *   exactly round-to-nearest-even of x and nothing else;
+ * - the same batch / thread invariance as the f32 path (bit for bit), and the
+ *   result differs from the f32 path (the BF16 path really ran). */
+static void test_case_bf16(wcase c, int64_t N, int64_t K) {
+    wmat w;
+    make_w(c, N, K, &w);
+    const int MBIG = 70;
+    float *x = malloc(sizeof(float) * (size_t)(MBIG * K));
+    for (int64_t i = 0; i < MBIG * K; i++) x[i] = frand();
+    float *y16 = malloc(sizeof(float) * (size_t)(16 * N)), *y = malloc(sizeof(float) * (size_t)(MBIG * N));
+    float *yf = malloc(sizeof(float) * (size_t)(16 * N)), *row1 = malloc(sizeof(float) * (size_t)N);
+    for (int t = 1; t <= 3; t++) bk[t]->isa = TD_ISA_AVX512;
+    run_mm(2, &w.t, x, 16, yf); /* f32 path */
+    for (int t = 1; t <= 3; t++) bk[t]->precision = TD_PRECISION_BF16;
+    run_mm(2, &w.t, x, 16, y16);
+    bool exact_w = c == C_BF16 || c == C_F8T || c == C_FP4MO || c == C_FP4CT;
+    double worst = 0, worst_x = 0;
+    int bad = 0, bad_x = 0;
+    for (int m = 0; m < 16; m++)
+        for (int64_t n = 0; n < N; n++) {
+            double ref = 0, mag = 0, refx = 0, magx = 0;
+            for (int64_t k = 0; k < K; k++) {
+                double p = (double)x[m * K + k] * w.deq[n * K + k], px = (double)bf16_round(x[m * K + k]) * w.deq[n * K + k];
+                ref += p, mag += fabs(p), refx += px, magx += fabs(px);
+            }
+            double e = fabs((double)y16[m * N + n] - ref) / (mag + 1e-30), ex = fabs((double)y16[m * N + n] - refx) / (magx + 1e-30);
+            if (e > worst) worst = e;
+            if (ex > worst_x) worst_x = ex;
+            bad += !(e <= 0x1p-7);
+            bad_x += exact_w && !(ex <= 1e-5);
+        }
+    CHECK(bad == 0, "bf16 %s N=%lld K=%lld: %d outputs beyond 2^-7 of the double reference (worst rel %.3g)", case_names[c], (long long)N,
+          (long long)K, bad, worst);
+    CHECK(bad_x == 0, "bf16 %s N=%lld K=%lld: %d outputs off the reference of the rounded x (worst rel %.3g)", case_names[c], (long long)N,
+          (long long)K, bad_x, worst_x);
+    CHECK(memcmp(yf, y16, sizeof(float) * (size_t)(16 * N)) != 0, "bf16 %s: the result equals the f32 path's", case_names[c]);
+    int diff_m = 0, diff_rows = 0, diff_t = 0;
+    for (int M = 1; M <= 15; M++) {
+        run_mm(2, &w.t, x, M, y);
+        if (memcmp(y, y16, sizeof(float) * (size_t)(M * N))) diff_m++;
+    }
+    run_mm(2, &w.t, x, MBIG, y);
+    if (memcmp(y, y16, sizeof(float) * (size_t)(16 * N))) diff_m++;
+    for (int m = 16; m < MBIG; m++) {
+        run_mm(1, &w.t, x + (int64_t)m * K, 1, row1);
+        if (memcmp(row1, y + (int64_t)m * N, sizeof(float) * (size_t)N)) diff_rows++;
+    }
+    for (int th = 1; th <= 3; th++) {
+        run_mm(th, &w.t, x, 16, y);
+        if (memcmp(y, y16, sizeof(float) * (size_t)(16 * N))) diff_t++;
+    }
+    CHECK(diff_m == 0 && diff_rows == 0 && diff_t == 0, "bf16 %s N=%lld K=%lld: %d batch sizes, %d prefill rows, %d thread counts differ",
+          case_names[c], (long long)N, (long long)K, diff_m, diff_rows, diff_t);
+    for (int t = 1; t <= 3; t++) bk[t]->precision = TD_PRECISION_F32, bk[t]->isa = (int)td_kernels_best_isa();
+    free(x); free(y); free(y16); free(yf); free(row1);
+    free_w(&w);
+}
+
 int main(void) {
     td_err err = {0};
     int fp8_same = 0; /* the constant fp8 table the SIMD kernels read == the format's definition */
@@ -246,8 +318,10 @@ int main(void) {
             if (c >= C_FP4MO && sh[s][1] % 16) continue;
             if (c == C_F8B && sh[s][1] % 16) continue;
             test_case((wcase)c, sh[s][0], sh[s][1], isas, n_isas);
+            if (td_kernels_have_bf16()) test_case_bf16((wcase)c, sh[s][0], sh[s][1]);
         }
     }
+    printf("kernels: bf16 activations %s\n", td_kernels_have_bf16() ? "tested (AVX-512 BF16)" : "not tested: this CPU has no AVX-512 BF16");
     /* DeltaNet step and axpy (vector clones) equal the plain reference loops bit for bit */
     static const int gdn_shapes[][2] = {{128, 128}, {37, 19}, {32, 64}};
     for (int s = 0; s < 3; s++) {

@@ -48,6 +48,8 @@ void td_cpu_par_for(td_backend *b, int n, void (*fn)(void *, int), void *ctx, do
 typedef struct {
     const td_tensor *W;
     const float *x;
+    const uint16_t *xb; /* precision bf16: x rounded, rows of ldb */
+    int64_t ldb;
     float *y;
     int M, mb, n_mblocks, isa;
     int64_t N, rows;
@@ -60,7 +62,8 @@ static void matmul_task(void *ctx, int task) {
     if (n1 > j->N) n1 = j->N;
     int m0 = mbi * j->mb, m1 = m0 + j->mb;
     if (m1 > j->M) m1 = j->M;
-    td_matmul_block((td_isa)j->isa, j->W, j->x, m0, m1, n0, n1, j->y, j->N);
+    if (j->xb) td_matmul_block_bf16(j->W, j->xb, j->ldb, m0, m1, n0, n1, j->y, j->N);
+    else td_matmul_block((td_isa)j->isa, j->W, j->x, m0, m1, n0, n1, j->y, j->N);
 }
 
 static void cpu_matmul(td_backend *b, const td_tensor *W, const float *x, int M, float *y) {
@@ -72,11 +75,21 @@ static void cpu_matmul(td_backend *b, const td_tensor *W, const float *x, int M,
     j.mb = M <= 16 ? M : M_BLOCK;
     j.n_mblocks = (M + j.mb - 1) / j.mb;
     int tasks = (int)((j.N + j.rows - 1) / j.rows) * j.n_mblocks;
-    if ((double)M * (double)j.N * (double)K < 32768.0) { /* too small to share */
-        td_matmul_block((td_isa)b->isa, W, x, 0, M, 0, j.N, y, j.N);
-        return;
+    uint16_t *xb = NULL;
+    if (b->precision == TD_PRECISION_BF16) {
+        /* x rounded once for every task; a failed allocation is an out-of-memory
+         * the op table has no error path for (the forward's own buffers are larger) */
+        j.ldb = (K + 31) & ~(int64_t)31;
+        xb = malloc((size_t)M * (size_t)j.ldb * sizeof *xb);
+        TD_ASSERT(xb && "matmul: out of memory for the bf16 activations");
+        td_x_to_bf16(x, M, K, j.ldb, xb);
+        j.xb = xb;
     }
-    td_pool_for(b->impl, tasks, matmul_task, &j);
+    if ((double)M * (double)j.N * (double)K < 32768.0) matmul_task(&(matmul_job){.W = W, .x = x, .xb = xb, .ldb = j.ldb, .y = y,
+                                                                               .M = M, .mb = M, .n_mblocks = 1, .isa = b->isa,
+                                                                               .N = j.N, .rows = j.N}, 0); /* too small to share */
+    else td_pool_for(b->impl, tasks, matmul_task, &j);
+    free(xb);
 }
 
 /* ---- elementwise ----------------------------------------------------------- */

@@ -51,6 +51,16 @@ bool td_matmul_supported(const td_tensor *W, const char **why);
  * K = W->shape[1]; isa: one this CPU has (td_kernels_have_isa), not AUTO. */
 void td_matmul_block(td_isa isa, const td_tensor *W, const float *x, int m0, int m1, int64_t n0, int64_t n1, float *y, int64_t ldy);
 
+/* BF16 activations (kernels_bf16.c, `--precision bf16`): whether this CPU has
+ * AVX-512 BF16 (VDPBF16PS), which the path needs. td_x_to_bf16 rounds x [M, K]
+ * to BF16 (nearest even) into xb [M, ldb], ldb >= K a multiple of 32, zero
+ * padded; td_matmul_block_bf16 is td_matmul_block on those rows. Same
+ * batch-invariance rule, its own rounding (see kernels_bf16.c). */
+bool td_kernels_have_bf16(void);
+void td_x_to_bf16(const float *x, int M, int64_t K, int64_t ldb, uint16_t *xb);
+void td_matmul_block_bf16(const td_tensor *W, const uint16_t *xb, int64_t ldb, int m0, int m1, int64_t n0, int64_t n1, float *y,
+                          int64_t ldy);
+
 /* e4m3 (fn: no infinities, 0x7f/0xff NaN) byte -> float, exact. */
 float td_fp8_e4m3_to_f32(uint8_t b);
 

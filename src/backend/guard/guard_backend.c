@@ -39,7 +39,8 @@ static guard *G(td_backend *b) { return b->impl; }
 static void open_all(td_backend *b) {
     guard *g = G(b);
     if (g->top && mprotect(g->base, g->top, PROT_READ | PROT_WRITE) != 0) TD_ASSERT(!"guard: mprotect RW failed");
-    g->cpu->isa = b->isa; /* the engine may pick the ISA after creation */
+    g->cpu->isa = b->isa; /* the engine may pick the ISA and precision after creation */
+    g->cpu->precision = b->precision;
 }
 static void close_all(td_backend *b) {
     guard *g = G(b);

@@ -1,0 +1,236 @@
+/* BF16-activation matmul (`--precision bf16`, td_backend.precision): the
+ * activation rows are rounded to BF16 once per matmul (td_x_to_bf16, round to
+ * nearest even) and each 32-element chunk of a weight row is dequantized to
+ * f32 as in kernels_x86.c and rounded to BF16, then VDPBF16PS (AVX-512 BF16)
+ * adds the two products of each element pair into one f32 lane: twice the
+ * multiply-adds per instruction of the f32 FMA path, and half the activation
+ * bytes, which is what prefill (compute-bound) gains from.
+ *
+ * Weights that are exact in BF16 stay exact: BF16 itself, FP8 e4m3 with a
+ * per-tensor scale (the scale is applied after the sum, as in the f32 path)
+ * and NVFP4 (e2m1 x an e4m3 block scale has at most 6 significant bits; the
+ * global multiplier is applied after the sum). F32, F16, FP8 with block
+ * scales and q8 lose their low bits to the rounding.
+ *
+ * Batch invariance, as in every kernel: output y[m,n] is one 16-lane
+ * accumulator over the whole K, lane j taking the pair (2j, 2j+1) of every
+ * 32-chunk in increasing k (the last chunk zero padded), then the fixed
+ * reduce16 tree. The decode/verify tiles and the prefill panels only change
+ * which outputs are computed together, so any M, tile, thread split or row
+ * block gives the same bits (test_kernels checks every row of a prefill-sized
+ * batch against M = 1). Results are not bit-identical to the f32 path: that
+ * is the tolerance test_precision states. */
+#include "backend/cpu/kernels_x86.h"
+#include "util/err.h"
+#if defined(__x86_64__) && defined(__GNUC__) && (defined(__clang__) || __GNUC__ >= 10)
+#define TBF __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,fma,f16c,avx2")))
+
+bool td_kernels_have_bf16(void) {
+    __builtin_cpu_init();
+    return td_kernels_best_isa() == TD_ISA_AVX512 && __builtin_cpu_supports("avx512bf16");
+}
+
+TBF void td_x_to_bf16(const float *x, int M, int64_t K, int64_t ldb, uint16_t *xb) {
+    for (int m = 0; m < M; m++) {
+        const float *src = x + (int64_t)m * K;
+        uint16_t *dst = xb + (int64_t)m * ldb;
+        int64_t i = 0;
+        for (; i + 16 <= K; i += 16) _mm256_storeu_si256((__m256i *)(dst + i), (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(src + i)));
+        if (i < K) {
+            float t[16] = {0};
+            memcpy(t, src + i, (size_t)(K - i) * sizeof(float));
+            uint16_t o[16];
+            _mm256_storeu_si256((__m256i *)o, (__m256i)_mm512_cvtneps_pbh(_mm512_loadu_ps(t)));
+            memcpy(dst + i, o, (size_t)(K - i) * sizeof(uint16_t));
+        }
+        for (i = K; i < ldb; i++) dst[i] = 0; /* the zero padding the last chunk reads */
+    }
+}
+
+/* 32 weights of row n at column i as BF16 pairs; `rem` < 32 for the last chunk (zero padded). */
+TBF INL __m512bh wbf32(const wd *d, const int kind, const uint8_t *row, int64_t n, int64_t i, int rem) {
+    if (rem >= 32) {
+        if (kind == KBF16) return (__m512bh)_mm512_loadu_si512((const void *)((const uint16_t *)row + i));
+        return _mm512_cvtne2ps_pbh(w16_512(d, kind, row, n, i + 16), w16_512(d, kind, row, n, i));
+    }
+    /* nvfp4 and q8 have K % 16 == 0, so their tail is exactly one full 16-chunk */
+    float lo[16], hi[16];
+    if (rem >= 16) _mm512_storeu_ps(lo, w16_512(d, kind, row, n, i));
+    else w_tail(d, kind, row, n, i, rem, lo);
+    if (rem > 16) w_tail(d, kind, row, n, i + 16, rem - 16, hi);
+    else memset(hi, 0, sizeof hi);
+    return _mm512_cvtne2ps_pbh(_mm512_loadu_ps(hi), _mm512_loadu_ps(lo));
+}
+
+INL float finish(const wd *d, const int kind, const float *a) {
+    float v = reduce16(a);
+    return kind == KF8 || kind == KFP4 ? v * d->post : v;
+}
+
+/* Decode and verify: tiles of up to 4 weight rows x 6 activation rows, as tile512. */
+TBF INL void tilebf(const wd *d, const int kind, const int RN, const int RM, const uint16_t *xb, int64_t ldb, int m, int64_t n,
+                    float *y, int64_t ldy) {
+    const int64_t K = d->K;
+    __m512 acc[4][6];
+    const uint8_t *row[4];
+    const uint16_t *xr[6];
+    for (int r = 0; r < RN; r++) row[r] = d->data + (n + r) * d->row_bytes;
+    for (int q = 0; q < RM; q++) xr[q] = xb + (int64_t)(m + q) * ldb;
+    for (int r = 0; r < RN; r++)
+        for (int q = 0; q < RM; q++) acc[r][q] = _mm512_setzero_ps();
+    const int64_t step = 32 * d->row_bytes / K, pf = RN * d->row_bytes; /* prefetch: see tile512 */
+    int64_t off = 0;
+    for (int64_t i = 0; i < K; i += 32, off += step) {
+        int rem = K - i < 32 ? (int)(K - i) : 32;
+        __m512bh w[4];
+        if ((off & 63) == 0)
+            for (int r = 0; r < RN; r++) _mm_prefetch((const char *)row[r] + off + pf, _MM_HINT_T0);
+        for (int r = 0; r < RN; r++) w[r] = wbf32(d, kind, row[r], n + r, i, rem);
+        for (int q = 0; q < RM; q++) {
+            __m512bh xv = (__m512bh)_mm512_loadu_si512((const void *)(xr[q] + i));
+            for (int r = 0; r < RN; r++) acc[r][q] = _mm512_dpbf16_ps(acc[r][q], xv, w[r]);
+        }
+    }
+    float a[16];
+    for (int r = 0; r < RN; r++)
+        for (int q = 0; q < RM; q++) {
+            _mm512_storeu_ps(a, acc[r][q]);
+            y[(int64_t)(m + q) * ldy + n + r] = finish(d, kind, a);
+        }
+}
+
+#define TBF_RM(K_, RN_)                                                         \
+    case 6: tilebf(d, K_, RN_, 6, xb, ldb, m, n, y, ldy); break;                \
+    case 5: tilebf(d, K_, RN_, 5, xb, ldb, m, n, y, ldy); break;                \
+    case 4: tilebf(d, K_, RN_, 4, xb, ldb, m, n, y, ldy); break;                \
+    case 3: tilebf(d, K_, RN_, 3, xb, ldb, m, n, y, ldy); break;                \
+    case 2: tilebf(d, K_, RN_, 2, xb, ldb, m, n, y, ldy); break;                \
+    default: tilebf(d, K_, RN_, 1, xb, ldb, m, n, y, ldy); break;
+#define DRIVERBF(NAME, KIND)                                                                                         \
+    TBF __attribute__((noinline)) static void NAME(const wd *d, const uint16_t *xb, int64_t ldb, int m0, int m1,      \
+                                                   int64_t n0, int64_t n1, float *y, int64_t ldy) {                  \
+        for (int64_t n = n0; n < n1;) {                                                                              \
+            int rn = n1 - n >= 4 ? 4 : n1 - n >= 2 ? 2 : 1;                                                          \
+            for (int m = m0; m < m1;) {                                                                              \
+                int rm = m1 - m >= 6 ? 6 : m1 - m;                                                                   \
+                if (rn == 4) { switch (rm) { TBF_RM(KIND, 4) } }                                                     \
+                else if (rn == 2) { switch (rm) { TBF_RM(KIND, 2) } }                                                \
+                else { switch (rm) { TBF_RM(KIND, 1) } }                                                             \
+                m += rm;                                                                                             \
+            }                                                                                                        \
+            n += rn;                                                                                                 \
+        }                                                                                                            \
+    }
+DRIVERBF(tbf_f32, KF32)
+DRIVERBF(tbf_bf16, KBF16)
+DRIVERBF(tbf_f16, KF16)
+DRIVERBF(tbf_f8, KF8)
+DRIVERBF(tbf_f8b, KF8B)
+DRIVERBF(tbf_fp4, KFP4)
+DRIVERBF(tbf_q8, KQ8)
+
+/* Prefill: a panel of PB_N weight rows x PB_K columns converted to BF16 once
+ * (L1-resident, 34 KiB) and reused by every activation row of the block; each
+ * output's accumulator lives in `acc` between K slices, so the per-element
+ * sequence of VDPBF16PS is the tile's. */
+enum { PB_N = 32, PB_K = 512, PB_M = 64, PB_STR = PB_K + 32 };
+
+TBF INL void microbf(const int RN, const int RM, const uint16_t *wp, const uint16_t *xp, int64_t ldb, int kk, float *acc) {
+    __m512 a[4][4];
+    for (int r = 0; r < RN; r++)
+        for (int q = 0; q < RM; q++) a[r][q] = _mm512_loadu_ps(acc + ((int64_t)r * PB_M + q) * 16);
+    for (int i = 0; i < kk; i += 32) {
+        __m512bh w[4];
+        for (int r = 0; r < RN; r++) w[r] = (__m512bh)_mm512_loadu_si512((const void *)(wp + r * PB_STR + i));
+        for (int q = 0; q < RM; q++) {
+            __m512bh xv = (__m512bh)_mm512_loadu_si512((const void *)(xp + q * ldb + i));
+            for (int r = 0; r < RN; r++) a[r][q] = _mm512_dpbf16_ps(a[r][q], xv, w[r]);
+        }
+    }
+    for (int r = 0; r < RN; r++)
+        for (int q = 0; q < RM; q++) _mm512_storeu_ps(acc + ((int64_t)r * PB_M + q) * 16, a[r][q]);
+}
+
+TBF INL void panelbf_block(const wd *d, const int kind, const uint16_t *xb, int64_t ldb, int m, int mm, int64_t n, int nn,
+                           float *y, int64_t ldy, uint16_t *wpan, float *acc) {
+    const int64_t K = d->K;
+    memset(acc, 0, sizeof(float) * (size_t)PB_N * PB_M * 16);
+    for (int64_t k0 = 0; k0 < K; k0 += PB_K) {
+        int kk = (int)(K - k0 < PB_K ? K - k0 : PB_K);
+        int kpad = (kk + 31) & ~31; /* the tail chunk is zero padded, like the tile's */
+        for (int r = 0; r < nn; r++) {
+            const uint8_t *row = d->data + (n + r) * d->row_bytes;
+            for (int i = 0; i < kpad; i += 32)
+                _mm512_storeu_si512((void *)(wpan + r * PB_STR + i), (__m512i)wbf32(d, kind, row, n + r, k0 + i, kk - i));
+        }
+        for (int q = 0; q < mm;) {
+            int rm = mm - q >= 4 ? 4 : mm - q >= 2 ? 2 : 1;
+            const uint16_t *xp = xb + (int64_t)(m + q) * ldb + k0;
+            for (int r = 0; r < nn;) {
+                int rn = nn - r >= 4 ? 4 : nn - r >= 2 ? 2 : 1;
+                float *ap = acc + ((int64_t)r * PB_M + q) * 16;
+                const uint16_t *wp = wpan + r * PB_STR;
+                if (rn == 4) {
+                    if (rm == 4) microbf(4, 4, wp, xp, ldb, kpad, ap);
+                    else if (rm == 2) microbf(4, 2, wp, xp, ldb, kpad, ap);
+                    else microbf(4, 1, wp, xp, ldb, kpad, ap);
+                } else if (rn == 2) {
+                    if (rm == 4) microbf(2, 4, wp, xp, ldb, kpad, ap);
+                    else if (rm == 2) microbf(2, 2, wp, xp, ldb, kpad, ap);
+                    else microbf(2, 1, wp, xp, ldb, kpad, ap);
+                } else {
+                    if (rm == 4) microbf(1, 4, wp, xp, ldb, kpad, ap);
+                    else if (rm == 2) microbf(1, 2, wp, xp, ldb, kpad, ap);
+                    else microbf(1, 1, wp, xp, ldb, kpad, ap);
+                }
+                r += rn;
+            }
+            q += rm;
+        }
+    }
+    for (int r = 0; r < nn; r++)
+        for (int q = 0; q < mm; q++) y[(int64_t)(m + q) * ldy + n + r] = finish(d, kind, acc + ((int64_t)r * PB_M + q) * 16);
+}
+
+/* Scratch on the stack: 34 KiB weight panel + 128 KiB accumulators (pool
+ * threads run on default 8 MiB stacks). */
+#define PANELBF(NAME, KIND)                                                                                          \
+    TBF __attribute__((noinline)) static void NAME(const wd *d, const uint16_t *xb, int64_t ldb, int m0, int m1,      \
+                                                   int64_t n0, int64_t n1, float *y, int64_t ldy) {                  \
+        _Alignas(64) uint16_t wpan[PB_N * PB_STR];                                                                   \
+        _Alignas(64) float acc[PB_N * PB_M * 16];                                                                    \
+        for (int64_t n = n0; n < n1; n += PB_N)                                                                      \
+            for (int m = m0; m < m1; m += PB_M)                                                                      \
+                panelbf_block(d, KIND, xb, ldb, m, m1 - m < PB_M ? m1 - m : PB_M, n,                                  \
+                              n1 - n < PB_N ? (int)(n1 - n) : PB_N, y, ldy, wpan, acc);                              \
+    }
+PANELBF(pbf_f32, KF32)
+PANELBF(pbf_bf16, KBF16)
+PANELBF(pbf_f16, KF16)
+PANELBF(pbf_f8, KF8)
+PANELBF(pbf_f8b, KF8B)
+PANELBF(pbf_fp4, KFP4)
+PANELBF(pbf_q8, KQ8)
+
+typedef void (*mmbf_fn)(const wd *d, const uint16_t *xb, int64_t ldb, int m0, int m1, int64_t n0, int64_t n1, float *y, int64_t ldy);
+static const mmbf_fn tilesbf[] = {tbf_f32, tbf_bf16, tbf_f16, tbf_f8, tbf_f8b, tbf_fp4, tbf_q8};
+static const mmbf_fn panelsbf[] = {pbf_f32, pbf_bf16, pbf_f16, pbf_f8, pbf_f8b, pbf_fp4, pbf_q8};
+
+void td_matmul_block_bf16(const td_tensor *W, const uint16_t *xb, int64_t ldb, int m0, int m1, int64_t n0, int64_t n1, float *y,
+                          int64_t ldy) {
+    wd d;
+    int kind = setup(W, &d);
+    (m1 - m0 >= 32 ? panelsbf : tilesbf)[kind](&d, xb, ldb, m0, m1, n0, n1, y, ldy);
+}
+#else
+bool td_kernels_have_bf16(void) { return false; }
+void td_x_to_bf16(const float *x, int M, int64_t K, int64_t ldb, uint16_t *xb) {
+    (void)x, (void)M, (void)K, (void)ldb, (void)xb;
+    TD_ASSERT(!"td_x_to_bf16 without AVX-512 BF16");
+}
+void td_matmul_block_bf16(const td_tensor *W, const uint16_t *xb, int64_t ldb, int m0, int m1, int64_t n0, int64_t n1, float *y,
+                          int64_t ldy) {
+    (void)W, (void)xb, (void)ldb, (void)m0, (void)m1, (void)n0, (void)n1, (void)y, (void)ldy;
+    TD_ASSERT(!"td_matmul_block_bf16 without AVX-512 BF16");
+}
+#endif
