@@ -51,7 +51,14 @@ $(BUILD)/tests/mutant/sampler.o: src/sample/sampler.c
 $(BUILD)/tests/test_spec_mutant: tests/c/test_spec.c $(BUILD)/tests/mutant/sampler.o $(BUILD)/libtandem.a tests/c/check.h
 	$(CC) $(ALL_CFLAGS) -DSPEC_MUTANT -Itests/c -o $@ $< $(BUILD)/tests/mutant/sampler.o $(BUILD)/libtandem.a $(LDLIBS)
 
-tests: $(TEST_BIN) $(BUILD)/tests/test_spec_mutant
+# The speculative-decoding checks again with --precision bf16 (BF16 matmul activations).
+$(BUILD)/tests/test_spec_bf16: tests/c/test_spec.c $(BUILD)/libtandem.a tests/c/check.h
+	$(CC) $(ALL_CFLAGS) -DSPEC_BF16 -Itests/c -o $@ $< $(BUILD)/libtandem.a $(LDLIBS)
+
+$(BUILD)/tests/test_golden_bf16: tests/c/test_golden.c $(BUILD)/libtandem.a tests/c/check.h
+	$(CC) $(ALL_CFLAGS) -DGOLDEN_BF16 -Itests/c -o $@ $< $(BUILD)/libtandem.a $(LDLIBS)
+
+tests: $(TEST_BIN) $(BUILD)/tests/test_spec_mutant $(BUILD)/tests/test_spec_bf16 $(BUILD)/tests/test_golden_bf16
 
 # Runs every test (C unit + golden, then the Python end-to-end tests when present)
 # and ends with one "N passed, N failed" line.

@@ -120,7 +120,7 @@ static int bench_model(const kbench_opts *o, double bw, FILE *out) {
     int maxp = 0;
     for (int i = 0; i < o->n_prefill; i++) if (o->prefill[i] > maxp) maxp = o->prefill[i];
     td_engine_opts eo = {.n_threads = o->threads, .max_context = maxp + 512, .spec_depth = o->max_k, .no_prefix_caching = true, .max_seqs = 1,
-                          .quantize = o->quantize, .isa = o->isa};
+                          .quantize = o->quantize, .isa = o->isa, .precision = o->precision};
     td_engine *eng;
     if (td_engine_load(o->model_dir, &eo, &eng, &err)) { fprintf(stderr, "tandem kernels: %s\n", err.msg); return 1; }
     const td_model *m = td_engine_model(eng);
@@ -133,8 +133,9 @@ static int bench_model(const kbench_opts *o, double bw, FILE *out) {
     for (int i = 0; i < ntok; i++) toks[i] = (int32_t)((i * 7919 + 13) % V);
     float *lg = malloc(sizeof(float) * (size_t)V * (size_t)(o->max_k + 1));
     int reps = o->reps > 64 ? 64 : o->reps;
-    fprintf(out, "\n## model %s: %.0f MB read per decode step (weights without the embedding table), %d threads, isa %s\n\n", o->model_dir,
-            (double)rb / 1e6, td_engine_backend(eng)->n_threads, td_isa_name((td_isa)td_engine_backend(eng)->isa));
+    fprintf(out, "\n## model %s: %.0f MB read per decode step (weights without the embedding table), %d threads, isa %s, precision %s\n\n",
+            o->model_dir, (double)rb / 1e6, td_engine_backend(eng)->n_threads, td_isa_name((td_isa)td_engine_backend(eng)->isa),
+            td_engine_backend(eng)->precision == TD_PRECISION_BF16 ? "bf16" : "f32");
     /* state: a short prompt */
     td_fwd_item it = {.seq = td_session_seq(s), .tokens = toks, .n = 16, .logits_rows = 1, .logits = lg};
     int rc = td_forward(td_engine_fwd(eng), &it, 1, &err);

@@ -5,6 +5,7 @@
 #ifndef TANDEM_BENCH_KERNELS_H
 #define TANDEM_BENCH_KERNELS_H
 #include <stdio.h>
+#include "tandem.h"
 
 typedef struct kbench_opts {
     const char *model_dir;  /* NULL: probe and matmul only */
@@ -18,6 +19,7 @@ typedef struct kbench_opts {
     const char *mm_dtype;   /* bf16, f32, f16, fp8, nvfp4 */
     int quantize;           /* td_engine_opts.quantize for the model runs */
     int isa;                /* td_engine_opts.isa for the model runs (0 = best) */
+    td_precision precision; /* td_engine_opts.precision for the model runs */
 } kbench_opts;
 
 int td_kbench_run(const kbench_opts *o, FILE *out);

@@ -9,7 +9,7 @@
 static int usage(void) {
     printf("usage: tandem kernels [-m DIR] [-t THREADS] [--reps N] [--probe-mb MB] [--mm-mb MB] [--mm-k K]\n"
            "                      [--dtype bf16|f32|f16|fp8|nvfp4] [--prefill 512,4096] [--max-k 8] [--isa c|avx2|avx512]\n"
-           "                      [--quantize none|q8]\n"
+           "                      [--quantize none|q8] [--precision f32|bf16]\n"
            "  bandwidth probe, matmul GB/s per ISA and M = 1..16 on a synthetic weight (--mm-mb 0 skips it),\n"
            "  and with -m: decode tokens/s (depth 0), verify cost t(k+1)/t(1), prefill tokens/s\n"
            "  -m, --model DIR     model for the decode / verify / prefill rows (default: none, kernels only)\n"
@@ -23,6 +23,7 @@ static int usage(void) {
            "  --max-k K           largest verify batch k+1 - 1, 1..16 (default 8)\n"
            "  --isa c|avx2|avx512 model rows on this ISA (default: the best the CPU has)\n"
            "  --quantize none|q8  model weights to int8 at load (default none)\n"
+           "  --precision f32|bf16 model runs with f32 (default) or bf16 matmul activations\n"
            "  -v, --verbose       errors with their source location\n"
            "  -h, --help          this help\n");
     return 0;
@@ -48,7 +49,7 @@ int td_cmd_kernels(int argc, char **argv) {
         if (td_cli_is_help(a)) return usage();
         if (td_cli_is_verbose(a)) { td_cli_verbose = true; continue; }
         static const char *const valued[] = {"-m", "--model", "-t", "--threads", "--reps", "--probe-mb", "--mm-mb", "--mm-k",
-                                             "--dtype", "--isa", "--max-k", "--quantize", "--prefill"};
+                                             "--dtype", "--isa", "--max-k", "--quantize", "--prefill", "--precision"};
         bool known = false;
         for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++) known |= !strcmp(a, valued[k]);
         if (!known) return td_cli_unknown("kernels", a);
@@ -74,6 +75,11 @@ int td_cmd_kernels(int argc, char **argv) {
             if (want == TD_ISA_AUTO) { fprintf(stderr, "tandem kernels: --isa must be one of c, avx2, avx512, got \"%s\"\n", v); return 2; }
             if (!td_kernels_have_isa(want)) { fprintf(stderr, "tandem kernels: this CPU has no %s\n", v); return 2; }
             o.isa = (int)want + 1; /* td_engine_opts.isa */
+        }
+        else if (!strcmp(a, "--precision")) {
+            if (!strcmp(v, "bf16")) o.precision = TD_PRECISION_BF16;
+            else if (!strcmp(v, "f32")) o.precision = TD_PRECISION_F32;
+            else { fprintf(stderr, "tandem kernels: --precision must be f32 or bf16, got \"%s\"\n", v); return 2; }
         }
         else if (!strcmp(a, "--quantize")) {
             if (!strcmp(v, "q8")) o.quantize = 1;

@@ -68,6 +68,7 @@ int td_cli_engine_opts(const common_opts *o, int max_seqs, int batch_tokens, td_
     eo->spec_depth = o->spec_auto && !has_mtp ? 0 : o->spec_depth; /* auto without an MTP head: off */
     eo->kv_cache_dtype = o->kv_dtype;
     eo->quantize = o->quantize;
+    eo->precision = o->precision;
     eo->deltanet_chunk = o->deltanet_chunk;
     eo->backend = o->backend;
     eo->max_prefill_chunk = batch_tokens; /* one chunk may use the whole step budget */

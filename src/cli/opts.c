@@ -101,12 +101,23 @@ int td_common_opts_parse(common_opts *o, int argc, char **argv, int *i) {
         TAKE(); return 1;
     }
     if (!strcmp(a, "--backend")) {
-        if (!val || (strcmp(val, "cpu") && strcmp(val, "guard"))) return bad(a, val, "cpu or guard");
+        if (!val || (strcmp(val, "cpu") && strcmp(val, "guard") && strcmp(val, "cuda"))) return bad(a, val, "cpu, guard or cuda");
+        o->backend = val; TAKE(); return 1;
+    }
+    if (!strcmp(a, "--device")) { /* the user-facing name of the backend choice: cpu -> "cpu", cuda -> "cuda" */
+        if (!val || (strcmp(val, "cpu") && strcmp(val, "cuda"))) return bad(a, val, "cpu or cuda");
         o->backend = val; TAKE(); return 1;
     }
     if (!strcmp(a, "--deltanet-chunk")) {
         if (num(a, val, 0, 256, true, NULL, &v)) return -1;
         o->deltanet_chunk = (int)v; TAKE(); return 1;
+    }
+    if (!strcmp(a, "--precision")) {
+        if (!val) return bad(a, val, "f32 or bf16");
+        if (!strcmp(val, "f32") || !strcmp(val, "float32")) o->precision = TD_PRECISION_F32;
+        else if (!strcmp(val, "bf16") || !strcmp(val, "bfloat16")) o->precision = TD_PRECISION_BF16;
+        else return bad(a, val, "f32 or bf16");
+        TAKE(); return 1;
     }
     if (!strcmp(a, "--quantize")) {
         if (!val) return bad(a, val, "none or q8");
@@ -159,9 +170,13 @@ const char *td_common_opts_help(void) {
            "  -c, --max-model-len N|auto  context window, 1..16M tokens (130k = 130000, 128K = 131072); auto = largest\n"
            "                            that fits (default: the model's max_position_embeddings, at most 32768)\n"
            "  --kv-cache-dtype auto|f32|bf16|fp8  KV storage (default auto = f32 on CPU; fp8 = e4m3, per-token per-head scales)\n"
+           "  --precision f32|bf16      matmul activations: f32 (default, the reference) or bf16 (AVX-512 BF16\n"
+           "                            dot products: faster prefill, within a stated tolerance; lossless drafting kept)\n"
            "  --quantize none|q8        q8: BF16/F16/F32 linear weights to int8 at load, F32 scale per 32 inputs (default none)\n"
-           "  --backend cpu|guard       cpu (default; $TANDEM_BACKEND when not given); guard = the CPU ops with all\n"
-           "                            engine memory unreadable by host code, for tests (slow)\n"
+           "  --device cpu|cuda         where the model runs: cpu (default) or cuda (an NVIDIA GPU; a build with\n"
+           "                            make CUDA=1); the same as --backend cpu|cuda\n"
+           "  --backend cpu|guard|cuda  cpu (default; $TANDEM_BACKEND when not given); guard = the CPU ops with all\n"
+           "                            engine memory unreadable by host code, for tests (slow); cuda = --device cuda\n"
            "  --deltanet-chunk N        prompt DeltaNet in chunks of N tokens, 0..256 (default 0 = off: token by token,\n"
            "                            bit-exact across chunkings and prefix-cache hits)\n"
            "  --kv-cache-memory BYTES   KV cache size (e.g. 2GiB); default: what the budget leaves\n"

@@ -21,6 +21,7 @@ typedef struct common_opts {
     bool max_model_len_auto;
     td_kv_dtype kv_dtype;      /* td_engine_opts.kv_cache_dtype */
     int quantize;              /* 0 none, 1 q8 (td_engine_opts.quantize) */
+    td_precision precision;    /* --precision f32|bf16 (td_engine_opts.precision) */
     int deltanet_chunk;        /* td_engine_opts.deltanet_chunk */
     const char *backend;       /* td_engine_opts.backend (NULL: $TANDEM_BACKEND, else cpu) */
     uint64_t kv_cache_memory;  /* bytes; 0 = from the budget */

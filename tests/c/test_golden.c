@@ -4,19 +4,39 @@
 #include "check.h"
 #include "engine/engine.h"
 #include "golden.h"
+#include "backend/cpu/kernels.h"
 
 /* Tolerances, relative to the largest |reference logit|. Our compute is fp32
  * with the same weights; transformers' own cached and uncached paths differ
  * by up to ~2.4e-4 (stats.json), so 1e-4 holds only where paths agree. */
+#ifndef GOLDEN_BF16
 #define TOL_F32 1e-4
 #define TOL_BF16 1e-4
+#define PRECISION TD_PRECISION_F32
+#else
+/* test_golden_bf16: the same comparisons with --precision bf16 (BF16 matmul
+ * activations, backend/cpu/kernels_bf16.c), relative to the largest
+ * |reference logit| as above:
+ * - 5e-2 on the real-shaped checkpoints (mm-a, defaults-a: measured 1.1-2.6e-2)
+ *   and on the trained demo model (measured below);
+ * - 0.25 on the tiny random models, which amplify BF16's 2^-8 rounding of
+ *   the activations up to 19% of their largest logit (measured 2026-12-01;
+ *   an f32 run with only x rounded to BF16 gave the same figures, so it is
+ *   the precision, not the kernel).
+ * Greedy and the MTP chain may flip where two logits are closer than that, so
+ * they are reported, not required; chunked and token-by-token prefill must
+ * still be bit-identical (the BF16 kernels are batch-invariant too). */
+#define TOL_F32 (name[0] == 't' ? 0.25 : 5e-2)
+#define TOL_BF16 TOL_F32
+#define PRECISION TD_PRECISION_BF16
+#endif
 
 static void run_model(const char *name, const char *dtype) {
     char dir[512], ref[512];
     snprintf(dir, sizeof dir, "%s/%s/%s", golden_root(), name, dtype);
     snprintf(ref, sizeof ref, "%s/%s/reference-%s.safetensors", golden_root(), name, dtype);
     td_err err = {0};
-    td_engine_opts o = {.n_threads = 2, .spec_depth = 4};
+    td_engine_opts o = {.n_threads = 2, .spec_depth = 4, .precision = PRECISION};
     td_engine *eng;
     int rc = td_engine_load(dir, &o, &eng, &err);
     CHECK(rc == 0, "%s: load: %s", dir, err.msg);
@@ -74,7 +94,9 @@ static void run_model(const char *name, const char *dtype) {
         memcpy(hcur, hnext, (size_t)H * sizeof(float));
     }
     CHECK(e_chain < tol, "%s/%s MTP chain rel err %.3g", name, dtype, e_chain);
+#ifndef GOLDEN_BF16
     CHECK(chain_ok, "%s/%s MTP chain drafts differ", name, dtype);
+#endif
     /* 4. decode steps with the cache */
     double e_dec = 0;
     for (int64_t i = 0; i < D; i++) {
@@ -96,7 +118,9 @@ static void run_model(const char *name, const char *dtype) {
         same++;
         td_session_feed(s, &t, 1, &lg, &err);
     }
+#ifndef GOLDEN_BF16
     CHECK(same == G, "%s/%s greedy matches %d of %lld tokens", name, dtype, same, (long long)G);
+#endif
     /* 6. chunked (7 at a time) and token-by-token prefill equal the one-shot
      * prefill exactly: every kernel is batch-invariant. */
     float *last = malloc((size_t)V * sizeof(float));
@@ -114,15 +138,83 @@ static void run_model(const char *name, const char *dtype) {
     }
     CHECK(e_chunk == 0.0, "%s/%s chunked prefill differs: %.3g", name, dtype, e_chunk);
     CHECK(e_tok == 0.0, "%s/%s token-by-token prefill differs: %.3g", name, dtype, e_tok);
-    printf("%s/%s: max rel err prefill %.2e hidden %.2e decode %.2e mtp %.2e chain %.2e; greedy %d/%lld; chunked %.1e tokenwise %.1e\n",
-           name, dtype, e_pre, e_hid, e_dec, e_mtp, e_chain, same, (long long)G, e_chunk, e_tok);
+    printf("%s/%s%s: max rel err prefill %.2e hidden %.2e decode %.2e mtp %.2e chain %.2e (drafts %s); greedy %d/%lld; chunked %.1e tokenwise %.1e\n",
+           name, dtype, PRECISION == TD_PRECISION_BF16 ? " (precision bf16)" : "", e_pre, e_hid, e_dec, e_mtp, e_chain, chain_ok ? "equal" : "differ", same, (long long)G, e_chunk, e_tok);
     free(last); free(mlog); free(logits); free(hidden);
     td_session_free(s);
     td_weights_free(rw);
     td_engine_free(eng);
 }
 
+#ifdef GOLDEN_BF16
+/* The trained demo model with BF16 activations: logits of the last 8 prompt
+ * positions against transformers (5e-2), greedy agreement with transformers'
+ * 32 tokens reported, and greedy at depths 1-4 equal to depth 0 (lossless). */
+static void demo_bf16(void) {
+    td_err err = {0};
+    td_engine_opts o = {.n_threads = 2, .spec_depth = 4, .precision = TD_PRECISION_BF16};
+    td_engine *e = NULL;
+    int rc = td_engine_load("models/demo", &o, &e, &err);
+    CHECK(rc == 0, "demo: %s", err.msg);
+    if (rc) return;
+    td_weights *rw;
+    const char *rp = "tests/golden/demo-reference.safetensors";
+    rc = td_weights_open_files(&rp, 1, &rw, &err);
+    CHECK(rc == 0, "%s", err.msg);
+    if (rc) { td_engine_free(e); return; }
+    int64_t T, G;
+    const int32_t *prompt = ref_tensor(rw, "prompt", &T);
+    const float *tail = ref_tensor(rw, "logits_tail", NULL);
+    const int32_t *greedy = ref_tensor(rw, "greedy", &G);
+    int V = e->model->cfg.vocab_size;
+    float *logits = malloc((size_t)T * V * sizeof(float));
+    td_session *s;
+    td_session_new(e, &s, &err);
+    td_fwd_item it = {.seq = &s->seq, .tokens = prompt, .n = (int)T, .logits_rows = (int)T, .logits = logits};
+    rc = td_forward(e->fwd, &it, 1, &err);
+    CHECK(rc == 0, "%s", err.msg);
+    double er = rel_err(logits + (size_t)(T - 8) * V, tail, 8 * (int64_t)V);
+    CHECK(er < 5e-2, "demo (precision bf16) prefill logits rel err %.3g", er);
+    td_sampling sp;
+    td_sampling_default(&sp);
+    int32_t d0[64];
+    int agree = 0, same_depth = 0;
+    for (int d = 0; d <= 4; d++) {
+        td_session_reset(s);
+        tok64 v = {.n = 0};
+        td_gen_opts go = {.max_tokens = (int)G, .spec_depth = d, .ignore_eos = true};
+        td_gen_result r;
+        rc = td_session_generate(s, prompt, (int)T, &sp, &go, collect64, &v, &r, &err);
+        CHECK(rc == 0 && v.n == G, "demo (precision bf16) depth %d: %s", d, err.msg);
+        if (d == 0) {
+            memcpy(d0, v.buf, sizeof(int32_t) * (size_t)G);
+            while (agree < G && v.buf[agree] == greedy[agree]) agree++;
+        } else same_depth += memcmp(v.buf, d0, sizeof(int32_t) * (size_t)G) == 0;
+    }
+    CHECK(same_depth == 4, "demo (precision bf16): greedy at depths 1-4 equals depth 0 in %d of 4", same_depth);
+    printf("demo (precision bf16): prefill logits rel err %.2e vs transformers; greedy agrees with transformers for %d of %lld tokens; "
+           "depths 1-4 identical to depth 0: %d/4\n", er, agree, (long long)G, same_depth);
+    free(logits);
+    td_session_free(s);
+    td_weights_free(rw);
+    td_engine_free(e);
+}
+#endif
+
 int main(void) {
+#ifdef GOLDEN_BF16
+    if (!td_kernels_have_bf16()) {
+        td_engine_opts o = {.n_threads = 1, .precision = TD_PRECISION_BF16};
+        td_engine *e = NULL;
+        td_err err = {0};
+        char dir[512];
+        snprintf(dir, sizeof dir, "%s/tiny-a/f32", golden_root());
+        int rc = td_engine_load(dir, &o, &e, &err);
+        CHECK(rc == TD_ERR_UNSUPPORTED && !e, "no AVX-512 BF16: bf16 refused (rc %d: %s)", rc, err.msg);
+        printf("golden-bf16: this CPU has no AVX-512 BF16; --precision bf16 is refused: %s\n", err.msg);
+        TEST_MAIN_END("golden-bf16");
+    }
+#endif
     const char *models[] = {"tiny-a", "tiny-b", "tiny-c"};
     for (int i = 0; i < 3; i++) {
         run_model(models[i], "f32");
@@ -134,5 +226,10 @@ int main(void) {
      * with every optional field left out (transformers' defaults). */
     run_model("mm-a", "bf16");
     run_model("defaults-a", "bf16");
+#ifdef GOLDEN_BF16
+    demo_bf16();
+    TEST_MAIN_END("golden-bf16");
+#else
     TEST_MAIN_END("golden");
+#endif
 }

@@ -7,13 +7,23 @@
  *  (d) an agreeing MTP head is accepted ~100%, a disagreeing one 0%;
  *  (issue 18) greedy output at `auto` and under a forced schedule that
  *      changes depth every step identical to depth 0 (spec-partial, the demo
- *      model), and the chi-square test under the forced schedule. */
+ *      model), and the chi-square test under the forced schedule.
+ * Built with -DSPEC_BF16 (test_spec_bf16): the greedy-identity, auto and
+ * chi-square checks again with --precision bf16 (BF16 matmul activations),
+ * which must stay lossless; on a CPU without AVX-512 BF16 it checks that the
+ * engine refuses bf16 with a clear error instead. */
 #include <math.h>
 #include "check.h"
 #include "engine/engine.h"
 #include "golden.h"
 #include "chi2.h"
 #include "spec/calibrate.h"
+#include "backend/cpu/kernels.h"
+#ifdef SPEC_BF16
+#define SPEC_PRECISION TD_PRECISION_BF16
+#else
+#define SPEC_PRECISION TD_PRECISION_F32
+#endif
 
 /* Under ASan/UBSan (make asan) the same checks run on smaller workloads:
  * the sanitizers make the engine ~20x slower, and memory errors do not need
@@ -33,7 +43,8 @@ static int collect(void *u, int32_t t) {
 
 static td_engine *load(const char *dir, int depth) {
     td_err err = {0};
-    td_engine_opts o = {.n_threads = 1, .spec_depth = depth, .max_context = 4096}; /* tiny models: threads don't pay */
+    td_engine_opts o = {.n_threads = 1, .spec_depth = depth, .max_context = 4096, /* tiny models: threads don't pay */
+                        .precision = SPEC_PRECISION};
     td_engine *e = NULL;
     int rc = td_engine_load(dir, &o, &e, &err);
     CHECK(rc == 0, "%s: %s", dir, err.msg);
@@ -203,6 +214,7 @@ static void multi_turn(const char *dir) {
     td_engine_free(e);
 }
 
+#ifndef SPEC_BF16
 static void acceptance(const char *dir, double lo, double hi) {
     td_engine *e = load(dir, 4);
     if (!e) return;
@@ -225,6 +237,7 @@ static void acceptance(const char *dir, double lo, double hi) {
     td_session_free(s);
     td_engine_free(e);
 }
+#endif
 #endif
 
 /* Target with MIX = 0 is a Markov chain P[a][b]; enumerate the exact joint
@@ -284,6 +297,32 @@ int main(void) {
     double p = distribution_test("tests/models/spec-agree", false);
     CHECK(p < 0.01, "mutant residual not detected: p = %.3f", p);
     TEST_MAIN_END("spec-mutant");
+#elif defined(SPEC_BF16)
+    if (!td_kernels_have_bf16()) {
+        td_err err = {0};
+        td_engine_opts o = {.n_threads = 1, .precision = TD_PRECISION_BF16};
+        td_engine *e = NULL;
+        int rc = td_engine_load("tests/models/spec-partial", &o, &e, &err);
+        CHECK(rc == TD_ERR_UNSUPPORTED && !e && strstr(err.msg, "AVX-512 BF16"), "no AVX-512 BF16: bf16 refused (rc %d: %s)", rc, err.msg);
+        printf("spec-bf16: this CPU has no AVX-512 BF16; --precision bf16 is refused: %s\n", err.msg);
+        TEST_MAIN_END("spec-bf16");
+    }
+    char dir[256];
+    const char *golden[] = {"tiny-b/bf16", "tiny-c/bf16"};
+    for (int i = 0; i < 2; i++) {
+        snprintf(dir, sizeof dir, "%s/%s", golden_root(), golden[i]);
+        greedy_identity(dir);
+    }
+    greedy_identity("tests/models/spec-partial");
+    multi_turn("tests/models/spec-partial");
+    greedy_auto("tests/models/spec-partial", 512 / SCALE);
+    greedy_auto("models/demo", 256 / SCALE);
+    CHECK(distribution_test("tests/models/spec-agree", false) > 0.01, "bf16: argmax-draft rejection sampling fails chi-square");
+    CHECK(distribution_test("tests/models/spec-disagree", true) > 0.01, "bf16: sampled-draft residual fails chi-square");
+    g_schedule = 1000;
+    CHECK(distribution_test("tests/models/spec-agree", false) > 0.01, "bf16: rejection sampling under a changing depth fails chi-square");
+    g_schedule = 0;
+    TEST_MAIN_END("spec-bf16");
 #else
     if (getenv("SPEC_ONLY_DISTRIBUTION")) {
         CHECK(distribution_test("tests/models/spec-agree", false) > 0.01, "argmax drafts");
