@@ -16,6 +16,39 @@ SAN     ?=
 ALL_CFLAGS = $(OPT) $(CFLAGS) $(SAN) -std=c11 -D_GNU_SOURCE -Wall -Wextra -Werror -pthread -Iinclude -Isrc -MMD -MP
 LDLIBS  = -ljansson -lpcre2-8 -lutf8proc -lxxhash -lmicrohttpd -lm -pthread $(SAN)
 
+# CUDA backend (src/backend/cuda, .cu files): CUDA=1 builds it with nvcc and
+# links the static CUDA runtime (binaries start without a driver and say so);
+# CUDA=0 leaves it out ("cuda" then names a backend this build does not have).
+# Default: CUDA=1 when nvcc is on PATH. CUDA_ARCHS: real SASS for sm_90
+# (H100/H200), sm_100 when this nvcc has it, sm_120, plus compute_120 PTX for
+# newer GPUs; e.g. CUDA_ARCHS=90 while iterating.
+NVCC ?= nvcc
+ifeq ($(origin CUDA),undefined)
+CUDA := $(if $(shell command -v $(NVCC) 2>/dev/null),1,0)
+endif
+ifeq ($(CUDA),1)
+CUDA_HOME  ?= $(abspath $(dir $(shell command -v $(NVCC)))..)
+CUDA_ARCHS ?= 90 $(if $(shell $(NVCC) --list-gpu-arch 2>/dev/null | grep -x compute_100),100) 120
+CU_SRC     := $(sort $(wildcard src/backend/cuda/*.cu))
+CU_OBJ     := $(CU_SRC:%.cu=$(BUILD)/%.o)
+# -fmad=false: no implicit multiply-add fusion (the kernels fuse where they say so:
+# the reductions' orders are fixed, cuda_internal.cuh).
+NVCC_FLAGS = -std=c++20 -O3 -g -fmad=false $(foreach a,$(CUDA_ARCHS),-gencode arch=compute_$(a),code=sm_$(a)) \
+             -gencode arch=compute_$(lastword $(CUDA_ARCHS)),code=compute_$(lastword $(CUDA_ARCHS)) \
+             -Werror all-warnings -Xcompiler -Wall,-Wextra,-Werror -Iinclude -Isrc
+LDLIBS    += -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
+else
+CU_OBJ     :=
+endif
+# backend.c registers "cuda" only when built with it; the file below changes
+# (and rebuilds backend.o) when CUDA does.
+ifeq ($(filter clean deps,$(MAKECMDGOALS)),)
+$(shell mkdir -p $(BUILD) && { [ "$$(cat $(BUILD)/cuda.cfg 2>/dev/null)" = "$(CUDA)" ] || echo "$(CUDA)" > $(BUILD)/cuda.cfg; })
+endif
+.DEFAULT_GOAL := all
+$(BUILD)/src/backend/backend.o: ALL_CFLAGS += -DTD_HAVE_CUDA=$(CUDA)
+$(BUILD)/src/backend/backend.o: $(BUILD)/cuda.cfg
+
 LIB_SRC  := $(shell find src -name '*.c' ! -path 'src/cli/*' | sort)
 CLI_SRC  := $(sort $(wildcard src/cli/*.c))
 TEST_SRC := $(sort $(wildcard tests/c/test_*.c))
@@ -31,7 +64,11 @@ $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -c $< -o $@
 
-$(BUILD)/libtandem.a: $(LIB_OBJ)
+$(BUILD)/%.o: %.cu $(wildcard src/backend/cuda/*.cuh)
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVCC_FLAGS) -MMD -MP -MF $(@:.o=.d) -c $< -o $@
+
+$(BUILD)/libtandem.a: $(LIB_OBJ) $(CU_OBJ)
 	@rm -f $@
 	ar rcs $@ $^
 
@@ -74,7 +111,7 @@ test-guard: all tests
 	@BUILD=$(BUILD) TANDEM_BACKEND=guard TANDEM_TESTS="$(GUARD_TESTS)" sh tests/run_all.sh
 
 asan:
-	$(MAKE) BUILD=build-asan OPT=-O1 SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" test
+	$(MAKE) BUILD=build-asan CUDA=0 OPT=-O1 SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" test
 
 # Debian packages needed to build and test (run as root on a fresh machine).
 deps:
@@ -84,7 +121,7 @@ clean:
 	rm -rf build build-asan
 
 .PHONY: all test test-guard tests asan deps clean
--include $(LIB_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(BUILD)/tests/mutant/sampler.d $(TEST_BIN:=.d)
+-include $(LIB_OBJ:.o=.d) $(CU_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(BUILD)/tests/mutant/sampler.d $(TEST_BIN:=.d)
 
 # ---- fuzzing: libFuzzer harnesses in tests/fuzz (see tests/fuzz/README.md) ----
 # `make fuzz [FUZZ_SECONDS=N] [FUZZ=name ...]` builds the library and the
@@ -107,7 +144,7 @@ $(BUILD)/fuzz_%: tests/fuzz/fuzz_%.c tests/fuzz/fuzz_util.h tests/fuzz/fuzz_srv.
 fuzz-bins: $(FUZZ_NAMES:%=$(BUILD)/fuzz_%)
 
 fuzz-build:
-	$(MAKE) BUILD=$(FUZZ_BUILD) CC=$(FUZZ_CC) OPT=-O1 CFLAGS="-g $(FUZZ_CFLAGS)" SAN="-fsanitize=fuzzer-no-link $(FUZZ_SAN)" fuzz-bins
+	$(MAKE) BUILD=$(FUZZ_BUILD) CUDA=0 CC=$(FUZZ_CC) OPT=-O1 CFLAGS="-g $(FUZZ_CFLAGS)" SAN="-fsanitize=fuzzer-no-link $(FUZZ_SAN)" fuzz-bins
 
 fuzz: fuzz-build
 	FUZZ_BUILD=$(FUZZ_BUILD) FUZZ_SECONDS=$(FUZZ_SECONDS) sh tests/fuzz/run.sh $(FUZZ)

@@ -4,12 +4,33 @@
 #include <string.h>
 #include "util/err.h"
 
+/* TD_HAVE_CUDA: set by the Makefile (1 with make CUDA=1, which builds backend/cuda). */
+#ifndef TD_HAVE_CUDA
+#define TD_HAVE_CUDA 0
+#endif
+
 int td_backend_create(const char *name, int n_threads, td_backend **out, td_err *err) {
     *out = NULL;
     if (!name || !*name || strcmp(name, "cpu") == 0) return td_backend_cpu_create(n_threads, out, err);
     if (strcmp(name, "guard") == 0) return td_backend_guard_create(n_threads, out, err);
-    return TD_FAIL(err, TD_ERR_ARG, "unknown backend '%s' (cpu, guard)", name);
+    if (strcmp(name, "cuda") == 0) {
+#if TD_HAVE_CUDA
+        return td_backend_cuda_create(n_threads, out, err);
+#else
+        return TD_FAIL(err, TD_ERR_UNSUPPORTED, "this build has no CUDA backend: rebuild with make CUDA=1");
+#endif
+    }
+    return TD_FAIL(err, TD_ERR_ARG, "unknown backend '%s' (cpu, guard, cuda)", name);
 }
+
+#if !TD_HAVE_CUDA
+/* Without the CUDA backend no backend is a CUDA one. */
+int td_backend_cuda_mem_info(td_backend *b, size_t *free_bytes, size_t *total_bytes) {
+    (void)b;
+    *free_bytes = *total_bytes = 0;
+    return TD_ERR_UNSUPPORTED;
+}
+#endif
 
 void td_backend_free(td_backend *b) {
     if (!b) return;

@@ -164,7 +164,16 @@ int td_backend_cpu_create(int n_threads, td_backend **out, td_err *err);
  * except while one of its own ops runs, so host code that touches
  * activations, KV or state crashes. */
 int td_backend_guard_create(int n_threads, td_backend **out, td_err *err);
-/* By name: "cpu" or "guard". */
+/* The CUDA backend (backend/cuda, built with make CUDA=1): the ops on device 0
+ * and one stream. TD_ERR_UNSUPPORTED with "no CUDA device: ..." when there is
+ * no device or driver. */
+int td_backend_cuda_create(int n_threads, td_backend **out, td_err *err);
+/* Free and total bytes of a CUDA backend's device (cudaMemGetInfo), for the
+ * planner; TD_ERR_ARG when b is not a CUDA backend, TD_ERR_UNSUPPORTED in a
+ * build without CUDA. */
+int td_backend_cuda_mem_info(td_backend *b, size_t *free_bytes, size_t *total_bytes);
+/* By name: "cpu", "guard" or "cuda" (a clear error when this build or
+ * machine has no CUDA). */
 int td_backend_create(const char *name, int n_threads, td_backend **out, td_err *err);
 void td_backend_free(td_backend *b);
 

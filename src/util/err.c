@@ -19,11 +19,21 @@ int td_err_set(td_err *e, int code, const char *file, int line, const char *fmt,
     return code;
 }
 
+/* Whether s[0..i) ends in a source suffix: .c, .h, or CUDA's .cu, .cuh. */
+static int source_suffix(const char *s, size_t i) {
+    static const char *const suf[] = {".c", ".h", ".cu", ".cuh"};
+    for (size_t k = 0; k < sizeof suf / sizeof *suf; k++) {
+        size_t n = strlen(suf[k]);
+        if (i > n && memcmp(s + i - n, suf[k], n) == 0) return 1;
+    }
+    return 0;
+}
+
 /* Length of a "path.c:123: " prefix at s (a source file name, no spaces), else 0. */
 static size_t location_len(const char *s) {
     size_t i = 0;
     while (s[i] && s[i] != ':' && s[i] != ' ') i++;
-    if (i < 3 || s[i] != ':' || s[i - 2] != '.' || (s[i - 1] != 'c' && s[i - 1] != 'h')) return 0;
+    if (i < 3 || s[i] != ':' || !source_suffix(s, i)) return 0;
     size_t j = i + 1;
     while (s[j] >= '0' && s[j] <= '9') j++;
     if (j == i + 1 || s[j] != ':' || s[j + 1] != ' ') return 0;

@@ -1,0 +1,265 @@
+/* CUDA backend: the td_backend_ops table on one device and one stream.
+ * This file: creation, memory ops, the sample op, mem_info. The compute ops
+ * live by concern in cuda_matmul.cu, cuda_ops.cu, cuda_attn.cu, cuda_gdn.cu.
+ *
+ * Memory: alloc is cudaMalloc + an async memset on the stream (zeroed, in
+ * stream order before any op that uses it); upload / download are
+ * cudaMemcpyAsync on the stream (download then waits for the stream, so it
+ * sees every op issued before it; an upload from pageable memory returns
+ * once the source is staged, so the caller may reuse it); copy is a
+ * device-to-device copy (overlapping ranges go through a scratch buffer);
+ * weight_load is a cudaMalloc + synchronous copy of the host weights.
+ *
+ * sample (phase 1): the sampler is host code (td_sampler_run). The op
+ * downloads the rows and sampler arrays the call reads into a pinned host
+ * buffer, runs td_sampler_run there and uploads what it writes (PROBS /
+ * RESIDUAL rows); ACCEPT (counting a token) runs on the device. Those bytes
+ * cross inside the op: they are counted in td_cuda.sample_bytes, not in
+ * td_backend.counters (which count what core code moves). */
+#include "backend/cuda/cuda_internal.cuh"
+extern "C" {
+#include "sample/sampler.h"
+}
+
+extern "C" void td_cuda_check(cudaError_t e, const char *what, const char *file, int line) {
+    if (e == cudaSuccess) return;
+    fprintf(stderr, "%s:%d: CUDA error: %s: %s\n", file, line, what, cudaGetErrorString(e));
+    abort();
+}
+
+/* ---- memory -------------------------------------------------------------- */
+
+static void *cu_alloc(td_backend *b, size_t bytes) {
+    void *p = NULL;
+    size_t n = bytes ? bytes : 1;
+    cudaError_t e = cudaMalloc(&p, n);
+    if (e == cudaErrorMemoryAllocation) {
+        (void)cudaGetLastError(); /* clear it: out of memory is an answer (NULL), not a broken context */
+        return NULL;
+    }
+    TD_CU(e);
+    TD_CU(cudaMemsetAsync(p, 0, n, td_cu(b)->stream));
+    return p;
+}
+
+static void cu_free(td_backend *b, void *p) {
+    (void)b;
+    if (p) TD_CU(cudaFree(p)); /* cudaFree waits for the device to finish using it */
+}
+
+static void cu_upload(td_backend *b, void *dst, const void *src, size_t n) {
+    if (n) TD_CU(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, td_cu(b)->stream));
+}
+
+static void cu_download(td_backend *b, void *dst, const void *src, size_t n) {
+    if (!n) return;
+    td_cuda *cu = td_cu(b);
+    TD_CU(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, cu->stream));
+    TD_CU(cudaStreamSynchronize(cu->stream));
+}
+
+/* Scratch device buffer of at least n bytes (grown; stream-ordered use only). */
+static void *scratch(td_cuda *cu, size_t n) {
+    if (cu->scratch_bytes >= n) return cu->scratch;
+    if (cu->scratch) TD_CU(cudaFree(cu->scratch));
+    cu->scratch = NULL;
+    cu->scratch_bytes = 0;
+    TD_CU(cudaMalloc(&cu->scratch, n));
+    cu->scratch_bytes = n;
+    return cu->scratch;
+}
+
+static void cu_copy(td_backend *b, void *dst, const void *src, size_t n) {
+    if (!n || dst == src) return;
+    td_cuda *cu = td_cu(b);
+    const char *d = (const char *)dst, *s = (const char *)src;
+    if (d < s + n && s < d + n) { /* overlap: cudaMemcpy does not allow it */
+        void *t = scratch(cu, n);
+        TD_CU(cudaMemcpyAsync(t, src, n, cudaMemcpyDeviceToDevice, cu->stream));
+        TD_CU(cudaMemcpyAsync(dst, t, n, cudaMemcpyDeviceToDevice, cu->stream));
+        return;
+    }
+    TD_CU(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToDevice, cu->stream));
+}
+
+static void cu_fill0(td_backend *b, void *dst, size_t n) {
+    if (n) TD_CU(cudaMemsetAsync(dst, 0, n, td_cu(b)->stream));
+}
+
+static void cu_copy_rows(td_backend *b, float *dst, size_t dst_ld, const float *src, size_t src_ld, size_t width, int rows) {
+    if (rows <= 0 || !width) return;
+    TD_CU(cudaMemcpy2DAsync(dst, dst_ld * sizeof(float), src, src_ld * sizeof(float), width * sizeof(float), (size_t)rows,
+                            cudaMemcpyDeviceToDevice, td_cu(b)->stream));
+}
+
+static void cu_sync(td_backend *b) { TD_CU(cudaStreamSynchronize(td_cu(b)->stream)); }
+
+static const void *cu_weight_load(td_backend *b, const void *host, size_t bytes) {
+    void *p = NULL;
+    size_t n = bytes ? bytes : 1;
+    cudaError_t e = cudaMalloc(&p, n);
+    if (e == cudaErrorMemoryAllocation) {
+        (void)cudaGetLastError();
+        return NULL;
+    }
+    TD_CU(e);
+    td_cuda *cu = td_cu(b);
+    if (bytes) TD_CU(cudaMemcpyAsync(p, host, bytes, cudaMemcpyHostToDevice, cu->stream));
+    TD_CU(cudaStreamSynchronize(cu->stream)); /* the host weights may be unmapped after load */
+    return p;
+}
+
+static void cu_weight_free(td_backend *b, const void *dev) { cu_free(b, (void *)dev); }
+
+/* ---- sample (phase 1: on the host, rows downloaded) ---------------------- */
+
+__global__ void count_token_kernel(uint32_t *counts, int32_t tok) { counts[tok]++; }
+
+/* Pinned host buffer of at least n bytes; waits for the stream first (an
+ * upload from the old buffer may still be in flight). */
+static unsigned char *pinned(td_cuda *cu, size_t n) {
+    if (cu->pin_bytes >= n) return cu->pin;
+    TD_CU(cudaStreamSynchronize(cu->stream));
+    if (cu->pin) TD_CU(cudaFreeHost(cu->pin));
+    cu->pin = NULL;
+    cu->pin_bytes = 0;
+    TD_CU(cudaMallocHost((void **)&cu->pin, n));
+    cu->pin_bytes = n;
+    return cu->pin;
+}
+
+static void d2h(td_cuda *cu, void *dst, const void *src, size_t n) {
+    TD_CU(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, cu->stream));
+    cu->sample_bytes += n;
+}
+
+extern "C" int32_t td_cuda_sample(td_backend *b, td_sampler *s, const td_sample_call *c) {
+    td_cuda *cu = td_cu(b);
+    size_t V = (size_t)s->vocab, fb = V * sizeof(float), words = (V + 31) / 32;
+    if (c->kind == TD_SAMPLE_ACCEPT) { /* the penalties' count of an emitted token: stays on the device */
+        if (c->token >= 0 && (size_t)c->token < V) {
+            count_token_kernel<<<1, 1, 0, cu->stream>>>(s->counts, c->token);
+            TD_CU_LAUNCH("count_token_kernel");
+        }
+        return 0;
+    }
+    /* layout: x | q | out | work | probs | idx | counts | mask | in_prompt */
+    unsigned char *p = pinned(cu, 7 * fb + words * 4 + V);
+    float *hx = (float *)p, *hq = hx + V, *hout = hq + V, *hwork = hout + V, *hprobs = hwork + V;
+    int32_t *hidx = (int32_t *)(hprobs + V);
+    uint32_t *hcounts = (uint32_t *)(hidx + V), *hmask = hcounts + V;
+    uint8_t *hin = (uint8_t *)(hmask + words);
+    td_sampler h = *s; /* the host twin: same parameters, RNG and bias, host arrays */
+    h.b = NULL;
+    h.work = hwork;
+    h.probs = hprobs;
+    h.idx = hidx;
+    h.counts = hcounts;
+    h.in_prompt = hin;
+    h.mask = NULL;
+    h.dmask = NULL;
+    bool penalties = c->kind == TD_SAMPLE_SAMPLE || c->kind == TD_SAMPLE_GREEDY || c->kind == TD_SAMPLE_PROBS;
+    if (penalties) {
+        d2h(cu, hcounts, s->counts, V * sizeof(uint32_t));
+        d2h(cu, hin, s->in_prompt, V);
+    }
+    if (s->mask) { /* a backend sampler's mask is its device copy (td_sampler_set_mask) */
+        d2h(cu, hmask, s->mask, words * sizeof(uint32_t));
+        h.mask = hmask;
+    }
+    td_sample_call hc = *c;
+    if (c->x) { d2h(cu, hx, c->x, fb); hc.x = hx; }
+    if (c->q) { d2h(cu, hq, c->q, fb); hc.q = hq; }
+    if (c->out) {
+        if (c->kind == TD_SAMPLE_RESIDUAL) d2h(cu, hout, c->out, fb); /* read, then overwritten */
+        hc.out = hout;
+    }
+    TD_CU(cudaStreamSynchronize(cu->stream));
+    int32_t r = td_sampler_run(&h, &hc);
+    s->rng = h.rng; /* the draw advanced the RNG: the host state travels with the sampler */
+    if (c->out && (c->kind == TD_SAMPLE_PROBS || c->kind == TD_SAMPLE_RESIDUAL)) {
+        /* stream-ordered before the next call's downloads into the same buffer */
+        TD_CU(cudaMemcpyAsync(c->out, hout, fb, cudaMemcpyHostToDevice, cu->stream));
+        cu->sample_bytes += fb;
+    }
+    return r;
+}
+
+/* ---- the table ----------------------------------------------------------- */
+
+static const td_backend_ops cuda_ops = {
+    .name = "cuda",
+    .alloc = cu_alloc,
+    .free = cu_free,
+    .upload = cu_upload,
+    .download = cu_download,
+    .copy = cu_copy,
+    .fill0 = cu_fill0,
+    .copy_rows = cu_copy_rows,
+    .sync = cu_sync,
+    .weight_load = cu_weight_load,
+    .weight_free = cu_weight_free,
+    .matmul = td_cuda_matmul,
+    .rmsnorm = td_cuda_rmsnorm,
+    .embed = td_cuda_embed,
+    .add = td_cuda_add,
+    .silu_mul = td_cuda_silu_mul,
+    .attn_prep = td_cuda_attn_prep,
+    .attention = td_cuda_attention,
+    .gdn_conv = td_cuda_gdn_conv,
+    .gdn_recur = td_cuda_gdn_recur,
+    .kv_store = td_cuda_kv_store,
+    .kv_load = td_cuda_kv_load,
+    .argmax = td_cuda_argmax,
+    .sample = td_cuda_sample,
+    .parallel_for = NULL, /* a device has no host thread pool */
+};
+
+static void cuda_destroy(td_backend *b) {
+    td_cuda *cu = td_cu(b);
+    if (!cu) return;
+    /* teardown: report but do not abort (the process may be exiting after a device error) */
+    cudaError_t e = cudaStreamSynchronize(cu->stream);
+    if (e != cudaSuccess) fprintf(stderr, "cuda backend: at teardown: %s\n", cudaGetErrorString(e));
+    if (cu->scratch) (void)cudaFree(cu->scratch);
+    if (cu->pin) (void)cudaFreeHost(cu->pin);
+    (void)cudaStreamDestroy(cu->stream);
+    free(cu);
+    b->impl = NULL;
+}
+
+extern "C" int td_backend_cuda_create(int n_threads, td_backend **out, td_err *err) {
+    *out = NULL;
+    int n = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    if (e != cudaSuccess) {
+        (void)cudaGetLastError();
+        return TD_FAIL(err, TD_ERR_UNSUPPORTED, "no CUDA device: %s", cudaGetErrorString(e));
+    }
+    if (n <= 0) return TD_FAIL(err, TD_ERR_UNSUPPORTED, "no CUDA device: cudaGetDeviceCount found none");
+    td_cuda *cu = (td_cuda *)TD_CALLOC(err, 1, sizeof *cu);
+    if (!cu) return TD_ERR_NOMEM;
+    td_backend *b = (td_backend *)TD_CALLOC(err, 1, sizeof *b);
+    if (!b) { free(cu); return TD_ERR_NOMEM; }
+    cu->device = 0;
+    if ((e = cudaSetDevice(cu->device)) != cudaSuccess ||
+        (e = cudaStreamCreateWithFlags(&cu->stream, cudaStreamNonBlocking)) != cudaSuccess) {
+        free(cu);
+        free(b);
+        return TD_FAIL(err, TD_ERR_UNSUPPORTED, "CUDA device 0 unusable: %s", cudaGetErrorString(e));
+    }
+    b->ops = &cuda_ops;
+    b->impl = cu;
+    b->n_threads = n_threads > 0 ? n_threads : 1; /* host threads: none used by the ops */
+    b->isa = 0;
+    b->destroy = cuda_destroy;
+    *out = b;
+    return TD_OK;
+}
+
+extern "C" int td_backend_cuda_mem_info(td_backend *b, size_t *free_bytes, size_t *total_bytes) {
+    *free_bytes = *total_bytes = 0;
+    if (!b || b->ops != &cuda_ops) return TD_ERR_ARG;
+    TD_CU(cudaSetDevice(td_cu(b)->device));
+    return cudaMemGetInfo(free_bytes, total_bytes) == cudaSuccess ? TD_OK : TD_ERR_INTERNAL;
+}

@@ -1,0 +1,185 @@
+/* CUDA Gated DeltaNet: the depthwise causal conv with its rolling window,
+ * and the gated delta rule, with the state slots exactly as ops_gdn.c
+ * (backend.h td_batch.state): a segment without checkpoints updates slot
+ * SLOT in place; a verify segment (CKPT = 1) reads SLOT and writes the state
+ * after its token t into slot (SLOT + 1 + t) % NSLOTS.
+ *
+ * State of one DeltaNet layer in a slot: [conv_len][conv_dim] window, then
+ * [nv][dk][dv] recurrent state (row-major per head). Slot s of segment i:
+ * state[i] + s * n_lin * layer_floats + lin * layer_floats.
+ *
+ * Both kernels are sequential over a segment's tokens (the recurrence) and
+ * parallel over channels / value columns; each thread's arithmetic is
+ * ops_gdn.c's for its channel or column, in the same order (multiply then
+ * add, -fmad=false). Phase 1: chunk > 1 (the chunked WY form for prompts) is
+ * not implemented on the device; the token-by-token kernel runs instead,
+ * which the op's contract allows (chunked = equal up to rounding). */
+#include "backend/cuda/cuda_internal.cuh"
+
+typedef struct gdn_args {
+    const int32_t *seg;
+    float *const *state;   /* [n_seg] device pointers (device memory) */
+    const float *conv, *dt_bias, *neg_A, *norm;
+    const float *qkv;      /* conv: [M, conv_dim] input */
+    float *conv_out;       /* conv: output; recur: input [M, conv_dim] */
+    const float *z, *b_in, *a_in;
+    float *o;
+    int lin, n_lin, conv_len, conv_dim, nk, nv, dk, dv;
+    size_t layer_floats, conv_floats;
+    float eps;
+} gdn_args;
+
+__device__ __forceinline__ float *layer_state(const gdn_args &a, int si, int slot) {
+    return a.state[si] + (size_t)slot * a.layer_floats * (size_t)a.n_lin + (size_t)a.lin * a.layer_floats;
+}
+__device__ __forceinline__ int out_slot(const int32_t *sg, int t) { return (sg[TD_SEG_SLOT] + 1 + t) % sg[TD_SEG_NSLOTS]; }
+
+#define CONV_THREADS 128
+
+/* grid (n_seg, channel blocks); thread = one channel of one segment, over
+ * its tokens in order: y = silu(sum_k w[k] * window[k] + w[L] * x), then
+ * the window shifts by one (ops_gdn.c conv_task per channel). */
+__global__ void __launch_bounds__(CONV_THREADS) gdn_conv_kernel(gdn_args a) {
+    int si = blockIdx.x, ch = blockIdx.y * CONV_THREADS + threadIdx.x;
+    if (ch >= a.conv_dim) return; /* no block-wide sync below */
+    const int32_t *sg = a.seg + (size_t)si * TD_SEG_FIELDS;
+    int C = a.conv_dim, L = a.conv_len, K = L + 1, ck = sg[TD_SEG_CKPT];
+    float *state = layer_state(a, si, sg[TD_SEG_SLOT]);
+    const float *w = a.conv + (size_t)ch * K;
+    for (int t = 0; t < sg[TD_SEG_N]; t++) {
+        int m = sg[TD_SEG_ROW0] + t;
+        if (ck) { /* token t's window in its own slot, from the previous token's */
+            float *dst = layer_state(a, si, out_slot(sg, t));
+            for (int k = 0; k < L; k++) dst[(size_t)k * C + ch] = state[(size_t)k * C + ch];
+            state = dst;
+        }
+        float x = a.qkv[(size_t)m * C + ch];
+        float acc = 0.0f;
+        for (int k = 0; k < L; k++) acc += w[k] * state[(size_t)k * C + ch];
+        acc += w[L] * x;
+        a.conv_out[(size_t)m * C + ch] = td_cu_silu(acc);
+        for (int k = 0; k + 1 < L; k++) state[(size_t)k * C + ch] = state[(size_t)(k + 1) * C + ch];
+        if (L > 0) state[(size_t)(L - 1) * C + ch] = x;
+    }
+}
+
+static gdn_args gdn_args_of(const td_config *g, const td_batch *bt, int lin, const td_gdn_params *w) {
+    gdn_args a;
+    memset(&a, 0, sizeof a);
+    a.seg = bt->seg;
+    a.state = bt->state;
+    a.conv = w->conv; a.dt_bias = w->dt_bias; a.neg_A = w->neg_A; a.norm = w->norm;
+    a.lin = lin;
+    a.n_lin = g->n_layers - g->n_full_attn;
+    a.conv_len = g->conv_kernel - 1;
+    a.conv_dim = td_cfg_lin_conv_dim(g);
+    a.nk = g->lin_nk; a.nv = g->lin_nv; a.dk = g->lin_dk; a.dv = g->lin_dv;
+    a.conv_floats = (size_t)a.conv_len * a.conv_dim;
+    a.layer_floats = td_cfg_deltanet_layer_floats(g);
+    a.eps = (float)g->rms_norm_eps;
+    return a;
+}
+
+extern "C" void td_cuda_gdn_conv(td_backend *b, const td_config *g, const td_batch *bt, int lin, const td_gdn_params *w,
+                                 const float *qkv, float *conv_out) {
+    if (bt->n_seg <= 0 || bt->M <= 0) return;
+    gdn_args a = gdn_args_of(g, bt, lin, w);
+    a.qkv = qkv;
+    a.conv_out = conv_out;
+    dim3 grid((unsigned)bt->n_seg, td_cu_blocks((size_t)a.conv_dim, CONV_THREADS));
+    gdn_conv_kernel<<<grid, CONV_THREADS, 0, td_cu(b)->stream>>>(a);
+    TD_CU_LAUNCH("gdn_conv_kernel");
+}
+
+/* l2norm in shared memory: v *= 1 / sqrtf(sum v^2 + 1e-6) (ops_gdn.c l2norm) */
+__device__ void l2norm(float *v, int n, float *red) {
+    float ss = 0.0f;
+    for (int i = threadIdx.x; i < n; i += blockDim.x) ss += v[i] * v[i];
+    ss = td_cu_block_sum(ss, red);
+    float r = 1.0f / sqrtf(ss + 1e-6f);
+    for (int i = threadIdx.x; i < n; i += blockDim.x) v[i] *= r;
+    __syncthreads();
+}
+
+__device__ __forceinline__ float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+/* grid (n_seg * nv): one block per (segment, value head), blockDim = dv
+ * rounded up to a warp multiple. Per token, in order:
+ *   q, k (l2-normed; q * 1/sqrt(dk)) into shared memory; beta = sigmoid(b);
+ *   decay = expf(neg_A * softplus(a + dt_bias));
+ *   thread e owns column e of S [dk, dv] (in the state slot):
+ *     S[:,e] *= decay; mem = S[:,e] . k; d = (v[e] - mem) * beta;
+ *     S[:,e] += k d; o = S[:,e] . q        (sums over i in increasing order)
+ *   then the gated RMSNorm over the dv outputs: norm * (o * rn) * silu(z).
+ * A column's update reads only that column, so no thread waits for another
+ * inside the recurrence; the block synchronizes around the shared q / k and
+ * the norm's sum. */
+__global__ void gdn_recur_kernel(gdn_args a) {
+    __shared__ float qv[TD_MAX_HEAD_DIM], kv[TD_MAX_HEAD_DIM];
+    __shared__ float red[33];
+    int si = blockIdx.x / a.nv, h = blockIdx.x % a.nv, e = threadIdx.x;
+    int dk = a.dk, dv = a.dv, nv = a.nv, vd = nv * dv, kh = h / (nv / a.nk), key_dim = a.nk * dk;
+    const int32_t *sg = a.seg + (size_t)si * TD_SEG_FIELDS;
+    int n = sg[TD_SEG_N], row0 = sg[TD_SEG_ROW0], ck = sg[TD_SEG_CKPT];
+    size_t head = a.conv_floats + (size_t)h * dk * dv;
+    float *S = layer_state(a, si, sg[TD_SEG_SLOT]) + head;
+    float qscale = 1.0f / sqrtf((float)dk);
+    for (int t = 0; t < n; t++) {
+        int m = row0 + t;
+        const float *row = a.conv_out + (size_t)m * a.conv_dim;
+        for (int i = threadIdx.x; i < dk; i += blockDim.x) {
+            qv[i] = row[(size_t)kh * dk + i];
+            kv[i] = row[key_dim + (size_t)kh * dk + i];
+        }
+        __syncthreads();
+        l2norm(qv, dk, red);
+        l2norm(kv, dk, red);
+        for (int i = threadIdx.x; i < dk; i += blockDim.x) qv[i] *= qscale;
+        __syncthreads();
+        float beta = td_cu_sigmoid(a.b_in[(size_t)m * nv + h]);
+        float decay = expf(a.neg_A[h] * softplus(a.a_in[(size_t)m * nv + h] + a.dt_bias[h]));
+        if (ck) { /* token t's state in its own slot, from the previous token's */
+            float *dst = layer_state(a, si, out_slot(sg, t)) + head;
+            if (e < dv)
+                for (int i = 0; i < dk; i++) dst[(size_t)i * dv + e] = S[(size_t)i * dv + e];
+            S = dst;
+        }
+        float o = 0.0f;
+        if (e < dv) {
+            float mem = 0.0f;
+            for (int i = 0; i < dk; i++) {
+                float s = S[(size_t)i * dv + e] * decay;
+                S[(size_t)i * dv + e] = s;
+                mem += s * kv[i];
+            }
+            float d = (row[2 * (size_t)key_dim + (size_t)h * dv + e] - mem) * beta;
+            for (int i = 0; i < dk; i++) {
+                float s = S[(size_t)i * dv + e] + kv[i] * d;
+                S[(size_t)i * dv + e] = s;
+                o += s * qv[i];
+            }
+        }
+        float ss = td_cu_block_sum(e < dv ? o * o : 0.0f, red);
+        float rn = 1.0f / sqrtf(ss / (float)dv + a.eps);
+        if (e < dv) {
+            float zz = a.z[(size_t)m * vd + (size_t)h * dv + e];
+            a.o[(size_t)m * vd + (size_t)h * dv + e] = (a.norm[e] * (o * rn)) * td_cu_silu(zz);
+        }
+        __syncthreads(); /* qv / kv are rewritten by the next token */
+    }
+}
+
+extern "C" void td_cuda_gdn_recur(td_backend *b, const td_config *g, const td_batch *bt, int lin, const td_gdn_params *w,
+                                  const float *conv_out, const float *z, const float *b_in, const float *a_in, float *o,
+                                  int chunk) {
+    (void)chunk; /* phase 1: token by token for every segment (see the top of the file) */
+    if (bt->n_seg <= 0 || bt->M <= 0) return;
+    TD_ASSERT(g->lin_dk > 0 && g->lin_dk <= TD_MAX_HEAD_DIM && g->lin_dv > 0 && g->lin_dv <= 1024);
+    TD_ASSERT(g->lin_nk > 0 && g->lin_nv % g->lin_nk == 0);
+    gdn_args a = gdn_args_of(g, bt, lin, w);
+    a.conv_out = (float *)conv_out;
+    a.z = z; a.b_in = b_in; a.a_in = a_in; a.o = o;
+    unsigned threads = (unsigned)((a.dv + 31) / 32 * 32);
+    gdn_recur_kernel<<<(unsigned)(bt->n_seg * a.nv), threads, 0, td_cu(b)->stream>>>(a);
+    TD_CU_LAUNCH("gdn_recur_kernel");
+}

@@ -1,0 +1,208 @@
+/* Internal to the CUDA backend (the .cu files of src/backend/cuda): the impl struct that
+ * hangs off td_backend.impl, error checking, and the device helpers the op
+ * files share (element decoding, deterministic block reductions).
+ *
+ * Arithmetic: the .cu files are compiled with -fmad=false, so no multiply and
+ * add is fused unless the code says so (__fmaf_rn in the matmul lanes, which
+ * mirrors the CPU's AVX FMA). Every reduction has a fixed order that depends
+ * only on the row it reduces (and the fixed block size), never on M or on the
+ * rest of the batch: that is the backend's batch-invariance rule. */
+#ifndef TANDEM_CUDA_INTERNAL_CUH
+#define TANDEM_CUDA_INTERNAL_CUH
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <string.h>
+#include <stdint.h>
+extern "C" {
+#include "backend/backend.h"
+#include "util/err.h"
+}
+
+/* Everything the backend owns: no process-wide state. Ops run on the
+ * engine's thread (as on the CPU and guard backends). */
+typedef struct td_cuda {
+    int device;
+    cudaStream_t stream;     /* every op and transfer is issued here, in order */
+    void *scratch;           /* copy() of overlapping ranges goes through it */
+    size_t scratch_bytes;
+    unsigned char *pin;      /* pinned host buffer of the sample op (phase 1: rows cross) */
+    size_t pin_bytes;
+    uint64_t sample_bytes;   /* bytes the sample op moved (not in td_backend.counters) */
+} td_cuda;
+
+static inline td_cuda *td_cu(td_backend *b) { return (td_cuda *)b->impl; }
+
+/* Aborts with file:line and the CUDA error string when e is not cudaSuccess:
+ * the void ops have no error return, and a failed kernel leaves the context
+ * unusable (a broken invariant, as TD_ASSERT). */
+extern "C" void td_cuda_check(cudaError_t e, const char *what, const char *file, int line);
+#define TD_CU(call) td_cuda_check((call), #call, __FILE__, __LINE__)
+#define TD_CU_LAUNCH(name) td_cuda_check(cudaGetLastError(), "launch of " name, __FILE__, __LINE__)
+
+/* Grid size for n items of `per` each, at least 1 block. */
+static inline unsigned td_cu_blocks(size_t n, unsigned per) { return n ? (unsigned)((n + per - 1) / per) : 1u; }
+
+/* ---- element decoding (exact, as the CPU's) ---- */
+
+__device__ __forceinline__ float td_cu_bf16(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
+__device__ __forceinline__ float td_cu_f16(uint16_t h) { return __half2float(__ushort_as_half(h)); }
+
+/* e4m3fn byte -> float (0x7f / 0xff NaN), as td_fp8_e4m3_to_f32 (weights). */
+__device__ __forceinline__ float td_cu_e4m3(uint8_t b) {
+    int e = (b >> 3) & 15, m = b & 7;
+    float v;
+    if (e == 15 && m == 7) v = __uint_as_float(0x7fc00000u);
+    else if (e == 0) v = (float)m * 0x1p-9f;
+    else v = __uint_as_float((uint32_t)(e + 120) << 23 | (uint32_t)m << 20); /* (1 + m/8) 2^(e-7) */
+    return (b & 0x80) ? -v : v;
+}
+
+/* e4m3 byte of the KV cache -> float, as ops_attn.c e4m3_to_f32 (no NaN:
+ * the writer saturates at 0x7e, so 0x7f never occurs). */
+__device__ __forceinline__ float td_cu_kv_e4m3(uint8_t b) {
+    int e = (b >> 3) & 15, m = b & 7;
+    float v = e == 0 ? (float)m * 0x1p-9f : __uint_as_float((uint32_t)(e + 120) << 23 | (uint32_t)m << 20);
+    return (b & 0x80) ? -v : v;
+}
+
+/* f32 -> e4m3, round to nearest even, saturating at 448: ops_attn.c
+ * f32_to_e4m3 line by line (same results for every input). */
+__device__ __forceinline__ uint8_t td_cu_f32_to_e4m3(float x) {
+    uint8_t sign = x < 0 ? 0x80 : 0;
+    float a = x < 0 ? -x : x;
+    if (!(a == a)) return 0x7f;
+    if (a >= 448.0f) return sign | 0x7e;
+    if (a < 0x1p-10f) return sign;
+    int e;
+    float m = frexpf(a, &e);
+    int exp = e - 1 + 7;
+    if (exp <= 0) return sign | (uint8_t)nearbyintf(a * 512.0f);
+    float r = nearbyintf((m * 2.0f - 1.0f) * 8.0f);
+    if (r >= 8.0f) { r = 0; exp++; }
+    if (exp > 15 || (exp == 15 && r > 6)) return sign | 0x7e;
+    return sign | (uint8_t)(exp << 3) | (uint8_t)r;
+}
+
+__device__ __forceinline__ float td_cu_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+__device__ __forceinline__ float td_cu_silu(float x) { return x / (1.0f + expf(-x)); }
+
+/* ---- deterministic block reductions ----
+ * Sum / max of one value per thread over the block (blockDim.x a multiple of
+ * 32, at most 1024): a shuffle tree in each warp, then the warp results in
+ * warp order through shared memory. The order depends only on blockDim.x, so
+ * the result is the same in every launch. Every thread gets the result;
+ * every thread of the block must call it (it synchronizes). red: 33 floats. */
+__device__ __forceinline__ float td_cu_warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
+    return v;
+}
+__device__ __forceinline__ float td_cu_warp_max(float v) {
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_down_sync(0xffffffffu, v, o));
+    return v;
+}
+__device__ __forceinline__ float td_cu_block_sum(float v, float *red) {
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = td_cu_warp_sum(v);
+    __syncthreads(); /* red may still be read by a previous call */
+    if (lane == 0) red[w] = v;
+    __syncthreads();
+    if (w == 0) {
+        float s = lane < nw ? red[lane] : 0.0f;
+        s = td_cu_warp_sum(s);
+        if (lane == 0) red[32] = s;
+    }
+    __syncthreads();
+    return red[32];
+}
+/* max of non-negative values (absmax): fmaxf is exact, so any order gives the same */
+__device__ __forceinline__ float td_cu_block_max(float v, float *red) {
+    int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    v = td_cu_warp_max(v);
+    __syncthreads();
+    if (lane == 0) red[w] = v;
+    __syncthreads();
+    if (w == 0) {
+        float s = lane < nw ? red[lane] : -INFINITY;
+        s = td_cu_warp_max(s);
+        if (lane == 0) red[32] = s;
+    }
+    __syncthreads();
+    return red[32];
+}
+
+/* KV layer as the kernels take it (td_kv_view by value). */
+typedef struct td_cu_kv {
+    int store, kv_dim, head_dim;
+    void *k, *v;
+    float *ks, *vs;
+} td_cu_kv;
+static inline td_cu_kv td_cu_kv_of(const td_kv_view *kv) {
+    td_cu_kv r = {(int)kv->store, kv->kv_dim, kv->head_dim, kv->k, kv->v, kv->ks, kv->vs};
+    return r;
+}
+
+/* Stores head h of row `row` (x: hd floats, any memory the block can read)
+ * into base / scales in the KV dtype: f32 copy, bf16 round to nearest even,
+ * fp8 e4m3 of x / scale with scale = absmax / 448 per (row, head) as
+ * ops_attn.c write_row. The whole block calls it. red: 33 floats. */
+__device__ __forceinline__ uint16_t td_cu_f32_to_bf16(float f) {
+    uint32_t u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
+    uint32_t r = 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)((u + r) >> 16);
+}
+__device__ __forceinline__ void td_cu_kv_write_head(const td_cu_kv &kv, void *base, float *scales, size_t row, int h,
+                                                    const float *x, float *red) {
+    int D = kv.kv_dim, hd = kv.head_dim, nh = hd > 0 ? D / hd : 1;
+    size_t off = row * (size_t)D + (size_t)h * hd;
+    if (kv.store == TD_KV_F32) {
+        for (int i = threadIdx.x; i < hd; i += blockDim.x) ((float *)base)[off + i] = x[i];
+    } else if (kv.store == TD_KV_BF16) {
+        for (int i = threadIdx.x; i < hd; i += blockDim.x) ((uint16_t *)base)[off + i] = td_cu_f32_to_bf16(x[i]);
+    } else { /* TD_KV_FP8 (AUTO is refused on the host) */
+        float mx = 0.0f;
+        for (int i = threadIdx.x; i < hd; i += blockDim.x) mx = fmaxf(mx, fabsf(x[i]));
+        mx = td_cu_block_max(mx, red);
+        float sc = mx > 0 ? mx / 448.0f : 1.0f;
+        if (threadIdx.x == 0) scales[row * (size_t)nh + h] = sc;
+        for (int i = threadIdx.x; i < hd; i += blockDim.x) ((uint8_t *)base)[off + i] = td_cu_f32_to_e4m3(x[i] / sc);
+    }
+}
+/* Element i of head h at row `row` as f32 (ops_attn.c read_head). */
+__device__ __forceinline__ float td_cu_kv_read(const td_cu_kv &kv, const void *base, const float *scales, size_t row, int h,
+                                               int i) {
+    int D = kv.kv_dim, hd = kv.head_dim;
+    size_t off = row * (size_t)D + (size_t)h * hd + i;
+    if (kv.store == TD_KV_F32) return ((const float *)base)[off];
+    if (kv.store == TD_KV_BF16) return td_cu_bf16(((const uint16_t *)base)[off]);
+    return td_cu_kv_e4m3(((const uint8_t *)base)[off]) * scales[row * (size_t)(D / hd) + h];
+}
+
+/* KV row of slot s of a segment (bt arrays in device memory). */
+__device__ __forceinline__ size_t td_cu_kv_row(const int32_t *block_tables, const int32_t *sg, int slot) {
+    return (size_t)block_tables[sg[TD_SEG_BT] + slot / TD_KV_BLOCK] * TD_KV_BLOCK + (size_t)(slot % TD_KV_BLOCK);
+}
+
+/* ---- the ops (one file per concern) ---- */
+extern "C" {
+void td_cuda_matmul(td_backend *b, const td_tensor *W, const float *x, int M, float *y);
+void td_cuda_rmsnorm(td_backend *b, float *y, const float *x, const float *w, int M, int n, float eps);
+void td_cuda_embed(td_backend *b, const td_tensor *E, const int32_t *tokens, int M, float *out);
+void td_cuda_add(td_backend *b, float *y, const float *x, size_t n);
+void td_cuda_silu_mul(td_backend *b, float *a, const float *u, size_t n);
+void td_cuda_argmax(td_backend *b, const float *x, int rows, int n, int32_t *out);
+void td_cuda_kv_store(td_backend *b, const td_kv_view *kv, int row, const float *k, const float *v);
+void td_cuda_kv_load(td_backend *b, const td_kv_view *kv, int row, int which, float *out);
+void td_cuda_attn_prep(td_backend *b, const td_config *g, const td_batch *bt, const float *qg, float *k, const float *v,
+                       const float *qn, const float *kn, const float *inv_freq, float *q, float *gate, const td_kv_view *kv,
+                       int shift);
+void td_cuda_attention(td_backend *b, const td_config *g, const td_batch *bt, const float *q, const float *gate,
+                       const td_kv_view *kv, int shift, float *out);
+void td_cuda_gdn_conv(td_backend *b, const td_config *g, const td_batch *bt, int lin, const td_gdn_params *w,
+                      const float *qkv, float *conv_out);
+void td_cuda_gdn_recur(td_backend *b, const td_config *g, const td_batch *bt, int lin, const td_gdn_params *w,
+                       const float *conv_out, const float *z, const float *b_in, const float *a_in, float *o, int chunk);
+int32_t td_cuda_sample(td_backend *b, struct td_sampler *s, const struct td_sample_call *c);
+}
+#endif
