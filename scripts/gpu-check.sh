@@ -1,0 +1,49 @@
+#!/bin/sh
+# The CUDA backend's first check, for a session that is lent a GPU (H200:
+# about 8 minutes). Nothing in src/backend/cuda has run on a GPU before this.
+#   1. build with CUDA=1 for this GPU's architecture only (fast);
+#   2. test_backend_cuda: the CUDA ops against the CPU op by op (matmul in
+#      every weight dtype and its batch invariance, KV rows, sampler, ...):
+#      a wrong kernel shows up here by name;
+#   3. the engine's C tests with TANDEM_BACKEND=cuda (golden logits against
+#      the transformers references, greedy identity with MTP drafting at every
+#      depth, KV / prefix-cache exactness, scheduling), one summary line;
+#   4. a short decode / verify / prefill timing of the demo model on the GPU.
+# Usage: sh scripts/gpu-check.sh    (BUILD=dir to build elsewhere; FULL=1: every C test in step 3)
+# Logs: $BUILD/gpu-*.log. Exit status: non-zero when a step failed.
+set -u
+cd "$(dirname "$0")/.."
+BUILD=${BUILD:-build-gpu}
+fail=0
+nvidia-smi -L || { echo "gpu-check: no GPU here (nvidia-smi failed)"; exit 1; }
+ARCH=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -n 1 | tr -d ' .')
+echo "gpu-check: building $BUILD for sm_${ARCH:-90}"
+mkdir -p "$BUILD"
+if ! make BUILD="$BUILD" CUDA=1 CUDA_ARCHS="${ARCH:-90}" -j"$(nproc)" all tests > "$BUILD/gpu-build.log" 2>&1; then
+  tail -n 30 "$BUILD/gpu-build.log"; echo "gpu-check: build failed"; exit 1
+fi
+
+echo "== 1. op by op (test_backend_cuda)"
+timeout 120 "$BUILD/tests/test_backend_cuda" > "$BUILD/gpu-ops.log" 2>&1 || fail=1
+tail -n 25 "$BUILD/gpu-ops.log"
+
+echo "== 2. the C tests on the cuda backend"
+# The engine-core tests (as .ci/run runs on the guard); FULL=1 runs all of them.
+TESTS="test_backend_cuda test_golden test_demo test_spec test_kv test_kv_pressure test_gdn_chunk test_quant \
+test_quant_load test_real_ckpt test_sched test_preempt test_logit_bias test_constraint test_autodepth"
+[ "${FULL:-0}" = 1 ] && TESTS=""
+BUILD="$BUILD" TANDEM_BACKEND=cuda TANDEM_SKIP_PY=1 TANDEM_TESTS="$TESTS" timeout 300 sh tests/run_all.sh \
+  > "$BUILD/gpu-suite.log" 2>&1 || fail=1
+grep -E '^FAIL|exited with|: [0-9]+ passed, [1-9][0-9]* failed' "$BUILD/gpu-suite.log" | head -n 20
+echo "cuda suite: $(tail -n 1 "$BUILD/gpu-suite.log")"
+
+echo "== 3. timing: demo model, decode / verify t(k+1)/t(1) / prefill on cuda"
+# `tandem kernels` opens its model rows through td_engine_load, which takes
+# $TANDEM_BACKEND; its bandwidth probe is the host's (a CPU backend).
+TANDEM_BACKEND=cuda timeout 90 "$BUILD/tandem" kernels -m models/demo --probe-mb 16 --mm-mb 0 --prefill 512 --max-k 6 \
+  --reps 3 > "$BUILD/gpu-timing.log" 2>&1 || fail=1
+tail -n 20 "$BUILD/gpu-timing.log"
+timeout 60 "$BUILD/tandem" run --device cuda -m models/demo -p "The capital of France is" -n 16 --stats || fail=1
+
+[ $fail = 0 ] && echo "gpu-check: all steps passed" || echo "gpu-check: FAILED (logs in $BUILD/gpu-*.log)"
+exit $fail
