@@ -9,8 +9,9 @@
 # Environment (defaults in brackets):
 #   LLAMA_CPP   llama.cpp tree with build/bin/llama-bench      [build/llama.cpp]
 #   TANDEM      tandem binary                                   [build/tandem]
-#   PAIRS       "label:tandem_dir:gguf[:tandem_quantize] ..."   [bf16 and 8-bit, below]
-#               (tandem_quantize: q8 = `--quantize q8` at load)
+#   PAIRS       "label:tandem_dir:gguf[:tandem_quantize[:tandem_args]] ..."   [bf16 and 8-bit, below]
+#               (tandem_quantize: q8 = `--quantize q8` at load; tandem_args: extra tandem
+#               flags, commas for spaces, e.g. BF16-bf16:DIR:GGUF::--precision,bf16)
 #   LLAMA_ENV   environment for llama-bench                     [OMP_WAIT_POLICY=passive]
 #   LLAMA_ARGS  extra llama-bench arguments                     [--repack 0]
 #   ROUNDS [3]  THREADS [2]  NGEN [64]  NPROMPT [512]  REPS [8] (tandem decode reps)
@@ -55,13 +56,14 @@ echo
 echo "| pair | metric | tandem (median) | llama.cpp (median) | tandem / llama.cpp | tandem samples | llama.cpp samples |"
 echo "|---|---|---|---|---|---|---|"
 for pair in $PAIRS; do
-    IFS=: read -r label tdir gguf tquant <<<"$pair"
+    IFS=: read -r label tdir gguf tquant targs <<<"$pair"
+    targs=${targs//,/ }
     for f in "$tdir/model.safetensors" "$gguf"; do [ -e "$f" ] || { echo "missing $f" >&2; exit 1; }; done
     : >"$LOG/td"; : >"$LOG/lc"
     for r in $(seq 1 "$ROUNDS"); do
         for who in td lc; do   # ABAB...: tandem, then llama.cpp, each round
             if [ "$who" = td ]; then
-                out=$("$TANDEM" kernels -m "$tdir" --quantize "${tquant:-none}" -t "$THREADS" --reps "$REPS" --probe-mb 64 --mm-mb 0 --max-k 1 --prefill "$NPROMPT" 2>&1)
+                out=$("$TANDEM" kernels -m "$tdir" --quantize "${tquant:-none}" -t "$THREADS" --reps "$REPS" --probe-mb 64 --mm-mb 0 --max-k 1 --prefill "$NPROMPT" $targs 2>&1)
                 dec=$(sed -n 's/^decode (depth 0): \([0-9.]*\) tokens\/s.*/\1/p' <<<"$out")
                 pre=$(awk -F'|' -v n="$NPROMPT" '$2+0==n && NF>=5 {gsub(/ /,"",$4); print $4}' <<<"$out")
                 [ -n "$dec" ] && [ -n "$pre" ] || { echo "tandem failed: $out" >&2; exit 1; }
