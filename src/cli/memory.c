@@ -5,6 +5,7 @@
 #include "kv/kv.h"
 #include "model/config.h"
 #include "plan/plan.h"
+#include "backend/backend.h"
 
 #define GIB (1024.0 * 1024.0 * 1024.0)
 
@@ -47,6 +48,23 @@ static void plan_opts(const common_opts *o, const td_config *cfg, const td_plan_
     (void)cfg;
 }
 
+/* --device cuda: the device's memory as cudaMemGetInfo reports it, read
+ * through a short-lived CUDA backend before the model loads (so a window that
+ * does not fit is refused before any weight moves). *runtime = what is in use
+ * already (our context, and anything else on the device). */
+static int cuda_memory(FILE *log, uint64_t *total, uint64_t *runtime) {
+    td_err err = {0};
+    td_backend *b = NULL;
+    if (td_backend_create("cuda", 1, &b, &err)) { fprintf(log, "tandem: %s\n", td_cli_errmsg(&err)); return 1; }
+    size_t fr = 0, tot = 0;
+    int rc = td_backend_cuda_mem_info(b, &fr, &tot);
+    td_backend_free(b);
+    if (rc || tot == 0) { fprintf(log, "tandem: cannot read the CUDA device's memory (cudaMemGetInfo)\n"); return 1; }
+    *total = tot;
+    *runtime = tot - fr;
+    return 0;
+}
+
 int td_cli_engine_spec_depth(const common_opts *o) {
     if (!o->spec_auto) return o->spec_depth;
     td_err err = {0};
@@ -82,8 +100,20 @@ int td_cli_engine_opts(const common_opts *o, int max_seqs, int batch_tokens, td_
     eo->no_prefix_caching = !o->prefix_caching;
     eo->max_seqs = max_seqs;
     int d = eo->spec_depth;
-    uint64_t total = td_cli_mem_total();
+    bool cuda = o->backend && !strcmp(o->backend, "cuda");
+    uint64_t total = 0, runtime = 0;
+    if (cuda) {
+        /* the device, not RAM: budget = total x --gpu-memory-utilization as in vLLM, and
+         * what the context (and any other process) already holds is planned as runtime */
+        if (cuda_memory(log, &total, &runtime)) return 1;
+    } else total = td_cli_mem_total();
     uint64_t budget = o->memory_budget ? o->memory_budget : (uint64_t)((double)total * o->mem_util);
+    if (cuda && runtime >= budget) {
+        fprintf(log, "tandem: the CUDA device has %.2f GiB in use of %.2f GiB already, more than --gpu-memory-utilization %.2f "
+                "allows (%.2f GiB); raise it or free the device\n", (double)runtime / GIB, (double)total / GIB, o->mem_util,
+                (double)budget / GIB);
+        return 1;
+    }
     int64_t cap = cfg.max_position_embeddings;
     if (o->max_model_len > cap) {
         fprintf(log, "tandem: --max-model-len %lld exceeds the model's max_position_embeddings (%lld)\n", (long long)o->max_model_len, (long long)cap);
@@ -91,6 +121,15 @@ int td_cli_engine_opts(const common_opts *o, int max_seqs, int batch_tokens, td_
     }
     td_plan_opts po;
     plan_opts(o, &cfg, &w, has_mtp, max_seqs, batch_tokens, budget, d, &po);
+    if (cuda) {
+        /* the engine's buffers are device memory; its prefix-cache checkpoints stay in
+         * host memory; the pool takes what is left, as vLLM's does; KV bf16 unless asked */
+        po.runtime_bytes = runtime;
+        po.prefix_checkpoints = 0;
+        po.kv_pool_windows = 0;
+        if (po.kv_dtype == TD_KV_AUTO) po.kv_dtype = TD_KV_BF16;
+        eo->kv_cache_dtype = po.kv_dtype;
+    }
     po.max_model_len = o->max_model_len > 0 ? o->max_model_len : o->max_model_len_auto ? 0 : (cap < 32768 ? cap : 32768);
     td_plan p;
     if (td_plan_compute(&cfg, &po, &p, &err)) { fprintf(log, "tandem: %s\n", td_cli_errmsg(&err)); return 1; }
@@ -102,16 +141,19 @@ int td_cli_engine_opts(const common_opts *o, int max_seqs, int batch_tokens, td_
         char fix[160];
         double used = (double)p.needed_bytes;
         if (o->kv_cache_memory) snprintf(fix, sizeof fix, "a larger --kv-cache-memory would make it fit");
+        else if (!o->memory_budget && total && used > (double)total)
+            snprintf(fix, sizeof fix, "no --gpu-memory-utilization would make it fit (%.2f GiB needed, %.2f GiB in all)", used / GIB,
+                     (double)total / GIB);
         else if (!o->memory_budget && total)
             snprintf(fix, sizeof fix, "--gpu-memory-utilization %.3f (of %.2f GiB) would make it fit", used / (double)total, (double)total / GIB);
         else snprintf(fix, sizeof fix, "--memory-budget %.2fGiB would make it fit", used / GIB + 0.005);
         int64_t pool = p.available_kv_bytes;
         fprintf(log,
-                "tandem: to serve one request of the model's max seq len (%lld tokens) at spec depth %d, %.2f GiB of KV cache and "
+                "tandem: to serve one request of the model's max seq len (%lld tokens) at spec depth %d%s, %.2f GiB of KV cache and "
                 "%.2f GiB of DeltaNet state (x%d sequences) are needed, but %.2f GiB are available for the KV cache "
                 "(budget %.2f GiB - weights %.2f GiB - activations %.2f GiB - DeltaNet state). The largest window that fits at depth %d "
                 "is %lld tokens; %s; %s.\n",
-                (long long)want, d, (double)p.request_bytes / GIB, (double)p.linear_state_bytes / max_seqs / GIB, max_seqs,
+                (long long)want, d, cuda ? " on the CUDA device" : "", (double)p.request_bytes / GIB, (double)p.linear_state_bytes / max_seqs / GIB, max_seqs,
                 (pool > 0 ? (double)pool : 0.0) / GIB, (double)p.budget_bytes / GIB, (double)(p.weights_bytes + p.runtime_bytes) / GIB,
                 (double)p.activation_bytes / GIB, d, (long long)p.max_len_at_depth, depth_msg, fix);
         return 1;

@@ -7,6 +7,11 @@
  *   scratch     td_fwd_scratch_bytes_for(batched tokens + seqs x (depth+1) rows)
  *   sessions    td_session_bytes_for(depth) per sequence
  *   prefix      prefix_checkpoints x td_kv_ckpt_bytes_for(window)
+ *   runtime     o->runtime_bytes: 0 on the CPU; on a CUDA device what the
+ *               context and libraries hold (cli/memory.c measures it)
+ * The CUDA backend allocates the same buffers in device memory, so
+ * `serve --device cuda` plans with this mode too (prefix checkpoints stay in
+ * host memory there: the caller passes 0 of them).
  * See src/plan/README.md, "CPU backend". */
 #include <math.h>
 #include <string.h>
@@ -18,7 +23,7 @@
 #include "util/err.h"
 
 typedef struct cpu_parts {
-    uint64_t weights, owned, scratch, sessions, state, ckpt;
+    uint64_t weights, owned, scratch, sessions, state, ckpt, runtime;
 } cpu_parts;
 
 /* Blocks one request of len tokens takes: its tokens, the MTP entry of the
@@ -40,9 +45,12 @@ static void parts_at(const td_config *c, const td_plan_opts *o, int depth, int64
     p->state = S * td_seq_state_bytes_for(c, depth + 1);
     td_kv_shape ks = shape_of(c, o);
     p->ckpt = (uint64_t)o->prefix_checkpoints * td_kv_ckpt_bytes_for(&ks, (int)(len > 0 ? len : 0));
+    p->runtime = o->runtime_bytes;
 }
 
-static uint64_t parts_sum(const cpu_parts *p) { return p->weights + p->owned + p->scratch + p->sessions + p->state + p->ckpt; }
+static uint64_t parts_sum(const cpu_parts *p) {
+    return p->weights + p->owned + p->scratch + p->sessions + p->state + p->ckpt + p->runtime;
+}
 
 static uint64_t budget_of(const td_plan_opts *o) { return (uint64_t)((double)o->device_bytes * o->gpu_util); }
 
@@ -103,7 +111,7 @@ int td_plan_compute_cpu(const td_config *c, const td_plan_opts *o, td_plan *p, t
     cpu_parts pt;
     parts_at(c, o, d, len, &pt);
     p->weights_bytes = pt.weights;
-    p->runtime_bytes = pt.owned;
+    p->runtime_bytes = pt.owned + pt.runtime;
     p->scratch_bytes = pt.scratch;
     p->session_bytes = pt.sessions;
     p->act_tokens_bytes = pt.scratch;
@@ -146,7 +154,7 @@ int td_plan_compute_cpu(const td_config *c, const td_plan_opts *o, td_plan *p, t
                  "activations %.2f GiB - DeltaNet state and prefix checkpoints). The largest window that fits at depth %d is %lld "
                  "tokens; the largest depth that fits is %d; a budget of %.2f GiB would make it fit.",
                  (long long)len, d, (double)p->request_bytes / g, (double)pt.state / S / g, S, room > 0 ? (double)room / g : 0.0,
-                 (double)p->budget_bytes / g, (double)(pt.weights + pt.owned) / g, (double)p->activation_bytes / g, d,
+                 (double)p->budget_bytes / g, (double)(pt.weights + pt.owned + pt.runtime) / g, (double)p->activation_bytes / g, d,
                  (long long)p->max_len_at_depth, p->max_depth_at_len, (double)p->needed_bytes / g + 0.005);
     return TD_OK;
 }
