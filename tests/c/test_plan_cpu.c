@@ -51,6 +51,13 @@ static void check_model(const char *dir, int S, int depth, int T, int64_t window
     int rc = td_plan_compute(&cfg, &po, &p, &err);
     CHECK(rc == 0 && p.fits, "%s: plan %d fits %d: %s %s", dir, rc, p.fits, err.msg, p.message);
     if (rc || !p.fits) return;
+    /* a device's runtime reserve (serve --device cuda: what the context holds) comes off the pool, byte for byte */
+    td_plan_opts pr = po;
+    pr.runtime_bytes = 100ull << 20;
+    td_plan q;
+    CHECK(td_plan_compute(&cfg, &pr, &q, &err) == 0 && q.available_kv_bytes == p.available_kv_bytes - (int64_t)pr.runtime_bytes &&
+              q.needed_bytes == p.needed_bytes + pr.runtime_bytes && q.runtime_bytes == p.runtime_bytes + pr.runtime_bytes,
+          "%s: a 100 MiB runtime reserve: available %lld -> %lld", dir, (long long)p.available_kv_bytes, (long long)q.available_kv_bytes);
     td_engine_opts eo = {.n_threads = 0, .max_context = (int)window, .spec_depth = depth, .max_seqs = S,
                          .kv_cache_bytes = (size_t)p.kv_blocks * p.kv_bytes_per_block, .kv_cache_dtype = kv_dtype,
                          .no_prefix_caching = true, .max_prefill_chunk = T};
