@@ -79,18 +79,23 @@ TBF INL void tilebf(const wd *d, const int kind, const int RN, const int RM, con
     for (int r = 0; r < RN; r++)
         for (int q = 0; q < RM; q++) acc[r][q] = _mm512_setzero_ps();
     const int64_t step = 32 * d->row_bytes / K, pf = RN * d->row_bytes; /* prefetch: see tile512 */
-    int64_t off = 0;
-    for (int64_t i = 0; i < K; i += 32, off += step) {
-        int rem = K - i < 32 ? (int)(K - i) : 32;
+    int64_t off = 0, i = 0;
+    for (; i + 32 <= K; i += 32, off += step) {
         __m512bh w[4];
         if ((off & 63) == 0)
             for (int r = 0; r < RN; r++) _mm_prefetch((const char *)row[r] + off + pf, _MM_HINT_T0);
-        for (int r = 0; r < RN; r++) w[r] = wbf32(d, kind, row[r], n + r, i, rem);
+        for (int r = 0; r < RN; r++) w[r] = wbf32(d, kind, row[r], n + r, i, 32);
         for (int q = 0; q < RM; q++) {
             __m512bh xv = (__m512bh)_mm512_loadu_si512((const void *)(xr[q] + i));
             for (int r = 0; r < RN; r++) acc[r][q] = _mm512_dpbf16_ps(acc[r][q], xv, w[r]);
         }
     }
+    if (i < K) /* the zero-padded last chunk: the same VDPBF16PS sequence as the panel's */
+        for (int r = 0; r < RN; r++) {
+            __m512bh wt = wbf32(d, kind, row[r], n + r, i, (int)(K - i));
+            for (int q = 0; q < RM; q++)
+                acc[r][q] = _mm512_dpbf16_ps(acc[r][q], (__m512bh)_mm512_loadu_si512((const void *)(xr[q] + i)), wt);
+        }
     float a[16];
     for (int r = 0; r < RN; r++)
         for (int q = 0; q < RM; q++) {
