@@ -28,7 +28,9 @@ CUDA := $(if $(shell command -v $(NVCC) 2>/dev/null),1,0)
 endif
 ifeq ($(CUDA),1)
 CUDA_HOME  ?= $(abspath $(dir $(shell command -v $(NVCC)))..)
-CUDA_ARCHS ?= 90 $(if $(shell $(NVCC) --list-gpu-arch 2>/dev/null | grep -x compute_100),100) 120
+ifeq ($(origin CUDA_ARCHS),undefined)
+CUDA_ARCHS := 90 $(if $(shell $(NVCC) --list-gpu-arch 2>/dev/null | grep -x compute_100),100) 120
+endif
 CU_SRC     := $(sort $(wildcard src/backend/cuda/*.cu))
 CU_OBJ     := $(CU_SRC:%.cu=$(BUILD)/%.o)
 # -fmad=false: no implicit multiply-add fusion (the kernels fuse where they say so:
@@ -40,10 +42,16 @@ LDLIBS    += -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
 else
 CU_OBJ     :=
 endif
-# backend.c registers "cuda" only when built with it; the file below changes
-# (and rebuilds backend.o) when CUDA does.
-ifeq ($(filter clean deps,$(MAKECMDGOALS)),)
-$(shell mkdir -p $(BUILD) && { [ "$$(cat $(BUILD)/cuda.cfg 2>/dev/null)" = "$(CUDA)" ] || echo "$(CUDA)" > $(BUILD)/cuda.cfg; })
+# backend.c registers "cuda" only when built with it: $(BUILD)/cuda.cfg changes
+# (and rebuilds backend.o) when CUDA does, $(BUILD)/nvcc.cfg (and the .cu
+# objects) when the nvcc flags (CUDA_ARCHS) do. Not for goals that build
+# elsewhere (asan, fuzz) or nothing.
+cfg_file = $(shell mkdir -p $(BUILD) && { [ "$$(cat $(BUILD)/$(1) 2>/dev/null)" = '$(2)' ] || echo '$(2)' > $(BUILD)/$(1); })
+ifneq ($(if $(MAKECMDGOALS),$(filter-out clean deps asan fuzz fuzz-build,$(MAKECMDGOALS)),all),)
+$(call cfg_file,cuda.cfg,$(CUDA))
+ifeq ($(CUDA),1)
+$(call cfg_file,nvcc.cfg,$(NVCC_FLAGS))
+endif
 endif
 .DEFAULT_GOAL := all
 $(BUILD)/src/backend/backend.o: ALL_CFLAGS += -DTD_HAVE_CUDA=$(CUDA)
@@ -64,7 +72,7 @@ $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -c $< -o $@
 
-$(BUILD)/%.o: %.cu $(wildcard src/backend/cuda/*.cuh)
+$(BUILD)/%.o: %.cu $(wildcard src/backend/cuda/*.cuh) $(BUILD)/nvcc.cfg
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCC_FLAGS) -MMD -MP -MF $(@:.o=.d) -c $< -o $@
 
