@@ -222,7 +222,12 @@ typedef struct seg_src {
     td_seq *seq;
     int pos0, n;
     bool checkpoint;
+    const int32_t *tokens_d; /* tokens n_host..n-1 in backend memory, or NULL */
+    int n_host;
 } seg_src;
+
+/* Host tokens of an item: all n, or the first n_host when the rest are in backend memory. */
+static int host_tokens(const int32_t *tokens_d, int n_host, int n) { return tokens_d ? n_host : n; }
 
 /* Fills the batch description of n segments (tokens[] per segment) in host
  * memory and uploads it in one copy: [state pointers | tokens | row_seg |
@@ -254,7 +259,9 @@ static int build_batch(td_fwd_ctx *c, const seg_src *ss, const int32_t *const *t
         f[TD_SEG_SLOT] = q->live;
         f[TD_SEG_CKPT] = ss[i].checkpoint && q->n_lin > 0;
         f[TD_SEG_NSLOTS] = q->n_slots;
-        memcpy(tok + row, tokens[i], (size_t)ss[i].n * sizeof(int32_t));
+        int nh = host_tokens(ss[i].tokens_d, ss[i].n_host, ss[i].n);
+        if (nh) memcpy(tok + row, tokens[i], (size_t)nh * sizeof(int32_t));
+        for (int t = nh; t < ss[i].n; t++) tok[row + t] = 0; /* from tokens_d, below */
         for (int t = 0; t < ss[i].n; t++) row_seg[row + t] = i;
         memcpy(blk + off, q->blocks, (size_t)q->n_blocks * sizeof(int32_t));
         off += q->n_blocks;
@@ -267,6 +274,9 @@ static int build_batch(td_fwd_ctx *c, const seg_src *ss, const int32_t *const *t
     bt->row_seg = bt->tokens + M;
     bt->seg = bt->row_seg + M;
     bt->block_tables = bt->seg + (size_t)n * TD_SEG_FIELDS;
+    for (int i = 0, r = 0; i < n; r += ss[i].n, i++) /* device-resident tokens: copied in place, nothing crosses */
+        if (ss[i].tokens_d && ss[i].n > ss[i].n_host)
+            c->b->ops->copy(c->b, (int32_t *)bt->tokens + r + ss[i].n_host, ss[i].tokens_d, (size_t)(ss[i].n - ss[i].n_host) * sizeof(int32_t));
     return TD_OK;
 }
 
@@ -341,6 +351,7 @@ typedef struct out_req {
     int row0, n, logits_rows;
     float *logits, *hidden, *hidden_d; /* host, host, backend; each optional */
     int32_t *argmax;                   /* host, optional */
+    int32_t *argmax_d;                 /* backend, optional */
     float *logits_d;                   /* backend, optional */
 } out_req;
 
@@ -376,9 +387,10 @@ static int emit_outputs(td_fwd_ctx *c, const float *normw, int M, const out_req 
         int n = o[i].logits_rows;
         if (o[i].logits && n) td_bk_download(b, o[i].logits, c->lg + (size_t)R * V, (size_t)n * V * sizeof(float));
         if (o[i].logits_d && n) b->ops->copy(b, o[i].logits_d, c->lg + (size_t)R * V, (size_t)n * V * sizeof(float));
-        if (o[i].argmax && n) {
-            b->ops->argmax(b, c->lg + (size_t)R * V, n, V, c->am + R);
-            td_bk_download(b, o[i].argmax, c->am + R, (size_t)n * sizeof(int32_t));
+        if ((o[i].argmax || o[i].argmax_d) && n) {
+            int32_t *am = o[i].argmax_d ? o[i].argmax_d : c->am + R;
+            b->ops->argmax(b, c->lg + (size_t)R * V, n, V, am);
+            if (o[i].argmax) td_bk_download(b, o[i].argmax, am, (size_t)n * sizeof(int32_t));
         }
         R += n;
     }
@@ -398,7 +410,8 @@ int td_forward(td_fwd_ctx *c, td_fwd_item *items, int n_items, td_err *err) {
             return TD_FAIL(err, TD_ERR_ARG, "item %d: %d tokens, %d logits rows", i, it->n, it->logits_rows);
         if (it->checkpoint && it->n > it->seq->n_ckpt_slots && it->seq->n_lin > 0)
             return TD_FAIL(err, TD_ERR_ARG, "item %d: %d tokens to checkpoint, %d slots", i, it->n, it->seq->n_ckpt_slots);
-        for (int t = 0; t < it->n; t++)
+        if (it->tokens_d && (it->n_host < 0 || it->n_host > it->n)) return TD_FAIL(err, TD_ERR_ARG, "item %d: %d host tokens of %d", i, it->n_host, it->n);
+        for (int t = 0; t < host_tokens(it->tokens_d, it->n_host, it->n); t++)
             if (it->tokens[t] < 0 || it->tokens[t] >= g->vocab_size)
                 return TD_FAIL(err, TD_ERR_ARG, "token id %d outside the vocabulary (%d)", it->tokens[t], g->vocab_size);
         /* +1: the MTP entry of the last token will live at the next slot */
@@ -412,10 +425,11 @@ int td_forward(td_fwd_ctx *c, td_fwd_item *items, int n_items, td_err *err) {
     int row = 0;
     for (int i = 0; i < n_items; i++) {
         td_fwd_item *it = &items[i];
-        ss[i] = (seg_src){.seq = it->seq, .pos0 = it->seq->n_past, .n = it->n, .checkpoint = it->checkpoint};
+        ss[i] = (seg_src){.seq = it->seq, .pos0 = it->seq->n_past, .n = it->n, .checkpoint = it->checkpoint, .tokens_d = it->tokens_d,
+                          .n_host = it->n_host};
         tk[i] = it->tokens;
         o[i] = (out_req){.row0 = row, .n = it->n, .logits_rows = it->logits_rows, .logits = it->logits, .hidden = it->hidden, .hidden_d = it->hidden_d,
-                          .argmax = it->argmax, .logits_d = it->logits_d};
+                          .argmax = it->argmax, .argmax_d = it->argmax_d, .logits_d = it->logits_d};
         row += it->n;
     }
     td_batch bt;
@@ -426,7 +440,9 @@ int td_forward(td_fwd_ctx *c, td_fwd_item *items, int n_items, td_err *err) {
     rc = emit_outputs(c, c->w.final_norm1, M, o, n_items, err);
     for (int i = 0; i < n_items; i++) {
         td_seq *s = items[i].seq;
-        memcpy(s->tokens + s->n_past, items[i].tokens, (size_t)items[i].n * sizeof(int32_t));
+        int nh = host_tokens(items[i].tokens_d, items[i].n_host, items[i].n);
+        if (nh) memcpy(s->tokens + s->n_past, items[i].tokens, (size_t)nh * sizeof(int32_t));
+        for (int t = nh; t < items[i].n; t++) s->tokens[s->n_past + t] = -1; /* in backend memory: the caller writes them */
         if (items[i].checkpoint && s->n_lin > 0) { /* the state after each token is in its own slot (backend.h) */
             s->ckpt_base = s->n_past;
             s->n_ckpt_valid = items[i].n;
@@ -454,7 +470,8 @@ int td_mtp_forward(td_fwd_ctx *c, td_mtp_item *items, int n_items, td_err *err) 
         if (it->n <= 0 || it->pos0 < 0 || it->pos0 > it->seq->mtp_n || (it->logits_rows != 0 && it->logits_rows != 1 && it->logits_rows != it->n) ||
             (!it->hidden && !it->hidden_d))
             return TD_FAIL(err, TD_ERR_ARG, "MTP item %d: n=%d pos0=%d (have %d entries)", i, it->n, it->pos0, it->seq->mtp_n);
-        for (int t = 0; t < it->n; t++)
+        if (it->tokens_d && (it->n_host < 0 || it->n_host > it->n)) return TD_FAIL(err, TD_ERR_ARG, "MTP item %d: %d host tokens of %d", i, it->n_host, it->n);
+        for (int t = 0; t < host_tokens(it->tokens_d, it->n_host, it->n); t++)
             if (it->tokens[t] < 0 || it->tokens[t] >= g->vocab_size)
                 return TD_FAIL(err, TD_ERR_ARG, "token id %d outside the vocabulary (%d)", it->tokens[t], g->vocab_size);
         if ((rc = td_seq_reserve(it->seq, it->pos0 + it->n + 1, err))) return rc;
@@ -467,10 +484,10 @@ int td_mtp_forward(td_fwd_ctx *c, td_mtp_item *items, int n_items, td_err *err) 
     int row = 0;
     for (int i = 0; i < n_items; i++) {
         td_mtp_item *it = &items[i];
-        ss[i] = (seg_src){.seq = it->seq, .pos0 = it->pos0, .n = it->n};
+        ss[i] = (seg_src){.seq = it->seq, .pos0 = it->pos0, .n = it->n, .tokens_d = it->tokens_d, .n_host = it->n_host};
         tk[i] = it->tokens;
         o[i] = (out_req){.row0 = row, .n = it->n, .logits_rows = it->logits_rows, .logits = it->logits, .hidden = it->hidden_out,
-                         .hidden_d = it->hidden_out_d, .argmax = it->argmax, .logits_d = it->logits_d};
+                         .hidden_d = it->hidden_out_d, .argmax = it->argmax, .argmax_d = it->argmax_d, .logits_d = it->logits_d};
         size_t hb = (size_t)it->n * H * sizeof(float);
         if (it->hidden_d) b->ops->copy(b, c->t5 + (size_t)row * H, it->hidden_d, hb);
         else td_bk_upload(b, c->t5 + (size_t)row * H, it->hidden, hb);

@@ -25,6 +25,14 @@ typedef struct td_fwd_item {
     float *hidden;         /* optional caller-owned host [n][H]: final-normed hidden states */
     float *hidden_d;       /* optional, the same into backend memory [n][H] */
     bool checkpoint;       /* keep DeltaNet state after each token (n <= ckpt slots) */
+    /* Tokens already in backend memory (draft ids of the MTP passes): with
+     * tokens_d, tokens[] holds only the first n_host tokens and the other
+     * n - n_host come from tokens_d, copied within the backend (the host never
+     * sees them here: their seq->tokens entries are -1 until the caller, who
+     * downloads them later, writes them). */
+    const int32_t *tokens_d;
+    int n_host;
+    int32_t *argmax_d;     /* optional backend [logits_rows]: the rows' argmax, left in backend memory */
 } td_fwd_item;
 
 typedef struct td_mtp_item {
@@ -40,6 +48,9 @@ typedef struct td_mtp_item {
     int32_t *argmax;       /* optional host [logits_rows]: the rows' argmax (see td_fwd_item) */
     float *hidden_out;     /* optional host [n][H]: h' = mtp.norm(u), fed back for depth > 1 */
     float *hidden_out_d;   /* optional, the same into backend memory */
+    const int32_t *tokens_d; /* as td_fwd_item: tokens n_host..n-1 from backend memory */
+    int n_host;
+    int32_t *argmax_d;     /* as td_fwd_item */
 } td_mtp_item;
 
 typedef struct td_fwd_ctx td_fwd_ctx;

@@ -39,7 +39,11 @@ typedef struct {
     float *qprobs;   /* [k x V] draft distributions (draft sampling) */
     float *probs;    /* [V] */
     float *mlogits;  /* [V] */
+    int32_t *ids;    /* backend [2 x depth + 1] (dev_pick): the step's draft ids, then the verify's argmax ids */
 } gen_buffers;
+
+/* Floats of backend work memory the ids take (2 x TD_MAX_SPEC_DEPTH + 1 int32s, rounded up). */
+#define IDS_FLOATS (2 * TD_MAX_SPEC_DEPTH + 2)
 
 struct td_gen {
     td_session *s;
@@ -97,7 +101,7 @@ size_t td_gen_work_bytes_for(const td_config *c, int k, int pend_cap, int max_ch
     size_t V = (size_t)c->vocab_size, H = (size_t)c->hidden_size;
     if (max_chunk <= 0) max_chunk = PREFILL_CHUNK;
     size_t rows_h = (size_t)(k + 1 > max_chunk ? k + 1 : max_chunk);
-    return ((size_t)(k + 1) * V + rows_h * H + (size_t)(pend_cap + 1) * H + (size_t)(k ? k : 1) * V + 2 * V) * sizeof(float);
+    return ((size_t)(k + 1) * V + rows_h * H + (size_t)(pend_cap + 1) * H + (size_t)(k ? k : 1) * V + 2 * V + IDS_FLOATS) * sizeof(float);
 }
 
 static int alloc_buffers(td_gen *g, td_err *err) {
@@ -108,7 +112,7 @@ static int alloc_buffers(td_gen *g, td_err *err) {
     int max_chunk = chunk_cap(g->e);
     size_t rows_h = (size_t)(k + 1 > max_chunk ? k + 1 : max_chunk);
     /* host: logits and probabilities; backend: hidden rows (td_gen_work_bytes_for counts both) */
-    size_t dneed = (rows_h + (size_t)(TD_MTP_PEND_CAP + 1)) * H;
+    size_t dneed = (rows_h + (size_t)(TD_MTP_PEND_CAP + 1)) * H + IDS_FLOATS;
     size_t need = td_gen_work_bytes_for(c, k, TD_MTP_PEND_CAP, max_chunk) / sizeof(float) - dneed;
     if (g->dev_sample) dneed += need, need = 0; /* logits and probabilities on the backend too */
     float *p, *dev;
@@ -116,7 +120,8 @@ static int alloc_buffers(td_gen *g, td_err *err) {
     if (rc) return rc;
     g->b.vhidden = dev;
     g->b.mhidden = dev + rows_h * H;
-    if (g->dev_sample) p = dev + rows_h * H + (size_t)(TD_MTP_PEND_CAP + 1) * H;
+    g->b.ids = (int32_t *)(dev + rows_h * H + (size_t)(TD_MTP_PEND_CAP + 1) * H);
+    if (g->dev_sample) p = dev + rows_h * H + (size_t)(TD_MTP_PEND_CAP + 1) * H + IDS_FLOATS;
     g->b.vlogits = p; p += (size_t)(k + 1) * V;
     g->b.qprobs = p; p += (size_t)(k ? k : 1) * V;
     g->b.probs = p; p += V;
@@ -193,7 +198,7 @@ static void next_token(td_gen *g, const float *row) {
 static void choose_draft(td_gen *g, int j) {
     int V = td_engine_cfg(g->e)->vocab_size;
     const float *lg = g->b.mlogits;
-    if (g->dev_pick) { g->toks[1 + j] = g->am[0]; return; } /* the MTP row's argmax, from the backend */
+    if (g->dev_pick) return; /* the MTP row's argmax stays in g->b.ids; it comes down after the verify */
     const uint32_t *m = cmask(g, g->toks + 1, j);
     if (dead_end(g, m)) m = NULL;
     if (g->o.draft_sampling && !td_sampler_is_greedy(&g->sm)) {
@@ -624,8 +629,11 @@ static int step(td_gen **gens, int n, int prefill_budget, td_err *err) {
             } else {
                 mitems[m] = (td_mtp_item){.seq = q, .tokens = &g->toks[j], .hidden_d = g->h, .pos0 = q->n_past - 1 + j, .n = 1,
                                           .logits_rows = 1, .hidden_out_d = g->b.mhidden};
+                if (g->dev_pick) mitems[m].tokens = NULL, mitems[m].tokens_d = g->b.ids + j - 1, mitems[m].n_host = 0; /* draft j-1 */
             }
-            if (g->dev_pick) mitems[m].argmax = g->am;
+            /* plain greedy: the draft ids stay in backend memory through the MTP passes and the
+             * verify (nothing crosses until the step's one download of its ids) */
+            if (g->dev_pick) mitems[m].argmax_d = g->b.ids + j;
             else if (g->dev_sample) mitems[m].logits_d = g->b.mlogits;
             else mitems[m].logits = g->b.mlogits;
             drafting[m++] = g;
@@ -657,7 +665,9 @@ static int step(td_gen **gens, int n, int prefill_budget, td_err *err) {
             g->n0 = td_session_seq(s)->n_past;
             items[i] = (td_fwd_item){.seq = td_session_seq(s), .tokens = g->toks, .n = g->k + 1, .logits_rows = g->k + 1,
                                      .logits = host_rows(g) ? g->b.vlogits : NULL, .logits_d = g->dev_sample ? g->b.vlogits : NULL,
-                                     .argmax = g->dev_pick ? g->am : NULL, .hidden_d = g->b.vhidden, .checkpoint = true};
+                                     .hidden_d = g->b.vhidden, .checkpoint = true};
+            if (g->dev_pick) /* x from the host, the drafts from b.ids[0..k-1]; argmax ids to b.ids[k..2k] */
+                items[i].tokens_d = g->b.ids, items[i].n_host = 1, items[i].argmax_d = g->b.ids + g->k;
         } else {
             items[i] = (td_fwd_item){.seq = td_session_seq(s), .tokens = &g->x, .n = 1, .logits_rows = 1,
                                      .logits = host_rows(g) ? td_session_logits(s) : NULL, .logits_d = g->dev_sample ? g->b.vlogits : NULL,
@@ -682,6 +692,13 @@ static int step(td_gen **gens, int n, int prefill_budget, td_err *err) {
             }
         } else if (g->k > 0) {
             uint64_t ad_acc0 = g->res.spec.accepted_tokens;
+            if (g->dev_pick) { /* the step's one download: k draft ids and k + 1 verify ids */
+                int32_t ids[2 * TD_MAX_SPEC_DEPTH + 1];
+                td_bk_download(td_engine_backend(e), ids, g->b.ids, (size_t)(2 * g->k + 1) * sizeof(int32_t));
+                td_seq *q = td_session_seq(s);
+                for (int j = 0; j < g->k; j++) g->toks[1 + j] = q->tokens[g->n0 + 1 + j] = ids[j];
+                for (int j = 0; j <= g->k; j++) g->am[j] = ids[g->k + j];
+            }
             if ((rc = accept_verified(g, err))) return rc;
             ad_observe(g, (int)(g->res.spec.accepted_tokens - ad_acc0));
         } else {

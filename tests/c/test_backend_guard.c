@@ -8,7 +8,9 @@
  *  - a decode step and a draft + verify + accept step copy only the batch
  *    description (token ids, positions, block tables) in and token ids out,
  *    asserted with the backend's transfer counters, for greedy and sampled
- *    requests; logits rows come out only when the request wants them. */
+ *    requests; logits rows come out only when the request wants them;
+ *  - a greedy step makes exactly one download (its draft and verify ids: the
+ *    drafts feed the next MTP pass and the verify inside the backend). */
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -70,9 +72,9 @@ static int run(td_engine *e, int depth, bool want_logits, float temperature, tok
         /* one batch description per pass: state pointer, tokens and rows, segment fields, block table */
         uint64_t batch_max = (uint64_t)(k + 1) * (8 + 4 * (2 * (uint64_t)(k + 1) + 7 + (uint64_t)blocks + 1));
         bool ok;
-        if (!want_logits && temperature == 0) /* argmax ids: k drafts, k + 1 verify rows */
-            ok = n_up == (uint64_t)k + 1 && up <= batch_max && up < (uint64_t)H * 4 && n_down == (uint64_t)k + 1 &&
-                 down == 4 * (uint64_t)(k + k + 1);
+        if (!want_logits && temperature == 0) /* argmax ids: the k drafts stay in backend memory through the MTP
+                                                  passes and the verify; one download of k + (k + 1) ids per step */
+            ok = n_up == (uint64_t)k + 1 && up <= batch_max && up < (uint64_t)H * 4 && n_down == 1 && down == 4 * (uint64_t)(k + k + 1);
         else if (!want_logits) /* the sampler on the backend: each call returns one id or flag */
             ok = n_up == (uint64_t)k + 1 && up <= batch_max && up < (uint64_t)H * 4 && down == 4 * n_down && n_down >= 1;
         else
