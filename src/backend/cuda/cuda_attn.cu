@@ -28,7 +28,7 @@ typedef struct prep_args {
 } prep_args;
 
 /* v[0..n) = (v * r) * w with r = 1/sqrtf(mean(v^2) + eps), in shared memory. */
-__device__ void head_rmsnorm(float *v, const float *w, int n, float eps, float *red) {
+static __device__ void head_rmsnorm(float *v, const float *w, int n, float eps, float *red) {
     float ss = 0.0f;
     for (int i = threadIdx.x; i < n; i += blockDim.x) ss += v[i] * v[i];
     ss = td_cu_block_sum(ss, red);
@@ -39,7 +39,7 @@ __device__ void head_rmsnorm(float *v, const float *w, int n, float eps, float *
 
 /* Rotate-half RoPE on the first rot dims (ops_attn.c rope): thread i owns
  * the pair (i, i + rot/2), so it reads both before writing either. */
-__device__ void rope(float *v, int pos, const float *inv_freq, int rot) {
+static __device__ void rope(float *v, int pos, const float *inv_freq, int rot) {
     int half = rot / 2;
     for (int i = threadIdx.x; i < half; i += blockDim.x) {
         float ang = (float)pos * inv_freq[i];
@@ -54,7 +54,7 @@ __device__ void rope(float *v, int pos, const float *inv_freq, int rot) {
 /* grid (M, nh + nkv): blocks y < nh prepare q head y (and split its gate);
  * the others norm + rope k head y - nh in place and store it and v's head
  * at KV slot pos + shift. qg [M, nh*hd*(gated?2:1)] per head [q | gate]. */
-__global__ void __launch_bounds__(PREP_THREADS) attn_prep_kernel(prep_args a) {
+static __global__ void __launch_bounds__(PREP_THREADS) attn_prep_kernel(prep_args a) {
     __shared__ float buf[TD_MAX_HEAD_DIM];
     __shared__ float red[33];
     int m = blockIdx.x, hy = blockIdx.y, hd = a.hd;
@@ -115,7 +115,7 @@ typedef struct attn_args {
 /* Score of position p: td_dot_f32(q, K[p]) * scale in its order (16 lanes:
  * lane j sums i = j, j+16, ... with a multiply then an add, then reduce16),
  * for one thread. q in shared memory. */
-__device__ __forceinline__ float score_at(const attn_args &a, const int32_t *sg, const float *qs, int kh, int p, float scale) {
+static __device__ __forceinline__ float score_at(const attn_args &a, const int32_t *sg, const float *qs, int kh, int p, float scale) {
     size_t row = td_cu_kv_row(a.block_tables, sg, p + a.shift);
     float acc[16];
 #pragma unroll
@@ -139,7 +139,7 @@ __device__ __forceinline__ float score_at(const attn_args &a, const int32_t *sg,
  * then each thread walks the chunk in position order for its dims, so sum
  * and acc accumulate in increasing position as ops_attn.c does (the sum is
  * computed by every thread alike). out = (acc / sum) * sigmoid(gate). */
-__global__ void __launch_bounds__(ATTN_THREADS) attention_kernel(attn_args a) {
+static __global__ void __launch_bounds__(ATTN_THREADS) attention_kernel(attn_args a) {
     __shared__ float qs[TD_MAX_HEAD_DIM];
     __shared__ float sc[ATTN_SMEM_SCORES];
     __shared__ float ev[ATTN_THREADS];

@@ -113,7 +113,7 @@ static void cu_weight_free(td_backend *b, const void *dev) { cu_free(b, (void *)
 
 /* ---- sample (phase 1: on the host, rows downloaded) ---------------------- */
 
-__global__ void count_token_kernel(uint32_t *counts, int32_t tok) { counts[tok]++; }
+static __global__ void count_token_kernel(uint32_t *counts, int32_t tok) { counts[tok]++; }
 
 /* Pinned host buffer of at least n bytes; waits for the stream first (an
  * upload from the old buffer may still be in flight). */

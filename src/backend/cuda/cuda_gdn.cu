@@ -29,17 +29,17 @@ typedef struct gdn_args {
     float eps;
 } gdn_args;
 
-__device__ __forceinline__ float *layer_state(const gdn_args &a, int si, int slot) {
+static __device__ __forceinline__ float *layer_state(const gdn_args &a, int si, int slot) {
     return a.state[si] + (size_t)slot * a.layer_floats * (size_t)a.n_lin + (size_t)a.lin * a.layer_floats;
 }
-__device__ __forceinline__ int out_slot(const int32_t *sg, int t) { return (sg[TD_SEG_SLOT] + 1 + t) % sg[TD_SEG_NSLOTS]; }
+static __device__ __forceinline__ int out_slot(const int32_t *sg, int t) { return (sg[TD_SEG_SLOT] + 1 + t) % sg[TD_SEG_NSLOTS]; }
 
 #define CONV_THREADS 128
 
 /* grid (n_seg, channel blocks); thread = one channel of one segment, over
  * its tokens in order: y = silu(sum_k w[k] * window[k] + w[L] * x), then
  * the window shifts by one (ops_gdn.c conv_task per channel). */
-__global__ void __launch_bounds__(CONV_THREADS) gdn_conv_kernel(gdn_args a) {
+static __global__ void __launch_bounds__(CONV_THREADS) gdn_conv_kernel(gdn_args a) {
     int si = blockIdx.x, ch = blockIdx.y * CONV_THREADS + threadIdx.x;
     if (ch >= a.conv_dim) return; /* no block-wide sync below */
     const int32_t *sg = a.seg + (size_t)si * TD_SEG_FIELDS;
@@ -92,7 +92,7 @@ extern "C" void td_cuda_gdn_conv(td_backend *b, const td_config *g, const td_bat
 }
 
 /* l2norm in shared memory: v *= 1 / sqrtf(sum v^2 + 1e-6) (ops_gdn.c l2norm) */
-__device__ void l2norm(float *v, int n, float *red) {
+static __device__ void l2norm(float *v, int n, float *red) {
     float ss = 0.0f;
     for (int i = threadIdx.x; i < n; i += blockDim.x) ss += v[i] * v[i];
     ss = td_cu_block_sum(ss, red);
@@ -101,7 +101,7 @@ __device__ void l2norm(float *v, int n, float *red) {
     __syncthreads();
 }
 
-__device__ __forceinline__ float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+static __device__ __forceinline__ float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 
 /* grid (n_seg * nv): one block per (segment, value head), blockDim = dv
  * rounded up to a warp multiple. Per token, in order:
@@ -114,7 +114,7 @@ __device__ __forceinline__ float softplus(float x) { return x > 20.0f ? x : log1
  * A column's update reads only that column, so no thread waits for another
  * inside the recurrence; the block synchronizes around the shared q / k and
  * the norm's sum. */
-__global__ void gdn_recur_kernel(gdn_args a) {
+static __global__ void gdn_recur_kernel(gdn_args a) {
     __shared__ float qv[TD_MAX_HEAD_DIM], kv[TD_MAX_HEAD_DIM];
     __shared__ float red[33];
     int si = blockIdx.x / a.nv, h = blockIdx.x % a.nv, e = threadIdx.x;

@@ -45,11 +45,11 @@ static inline unsigned td_cu_blocks(size_t n, unsigned per) { return n ? (unsign
 
 /* ---- element decoding (exact, as the CPU's) ---- */
 
-__device__ __forceinline__ float td_cu_bf16(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
-__device__ __forceinline__ float td_cu_f16(uint16_t h) { return __half2float(__ushort_as_half(h)); }
+static __device__ __forceinline__ float td_cu_bf16(uint16_t h) { return __uint_as_float((uint32_t)h << 16); }
+static __device__ __forceinline__ float td_cu_f16(uint16_t h) { return __half2float(__ushort_as_half(h)); }
 
 /* e4m3fn byte -> float (0x7f / 0xff NaN), as td_fp8_e4m3_to_f32 (weights). */
-__device__ __forceinline__ float td_cu_e4m3(uint8_t b) {
+static __device__ __forceinline__ float td_cu_e4m3(uint8_t b) {
     int e = (b >> 3) & 15, m = b & 7;
     float v;
     if (e == 15 && m == 7) v = __uint_as_float(0x7fc00000u);
@@ -60,7 +60,7 @@ __device__ __forceinline__ float td_cu_e4m3(uint8_t b) {
 
 /* e4m3 byte of the KV cache -> float, as ops_attn.c e4m3_to_f32 (no NaN:
  * the writer saturates at 0x7e, so 0x7f never occurs). */
-__device__ __forceinline__ float td_cu_kv_e4m3(uint8_t b) {
+static __device__ __forceinline__ float td_cu_kv_e4m3(uint8_t b) {
     int e = (b >> 3) & 15, m = b & 7;
     float v = e == 0 ? (float)m * 0x1p-9f : __uint_as_float((uint32_t)(e + 120) << 23 | (uint32_t)m << 20);
     return (b & 0x80) ? -v : v;
@@ -68,7 +68,7 @@ __device__ __forceinline__ float td_cu_kv_e4m3(uint8_t b) {
 
 /* f32 -> e4m3, round to nearest even, saturating at 448: ops_attn.c
  * f32_to_e4m3 line by line (same results for every input). */
-__device__ __forceinline__ uint8_t td_cu_f32_to_e4m3(float x) {
+static __device__ __forceinline__ uint8_t td_cu_f32_to_e4m3(float x) {
     uint8_t sign = x < 0 ? 0x80 : 0;
     float a = x < 0 ? -x : x;
     if (!(a == a)) return 0x7f;
@@ -84,8 +84,8 @@ __device__ __forceinline__ uint8_t td_cu_f32_to_e4m3(float x) {
     return sign | (uint8_t)(exp << 3) | (uint8_t)r;
 }
 
-__device__ __forceinline__ float td_cu_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
-__device__ __forceinline__ float td_cu_silu(float x) { return x / (1.0f + expf(-x)); }
+static __device__ __forceinline__ float td_cu_sigmoid(float x) { return 1.0f / (1.0f + expf(-x)); }
+static __device__ __forceinline__ float td_cu_silu(float x) { return x / (1.0f + expf(-x)); }
 
 /* ---- deterministic block reductions ----
  * Sum / max of one value per thread over the block (blockDim.x a multiple of
@@ -93,15 +93,15 @@ __device__ __forceinline__ float td_cu_silu(float x) { return x / (1.0f + expf(-
  * warp order through shared memory. The order depends only on blockDim.x, so
  * the result is the same in every launch. Every thread gets the result;
  * every thread of the block must call it (it synchronizes). red: 33 floats. */
-__device__ __forceinline__ float td_cu_warp_sum(float v) {
+static __device__ __forceinline__ float td_cu_warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_down_sync(0xffffffffu, v, o);
     return v;
 }
-__device__ __forceinline__ float td_cu_warp_max(float v) {
+static __device__ __forceinline__ float td_cu_warp_max(float v) {
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_down_sync(0xffffffffu, v, o));
     return v;
 }
-__device__ __forceinline__ float td_cu_block_sum(float v, float *red) {
+static __device__ __forceinline__ float td_cu_block_sum(float v, float *red) {
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
     v = td_cu_warp_sum(v);
     __syncthreads(); /* red may still be read by a previous call */
@@ -116,7 +116,7 @@ __device__ __forceinline__ float td_cu_block_sum(float v, float *red) {
     return red[32];
 }
 /* max of non-negative values (absmax): fmaxf is exact, so any order gives the same */
-__device__ __forceinline__ float td_cu_block_max(float v, float *red) {
+static __device__ __forceinline__ float td_cu_block_max(float v, float *red) {
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
     v = td_cu_warp_max(v);
     __syncthreads();
@@ -146,13 +146,13 @@ static inline td_cu_kv td_cu_kv_of(const td_kv_view *kv) {
  * into base / scales in the KV dtype: f32 copy, bf16 round to nearest even,
  * fp8 e4m3 of x / scale with scale = absmax / 448 per (row, head) as
  * ops_attn.c write_row. The whole block calls it. red: 33 floats. */
-__device__ __forceinline__ uint16_t td_cu_f32_to_bf16(float f) {
+static __device__ __forceinline__ uint16_t td_cu_f32_to_bf16(float f) {
     uint32_t u = __float_as_uint(f);
     if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x40);
     uint32_t r = 0x7fffu + ((u >> 16) & 1u);
     return (uint16_t)((u + r) >> 16);
 }
-__device__ __forceinline__ void td_cu_kv_write_head(const td_cu_kv &kv, void *base, float *scales, size_t row, int h,
+static __device__ __forceinline__ void td_cu_kv_write_head(const td_cu_kv &kv, void *base, float *scales, size_t row, int h,
                                                     const float *x, float *red) {
     int D = kv.kv_dim, hd = kv.head_dim, nh = hd > 0 ? D / hd : 1;
     size_t off = row * (size_t)D + (size_t)h * hd;
@@ -170,7 +170,7 @@ __device__ __forceinline__ void td_cu_kv_write_head(const td_cu_kv &kv, void *ba
     }
 }
 /* Element i of head h at row `row` as f32 (ops_attn.c read_head). */
-__device__ __forceinline__ float td_cu_kv_read(const td_cu_kv &kv, const void *base, const float *scales, size_t row, int h,
+static __device__ __forceinline__ float td_cu_kv_read(const td_cu_kv &kv, const void *base, const float *scales, size_t row, int h,
                                                int i) {
     int D = kv.kv_dim, hd = kv.head_dim;
     size_t off = row * (size_t)D + (size_t)h * hd + i;
@@ -180,7 +180,7 @@ __device__ __forceinline__ float td_cu_kv_read(const td_cu_kv &kv, const void *b
 }
 
 /* KV row of slot s of a segment (bt arrays in device memory). */
-__device__ __forceinline__ size_t td_cu_kv_row(const int32_t *block_tables, const int32_t *sg, int slot) {
+static __device__ __forceinline__ size_t td_cu_kv_row(const int32_t *block_tables, const int32_t *sg, int slot) {
     return (size_t)block_tables[sg[TD_SEG_BT] + slot / TD_KV_BLOCK] * TD_KV_BLOCK + (size_t)(slot % TD_KV_BLOCK);
 }
 

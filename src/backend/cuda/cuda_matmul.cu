@@ -44,18 +44,18 @@ typedef struct wdesc {
     float post;           /* multiplier after the reduction (KF8, KFP4) */
 } wdesc;
 
-__device__ __forceinline__ float block_scale(const wdesc &d, int64_t n, int64_t i) {
+static __device__ __forceinline__ float block_scale(const wdesc &d, int64_t n, int64_t i) {
     int64_t idx = (n / d.bn) * d.sc + i / d.bk;
     if (d.sdt == TD_DTYPE_F32) return ((const float *)d.scales)[idx];
     if (d.sdt == TD_DTYPE_BF16) return td_cu_bf16(((const uint16_t *)d.scales)[idx]);
     return td_cu_f16(((const uint16_t *)d.scales)[idx]);
 }
 
-__constant__ float td_cu_e2m1[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
+static __constant__ float td_cu_e2m1[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f,
                                      -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
 
 /* Weight element (n, i), i < K, dequantized exactly as kernels_x86.c does. */
-template <int KIND> __device__ __forceinline__ float w_at(const wdesc &d, int64_t n, int64_t i) {
+template <int KIND> static __device__ __forceinline__ float w_at(const wdesc &d, int64_t n, int64_t i) {
     if (KIND == KF32) return ((const float *)d.data)[n * d.K + i];
     if (KIND == KBF16) return td_cu_bf16(((const uint16_t *)d.data)[n * d.K + i]);
     if (KIND == KF16) return td_cu_f16(((const uint16_t *)d.data)[n * d.K + i]);
@@ -69,7 +69,7 @@ template <int KIND> __device__ __forceinline__ float w_at(const wdesc &d, int64_
 
 /* reduce16 over the 16 lanes of a half-warp (lane = threadIdx.x & 15): the
  * result is valid in lane 0. Additions pair the same operands as reduce16. */
-__device__ __forceinline__ float reduce16(float v) {
+static __device__ __forceinline__ float reduce16(float v) {
     v += __shfl_down_sync(0xffffffffu, v, 8, 16); /* lanes 0..7: s8 */
     v += __shfl_down_sync(0xffffffffu, v, 4, 16); /* lanes 0..3: s4 */
     v += __shfl_down_sync(0xffffffffu, v, 2, 16); /* lanes 0,1: s4[j] + s4[j+2] */
@@ -80,7 +80,7 @@ __device__ __forceinline__ float reduce16(float v) {
 #define GEMV_THREADS 256 /* 16 weight rows per block */
 #define GEMV_MAX_M 16
 
-template <int KIND> __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(wdesc d, const float *x, int M, float *y) {
+template <int KIND> static __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(wdesc d, const float *x, int M, float *y) {
     int lane = threadIdx.x & 15;
     int64_t n = (int64_t)blockIdx.x * (GEMV_THREADS / 16) + (threadIdx.x >> 4);
     bool valid = n < d.N;
@@ -109,7 +109,7 @@ template <int KIND> __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(
 #define TILE 32
 #define TILED_THREADS 256 /* 16 groups of 16 lanes; group g: rows (g/4)*8.., cols (g%4)*8.. */
 
-template <int KIND> __global__ void __launch_bounds__(TILED_THREADS) tiled_kernel(wdesc d, const float *x, int M, float *y) {
+template <int KIND> static __global__ void __launch_bounds__(TILED_THREADS) tiled_kernel(wdesc d, const float *x, int M, float *y) {
     __shared__ float xs[TILE][17], ws[TILE][17]; /* [row][lane], padded against bank conflicts */
     int tid = threadIdx.x, lane = tid & 15, grp = tid >> 4, gm = (grp >> 2) * 8, gn = (grp & 3) * 8;
     int64_t n0 = (int64_t)blockIdx.x * TILE;

@@ -9,7 +9,7 @@
 /* y[m,:] = (x[m,:] * r) * w, r = 1 / sqrtf(mean(x^2) + eps); x, y [M, n], w [n].
  * The sum of squares: thread t sums i = t, t+256, ... in order, then the
  * block tree. */
-__global__ void __launch_bounds__(ROW_THREADS) rmsnorm_kernel(float *y, const float *x, const float *w, int n, float eps) {
+static __global__ void __launch_bounds__(ROW_THREADS) rmsnorm_kernel(float *y, const float *x, const float *w, int n, float eps) {
     __shared__ float red[33];
     const float *xm = x + (size_t)blockIdx.x * n;
     float *ym = y + (size_t)blockIdx.x * n;
@@ -30,7 +30,7 @@ extern "C" void td_cuda_rmsnorm(td_backend *b, float *y, const float *x, const f
  * td_tensor_row_f32 takes). A token outside [0, V) is a broken invariant
  * (the host validates ids): the kernel traps, and the next checked CUDA call
  * aborts. */
-__global__ void embed_kernel(const void *E, int dtype, int64_t V, int64_t H, const int32_t *tokens, float *out) {
+static __global__ void embed_kernel(const void *E, int dtype, int64_t V, int64_t H, const int32_t *tokens, float *out) {
     int32_t t = tokens[blockIdx.x];
     if (t < 0 || t >= V) {
         if (threadIdx.x == 0) printf("cuda embed: token %d outside [0, %lld)\n", (int)t, (long long)V);
@@ -54,11 +54,11 @@ extern "C" void td_cuda_embed(td_backend *b, const td_tensor *E, const int32_t *
     TD_CU_LAUNCH("embed_kernel");
 }
 
-__global__ void add_kernel(float *y, const float *x, size_t n) {
+static __global__ void add_kernel(float *y, const float *x, size_t n) {
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) y[i] += x[i];
 }
 
-__global__ void silu_mul_kernel(float *a, const float *u, size_t n) {
+static __global__ void silu_mul_kernel(float *a, const float *u, size_t n) {
     for (size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
         a[i] = td_cu_silu(a[i]) * u[i];
 }
@@ -85,11 +85,11 @@ extern "C" void td_cuda_silu_mul(td_backend *b, float *a, const float *u, size_t
  * at index 0 keeps 0. Each thread scans i = t, t+256, ...; pairs (value,
  * index) are combined by "larger value, else lower index", which picks the
  * same element in any order. */
-__device__ __forceinline__ void am_take(float &bv, int &bi, float v, int i) {
+static __device__ __forceinline__ void am_take(float &bv, int &bi, float v, int i) {
     if (v > bv || (v == bv && i < bi)) { bv = v; bi = i; }
 }
 
-__global__ void __launch_bounds__(ROW_THREADS) argmax_kernel(const float *x, int n, int32_t *out) {
+static __global__ void __launch_bounds__(ROW_THREADS) argmax_kernel(const float *x, int n, int32_t *out) {
     __shared__ float sv[ROW_THREADS / 32];
     __shared__ int si[ROW_THREADS / 32];
     const float *v = x + (size_t)blockIdx.x * n;
@@ -124,14 +124,14 @@ extern "C" void td_cuda_argmax(td_backend *b, const float *x, int rows, int n, i
 #define KV_THREADS 128
 
 /* block h: head h of k and v at `row`, converted to the KV dtype */
-__global__ void __launch_bounds__(KV_THREADS) kv_store_kernel(td_cu_kv kv, size_t row, const float *k, const float *v) {
+static __global__ void __launch_bounds__(KV_THREADS) kv_store_kernel(td_cu_kv kv, size_t row, const float *k, const float *v) {
     __shared__ float red[33];
     int h = blockIdx.x, hd = kv.head_dim;
     td_cu_kv_write_head(kv, kv.k, kv.ks, row, h, k + (size_t)h * hd, red);
     td_cu_kv_write_head(kv, kv.v, kv.vs, row, h, v + (size_t)h * hd, red);
 }
 
-__global__ void kv_load_kernel(td_cu_kv kv, size_t row, int which, float *out) {
+static __global__ void kv_load_kernel(td_cu_kv kv, size_t row, int which, float *out) {
     int h = blockIdx.x, hd = kv.head_dim;
     for (int i = threadIdx.x; i < hd; i += blockDim.x)
         out[(size_t)h * hd + i] = td_cu_kv_read(kv, which ? kv.v : kv.k, which ? kv.vs : kv.ks, row, h, i);
