@@ -17,8 +17,8 @@
 /* test_golden_bf16: the same comparisons with --precision bf16 (BF16 matmul
  * activations, backend/cpu/kernels_bf16.c), relative to the largest
  * |reference logit| as above:
- * - 5e-2 on the real-shaped checkpoints (mm-a, defaults-a: measured 1.1-2.6e-2)
- *   and on the trained demo model (measured below);
+ * - 5e-2 on the real-shaped checkpoints (mm-a, defaults-a: measured 1.1-2.6e-2;
+ *   the trained demo model: test_demo, 1.5e-3);
  * - 0.25 on the tiny random models, which amplify BF16's 2^-8 rounding of
  *   the activations up to 19% of their largest logit (measured 2026-12-01;
  *   an f32 run with only x rounded to BF16 gave the same figures, so it is
@@ -146,60 +146,6 @@ static void run_model(const char *name, const char *dtype) {
     td_engine_free(eng);
 }
 
-#ifdef GOLDEN_BF16
-/* The trained demo model with BF16 activations: logits of the last 8 prompt
- * positions against transformers (5e-2), greedy agreement with transformers'
- * 32 tokens reported, and greedy at depths 1-4 equal to depth 0 (lossless). */
-static void demo_bf16(void) {
-    td_err err = {0};
-    td_engine_opts o = {.n_threads = 2, .spec_depth = 4, .precision = TD_PRECISION_BF16};
-    td_engine *e = NULL;
-    int rc = td_engine_load("models/demo", &o, &e, &err);
-    CHECK(rc == 0, "demo: %s", err.msg);
-    if (rc) return;
-    td_weights *rw;
-    const char *rp = "tests/golden/demo-reference.safetensors";
-    rc = td_weights_open_files(&rp, 1, &rw, &err);
-    CHECK(rc == 0, "%s", err.msg);
-    if (rc) { td_engine_free(e); return; }
-    int64_t T, G;
-    const int32_t *prompt = ref_tensor(rw, "prompt", &T);
-    const float *tail = ref_tensor(rw, "logits_tail", NULL);
-    const int32_t *greedy = ref_tensor(rw, "greedy", &G);
-    int V = e->model->cfg.vocab_size;
-    float *logits = malloc((size_t)T * V * sizeof(float));
-    td_session *s;
-    td_session_new(e, &s, &err);
-    td_fwd_item it = {.seq = &s->seq, .tokens = prompt, .n = (int)T, .logits_rows = (int)T, .logits = logits};
-    rc = td_forward(e->fwd, &it, 1, &err);
-    CHECK(rc == 0, "%s", err.msg);
-    double er = rel_err(logits + (size_t)(T - 8) * V, tail, 8 * (int64_t)V);
-    CHECK(er < 5e-2, "demo (precision bf16) prefill logits rel err %.3g", er);
-    td_sampling sp;
-    td_sampling_default(&sp);
-    int32_t d0[64];
-    int agree = 0, same_depth = 0;
-    for (int d = 0; d <= 4; d++) {
-        td_session_reset(s);
-        tok64 v = {.n = 0};
-        td_gen_opts go = {.max_tokens = (int)G, .spec_depth = d, .ignore_eos = true};
-        td_gen_result r;
-        rc = td_session_generate(s, prompt, (int)T, &sp, &go, collect64, &v, &r, &err);
-        CHECK(rc == 0 && v.n == G, "demo (precision bf16) depth %d: %s", d, err.msg);
-        if (d == 0) {
-            memcpy(d0, v.buf, sizeof(int32_t) * (size_t)G);
-            while (agree < G && v.buf[agree] == greedy[agree]) agree++;
-        } else same_depth += memcmp(v.buf, d0, sizeof(int32_t) * (size_t)G) == 0;
-    }
-    CHECK(same_depth == 4, "demo (precision bf16): greedy at depths 1-4 equals depth 0 in %d of 4", same_depth);
-    printf("demo (precision bf16): prefill logits rel err %.2e vs transformers; greedy agrees with transformers for %d of %lld tokens; "
-           "depths 1-4 identical to depth 0: %d/4\n", er, agree, (long long)G, same_depth);
-    free(logits);
-    td_session_free(s);
-    td_weights_free(rw);
-    td_engine_free(e);
-}
-#endif
 
 int main(void) {
 #ifdef GOLDEN_BF16
@@ -227,7 +173,6 @@ int main(void) {
     run_model("mm-a", "bf16");
     run_model("defaults-a", "bf16");
 #ifdef GOLDEN_BF16
-    demo_bf16();
     TEST_MAIN_END("golden-bf16");
 #else
     TEST_MAIN_END("golden");

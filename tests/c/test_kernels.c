@@ -147,6 +147,29 @@ static void run_mm(int threads, const td_tensor *W, const float *x, int M, float
     bk[threads]->ops->matmul(bk[threads], W, x, M, y);
 }
 
+/* Batch, prefill-row and thread invariance against y16 (the M = 16 result on 2
+ * threads): M = 1..15 and a prefill-sized MBIG give the same rows bit for bit,
+ * rows 16..MBIG-1 (the prefill panel path) equal M = 1 on that row, and 1..3
+ * threads equal 2. Counts the differing cases into dm / dr / dt. */
+static void invariance(const td_tensor *W, const float *x, int64_t N, int64_t K, int MBIG, const float *y16, float *y, float *row1,
+                       int *dm, int *dr, int *dt) {
+    *dm = *dr = *dt = 0;
+    for (int M = 1; M <= 15; M++) {
+        run_mm(2, W, x, M, y);
+        if (memcmp(y, y16, sizeof(float) * (size_t)(M * N))) (*dm)++;
+    }
+    run_mm(2, W, x, MBIG, y);
+    if (memcmp(y, y16, sizeof(float) * (size_t)(16 * N))) (*dm)++;
+    for (int m = 16; m < MBIG; m++) {
+        run_mm(1, W, x + (int64_t)m * K, 1, row1);
+        if (memcmp(row1, y + (int64_t)m * N, sizeof(float) * (size_t)N)) (*dr)++;
+    }
+    for (int th = 1; th <= 3; th++) {
+        run_mm(th, W, x, 16, y);
+        if (memcmp(y, y16, sizeof(float) * (size_t)(16 * N))) (*dt)++;
+    }
+}
+
 static void test_case(wcase c, int64_t N, int64_t K, const td_isa *isas, int n_isas) {
     wmat w;
     make_w(c, N, K, &w);
@@ -176,29 +199,11 @@ static void test_case(wcase c, int64_t N, int64_t K, const td_isa *isas, int n_i
             }
         CHECK(bad == 0, "%s %s N=%lld K=%lld: %d outputs off the double reference (worst rel %.3g)", case_names[c], in,
               (long long)N, (long long)K, bad, worst);
-        /* batch invariance: M = 1..15 and a prefill-sized M give the same rows bit for bit */
-        int diff_m = 0;
-        for (int M = 1; M <= 15; M++) {
-            run_mm(2, &w.t, x, M, y);
-            if (memcmp(y, y16, sizeof(float) * (size_t)(M * N))) diff_m++;
-        }
-        run_mm(2, &w.t, x, MBIG, y);
-        if (memcmp(y, y16, sizeof(float) * (size_t)(16 * N))) diff_m++;
-        /* rows past 16 (the prefill panel path, two activation blocks) equal M = 1 on that row */
-        int diff_rows = 0;
-        for (int m = 16; m < MBIG; m++) {
-            run_mm(1, &w.t, x + (int64_t)m * K, 1, row1);
-            if (memcmp(row1, y + (int64_t)m * N, sizeof(float) * (size_t)N)) diff_rows++;
-        }
+        int diff_m, diff_rows, diff_t;
+        invariance(&w.t, x, N, K, MBIG, y16, y, row1, &diff_m, &diff_rows, &diff_t);
         CHECK(diff_rows == 0, "%s %s N=%lld K=%lld: %d of rows 16..%d differ from M=1", case_names[c], in, (long long)N,
               (long long)K, diff_rows, MBIG - 1);
         CHECK(diff_m == 0, "%s %s N=%lld K=%lld: %d batch sizes differ from M=16", case_names[c], in, (long long)N, (long long)K, diff_m);
-        /* thread invariance */
-        int diff_t = 0;
-        for (int th = 1; th <= 3; th++) {
-            run_mm(th, &w.t, x, 16, y);
-            if (memcmp(y, y16, sizeof(float) * (size_t)(16 * N))) diff_t++;
-        }
         CHECK(diff_t == 0, "%s %s: %d thread counts differ", case_names[c], in, diff_t);
         /* AVX2 and AVX-512 round alike */
         if (isas[ii] == TD_ISA_AVX2) memcpy(first, y16, sizeof(float) * (size_t)(16 * N));
@@ -261,21 +266,8 @@ static void test_case_bf16(wcase c, int64_t N, int64_t K) {
     CHECK(bad_x == 0, "bf16 %s N=%lld K=%lld: %d outputs off the reference of the rounded x (worst rel %.3g)", case_names[c], (long long)N,
           (long long)K, bad_x, worst_x);
     CHECK(memcmp(yf, y16, sizeof(float) * (size_t)(16 * N)) != 0, "bf16 %s: the result equals the f32 path's", case_names[c]);
-    int diff_m = 0, diff_rows = 0, diff_t = 0;
-    for (int M = 1; M <= 15; M++) {
-        run_mm(2, &w.t, x, M, y);
-        if (memcmp(y, y16, sizeof(float) * (size_t)(M * N))) diff_m++;
-    }
-    run_mm(2, &w.t, x, MBIG, y);
-    if (memcmp(y, y16, sizeof(float) * (size_t)(16 * N))) diff_m++;
-    for (int m = 16; m < MBIG; m++) {
-        run_mm(1, &w.t, x + (int64_t)m * K, 1, row1);
-        if (memcmp(row1, y + (int64_t)m * N, sizeof(float) * (size_t)N)) diff_rows++;
-    }
-    for (int th = 1; th <= 3; th++) {
-        run_mm(th, &w.t, x, 16, y);
-        if (memcmp(y, y16, sizeof(float) * (size_t)(16 * N))) diff_t++;
-    }
+    int diff_m, diff_rows, diff_t;
+    invariance(&w.t, x, N, K, MBIG, y16, y, row1, &diff_m, &diff_rows, &diff_t);
     CHECK(diff_m == 0 && diff_rows == 0 && diff_t == 0, "bf16 %s N=%lld K=%lld: %d batch sizes, %d prefill rows, %d thread counts differ",
           case_names[c], (long long)N, (long long)K, diff_m, diff_rows, diff_t);
     for (int t = 1; t <= 3; t++) bk[t]->precision = TD_PRECISION_F32, bk[t]->isa = (int)td_kernels_best_isa();
