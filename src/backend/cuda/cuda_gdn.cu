@@ -114,7 +114,7 @@ static __device__ __forceinline__ float softplus(float x) { return x > 20.0f ? x
  * A column's update reads only that column, so no thread waits for another
  * inside the recurrence; the block synchronizes around the shared q / k and
  * the norm's sum. */
-static __global__ void gdn_recur_kernel(gdn_args a) {
+static __global__ void __launch_bounds__(1024) gdn_recur_kernel(gdn_args a) {
     __shared__ float qv[TD_MAX_HEAD_DIM], kv[TD_MAX_HEAD_DIM];
     __shared__ float red[33];
     int si = blockIdx.x / a.nv, h = blockIdx.x % a.nv, e = threadIdx.x;
