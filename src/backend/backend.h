@@ -81,6 +81,9 @@ typedef struct td_backend_counters {
     uint64_t downloads, download_bytes; /* backend -> host */
 } td_backend_counters;
 
+/* fill_random: what each element is. */
+typedef enum { TD_FILL_UNIFORM = 0, TD_FILL_CONST = 1 } td_fill_mode;
+
 typedef struct td_backend_ops {
     const char *name;
     /* ---- memory ---- */
@@ -98,6 +101,11 @@ typedef struct td_backend_ops {
      * pointer itself, no copy); NULL when out of memory. weight_free undoes it. */
     const void *(*weight_load)(td_backend *b, const void *host, size_t bytes);
     void (*weight_free)(td_backend *b, const void *dev);
+    /* n elements of dtype (F32, BF16, F8_E4M3, NVFP4: n even, n/2 bytes) at dst, element i a
+     * pure function of (seed, i) (backend/fill_random.h): TD_FILL_UNIFORM uniform in
+     * [-value, value), TD_FILL_CONST every element `value`, rounded to the dtype. Every backend
+     * writes the same bytes: weights generated in backend memory (td_model_random). */
+    void (*fill_random)(td_backend *b, void *dst, td_dtype dtype, size_t n, uint64_t seed, td_fill_mode mode, float value);
 
     /* ---- compute (backend pointers unless stated) ---- */
     /* y[M,N] = x[M,K] · W[N,K]^T ; W in any supported weight dtype. */

@@ -26,18 +26,9 @@ size_t td_session_bytes_for(const td_config *c, int depth, int max_chunk) {
            td_gen_work_bytes_for(c, depth, TD_MTP_PEND_CAP, max_chunk);
 }
 
-int td_engine_load(const char *model_dir, const td_engine_opts *opts, td_engine **out, td_err *err) {
-    *out = NULL;
-    td_engine *e = TD_CALLOC(err, 1, sizeof *e);
-    if (!e) return TD_ERR_NOMEM;
-    if (opts) e->opts = *opts;
-    int rc = td_model_load(model_dir, &e->model, err);
-    if (rc) goto fail;
-    if (e->opts.quantize < 0 || e->opts.quantize > 1) {
-        rc = TD_FAIL(err, TD_ERR_ARG, "quantize %d (0 none, 1 q8)", e->opts.quantize);
-        goto fail;
-    }
-    if ((rc = td_model_quantize(e->model, (td_quant_kind)e->opts.quantize, err))) goto fail;
+/* The backend of e->opts: created, its ISA and precision set. */
+static int setup_backend(td_engine *e, td_err *err) {
+    int rc;
     int threads = e->opts.n_threads;
     if (threads <= 0) {
         long n = sysconf(_SC_NPROCESSORS_ONLN);
@@ -68,6 +59,14 @@ int td_engine_load(const char *model_dir, const td_engine_opts *opts, td_engine 
         goto fail;
     }
     e->backend->precision = (int)e->opts.precision;
+    return TD_OK;
+fail:
+    return rc;
+}
+
+/* Everything after the model and the backend: forward context, limits, KV cache. */
+static int finish_load(td_engine *e, td_err *err) {
+    int rc;
     if ((rc = td_fwd_ctx_new(e->model, e->backend, &e->fwd, err))) goto fail;
     if (e->opts.deltanet_chunk < 0 || e->opts.deltanet_chunk > 256) {
         rc = TD_FAIL(err, TD_ERR_ARG, "deltanet_chunk %d (0 = off, up to 256 tokens)", e->opts.deltanet_chunk);
@@ -100,6 +99,45 @@ int td_engine_load(const char *model_dir, const td_engine_opts *opts, td_engine 
     }
     int n_ckpt = e->opts.no_prefix_caching ? 0 : e->opts.prefix_checkpoints > 0 ? e->opts.prefix_checkpoints : 8 * seqs;
     if ((rc = td_kv_new(&ks, (int)n_blocks, n_ckpt, e->backend, &e->kv, err))) goto fail;
+    return TD_OK;
+fail:
+    return rc;
+}
+
+int td_engine_load(const char *model_dir, const td_engine_opts *opts, td_engine **out, td_err *err) {
+    *out = NULL;
+    td_engine *e = TD_CALLOC(err, 1, sizeof *e);
+    if (!e) return TD_ERR_NOMEM;
+    if (opts) e->opts = *opts;
+    int rc = td_model_load(model_dir, &e->model, err);
+    if (rc) goto fail;
+    if (e->opts.quantize < 0 || e->opts.quantize > 1) {
+        rc = TD_FAIL(err, TD_ERR_ARG, "quantize %d (0 none, 1 q8)", e->opts.quantize);
+        goto fail;
+    }
+    if ((rc = td_model_quantize(e->model, (td_quant_kind)e->opts.quantize, err))) goto fail;
+    if ((rc = setup_backend(e, err)) || (rc = finish_load(e, err))) goto fail;
+    *out = e;
+    return TD_OK;
+fail:
+    td_engine_free(e);
+    return rc;
+}
+
+int td_engine_load_random(const char *config_path, const td_random_spec *spec, const td_engine_opts *opts, td_engine **out,
+                          td_err *err) {
+    *out = NULL;
+    td_engine *e = TD_CALLOC(err, 1, sizeof *e);
+    if (!e) return TD_ERR_NOMEM;
+    if (opts) e->opts = *opts;
+    td_config cfg;
+    int rc;
+    if (e->opts.quantize) {
+        rc = TD_FAIL(err, TD_ERR_ARG, "a random model is generated in its dtype: no quantize (use the spec's dtype)");
+        goto fail;
+    }
+    if ((rc = td_config_load(config_path, &cfg, err)) || (rc = setup_backend(e, err))) goto fail;
+    if ((rc = td_model_random(&cfg, spec, e->backend, &e->model, err)) || (rc = finish_load(e, err))) goto fail;
     *out = e;
     return TD_OK;
 fail:
@@ -111,8 +149,8 @@ void td_engine_free(td_engine *e) {
     if (!e) return;
     td_kv_free(e->kv);
     td_fwd_ctx_free(e->fwd);
+    td_model_free(e->model); /* before the backend: a generated model's weights live there */
     td_backend_free(e->backend);
-    td_model_free(e->model);
     free(e);
 }
 
@@ -205,8 +243,8 @@ void td_engine_kv_info(const td_engine *e, td_kv_info *o) {
 void td_engine_memory(const td_engine *e, td_memory_info *o) {
     memset(o, 0, sizeof *o);
     const td_weights *w = e->model->weights;
-    for (int i = 0; i < w->n_files; i++) o->weights_mapped += w->files[i].size;
-    o->weights_owned = e->model->owned_bytes;
+    for (int i = 0; w && i < w->n_files; i++) o->weights_mapped += w->files[i].size;
+    o->weights_owned = e->model->owned_bytes + e->model->dev_bytes; /* dev_bytes: a generated model's weights */
     o->kv_pool = td_kv_pool_bytes(e->kv);
     o->prefix_checkpoints = td_kv_ckpt_bytes(e->kv);
     o->scratch = td_fwd_scratch_bytes(e->fwd);

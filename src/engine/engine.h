@@ -5,6 +5,7 @@
 #include "kv/kv.h"
 #include "model/forward.h"
 #include "model/model.h"
+#include "model/random_model.h"
 #include "model/seq.h"
 #include "spec/autodepth.h"
 #include "spec/mtp.h"
@@ -40,6 +41,16 @@ struct td_session {
  * has the head; AUTO stores f32), and the bytes one session
  * allocates besides its DeltaNet state: logits, hidden and pending rows and
  * the generation buffers at `depth`. Used by the engine and the planner. */
+/* An engine whose model is generated in its backend's memory (td_model_random:
+ * no weight files, no tokenizer) from the config at config_path (a config.json
+ * or a model directory) as spec says: the benchmarks' test vehicle, e.g. a full
+ * 27B config on a device. opts as td_engine_load (quantize must be 0: the spec
+ * has the dtype). *out is caller-owned (td_engine_free, which frees the
+ * weights before the backend); on error *out is NULL and err says why (bad
+ * spec or config, weights that do not fit the backend). */
+int td_engine_load_random(const char *config_path, const td_random_spec *spec, const td_engine_opts *opts, td_engine **out,
+                          td_err *err);
+
 td_kv_shape td_engine_kv_shape_for(const td_config *c, bool has_mtp, td_kv_dtype kv_dtype);
 size_t td_session_bytes_for(const td_config *c, int depth, int max_chunk);
 

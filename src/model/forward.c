@@ -20,6 +20,7 @@ typedef struct dev_weights {
     td_layer_weights *layers;    /* [n_layers] */
     td_mtp_weights mtp;
     const float *inv_freq;       /* [rot/2] */
+    bool borrowed;               /* the model's own backend pointers (td_model.dev): not ours to free */
 } dev_weights;
 
 struct td_fwd_ctx {
@@ -88,6 +89,12 @@ static void free_layer(td_backend *b, td_layer_weights *d) {
 static void free_weights(td_fwd_ctx *c) {
     dev_weights *w = &c->w;
     td_backend *b = c->b;
+    if (w->borrowed) { /* only inv_freq and the layer array are ours */
+        b->ops->free(b, (void *)w->inv_freq);
+        free(w->layers);
+        memset(w, 0, sizeof *w);
+        return;
+    }
     bool tied = w->lm_head.data == w->embed.data;
     td_bk_tensor_free(b, &w->embed);
     if (!tied) td_bk_tensor_free(b, &w->lm_head);
@@ -109,6 +116,22 @@ static int load_weights(td_fwd_ctx *c, const float *inv_freq, td_err *err) {
     td_backend *b = c->b;
     dev_weights *w = &c->w;
     int rc, H = g->hidden_size;
+    if (m->dev) { /* generated in this backend's memory (td_model_random): used in place */
+        if (m->dev != b) return TD_FAIL(err, TD_ERR_ARG, "the model's weights live in another backend");
+        size_t nf = (size_t)(g->rot_dim / 2 > 0 ? g->rot_dim / 2 : 1) * sizeof(float);
+        float *f = b->ops->alloc(b, nf);
+        if (!f) return TD_FAIL(err, TD_ERR_NOMEM, "out of backend memory");
+        td_bk_upload(b, f, inv_freq, nf);
+        w->inv_freq = f;
+        w->borrowed = true;
+        if (!(w->layers = TD_CALLOC(err, (size_t)g->n_layers, sizeof *w->layers))) return TD_ERR_NOMEM;
+        memcpy(w->layers, m->layers, (size_t)g->n_layers * sizeof *w->layers);
+        w->embed = m->embed;
+        w->lm_head = m->lm_head;
+        w->final_norm1 = m->final_norm1;
+        if (m->has_mtp) w->mtp = m->mtp;
+        return TD_OK;
+    }
     if ((rc = td_bk_tensor_load(b, &m->embed, &w->embed, err))) return rc;
     if (m->lm_head.data == m->embed.data) w->lm_head = w->embed;
     else if ((rc = td_bk_tensor_load(b, &m->lm_head, &w->lm_head, err))) return rc;

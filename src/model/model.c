@@ -3,6 +3,7 @@
 #include <stdarg.h>
 #include <stdlib.h>
 #include <string.h>
+#include "backend/backend.h"
 #include "model/genconfig.h"
 #include "util/err.h"
 
@@ -330,6 +331,8 @@ fail:
 
 void td_model_free(td_model *m) {
     if (!m) return;
+    for (int i = 0; m->dev && i < m->n_dev_bufs; i++) m->dev->ops->free(m->dev, m->dev_bufs[i]);
+    free(m->dev_bufs);
     for (int i = 0; i < m->n_owned_vecs; i++) free(m->owned_vecs[i]);
     free(m->owned_vecs);
     td_weights_free(m->weights);

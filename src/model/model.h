@@ -60,6 +60,14 @@ typedef struct td_model {
     float **owned_vecs; /* every f32 vector above, for freeing */
     int n_owned_vecs;
     size_t owned_bytes; /* their total size */
+    /* A generated model (td_model_random, model/random_model.h): non-NULL when every
+     * tensor's data and scales and every vector above are already memory of this
+     * backend. The forward then uses them as they are (no weight_load) and
+     * td_model_free gives dev_bufs back to it, so the backend must outlive the model. */
+    struct td_backend *dev;
+    void **dev_bufs;
+    int n_dev_bufs;
+    size_t dev_bytes; /* their total size */
 } td_model;
 
 /* Bytes of the f32 copies the loader makes (norms, conv1d, dt_bias, A):

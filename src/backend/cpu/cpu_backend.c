@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "backend/backend.h"
+#include "backend/fill_random.h"
 #include "backend/cpu/cpu_ops.h"
 #include "backend/cpu/kernels.h"
 #include "backend/cpu/pool.h"
@@ -31,6 +32,52 @@ void td_cpu_par_for(td_backend *b, int n, void (*fn)(void *, int), void *ctx, do
         return;
     }
     td_pool_for(b->impl, n, fn, ctx);
+}
+
+/* ---- fill_random (backend/fill_random.h) ---------------------------------- */
+
+/* Tasks of FILL_CHUNK elements (even, for NVFP4's byte pairs); each element
+ * depends only on (seed, its index), so the split changes nothing. */
+#define FILL_CHUNK ((size_t)1 << 16)
+
+typedef struct {
+    void *dst;
+    td_dtype dtype;
+    size_t n;
+    uint64_t key;
+    int constant;
+    float value;
+} fill_job;
+
+static void fill_task(void *ctx, int task) {
+    const fill_job *j = ctx;
+    size_t i0 = (size_t)task * FILL_CHUNK, i1 = i0 + FILL_CHUNK < j->n ? i0 + FILL_CHUNK : j->n;
+    uint64_t key = j->key;
+    switch (j->dtype) {
+    case TD_DTYPE_F32:
+        for (size_t i = i0; i < i1; i++) ((float *)j->dst)[i] = td_rand_value(key, i, j->constant, j->value);
+        break;
+    case TD_DTYPE_BF16:
+        for (size_t i = i0; i < i1; i++) ((uint16_t *)j->dst)[i] = td_rand_bf16(td_rand_value(key, i, j->constant, j->value));
+        break;
+    case TD_DTYPE_F8_E4M3:
+        for (size_t i = i0; i < i1; i++) ((uint8_t *)j->dst)[i] = td_rand_e4m3(td_rand_value(key, i, j->constant, j->value));
+        break;
+    default: /* NVFP4 (checked by the op) */
+        for (size_t i = i0; i < i1; i += 2)
+            ((uint8_t *)j->dst)[i / 2] = (uint8_t)(td_rand_e2m1(td_rand_value(key, i, j->constant, j->value)) |
+                                                   td_rand_e2m1(td_rand_value(key, i + 1, j->constant, j->value)) << 4);
+    }
+}
+
+static void cpu_fill_random(td_backend *b, void *dst, td_dtype dtype, size_t n, uint64_t seed, td_fill_mode mode, float value) {
+    TD_ASSERT((dtype == TD_DTYPE_F32 || dtype == TD_DTYPE_BF16 || dtype == TD_DTYPE_F8_E4M3 || dtype == TD_DTYPE_NVFP4) &&
+              "fill_random: F32, BF16, F8_E4M3 or NVFP4");
+    TD_ASSERT((dtype != TD_DTYPE_NVFP4 || n % 2 == 0) && "fill_random: NVFP4 fills whole bytes");
+    TD_ASSERT(n / FILL_CHUNK < (size_t)1 << 30);
+    if (!n) return;
+    fill_job j = {dst, dtype, n, td_rand_key(seed), mode == TD_FILL_CONST, value};
+    td_cpu_par_for(b, (int)((n + FILL_CHUNK - 1) / FILL_CHUNK), fill_task, &j, (double)n);
 }
 
 /* ---- matmul -------------------------------------------------------------- */
@@ -149,6 +196,7 @@ static const td_backend_ops cpu_ops = {
     .sync = cpu_sync,
     .weight_load = cpu_weight_load,
     .weight_free = cpu_weight_free,
+    .fill_random = cpu_fill_random,
     .matmul = cpu_matmul,
     .rmsnorm = cpu_rmsnorm,
     .embed = cpu_embed,

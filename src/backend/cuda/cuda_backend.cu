@@ -199,6 +199,7 @@ static const td_backend_ops cuda_ops = {
     .sync = cu_sync,
     .weight_load = cu_weight_load,
     .weight_free = cu_weight_free,
+    .fill_random = td_cuda_fill_random,
     .matmul = td_cuda_matmul,
     .rmsnorm = td_cuda_rmsnorm,
     .embed = td_cuda_embed,

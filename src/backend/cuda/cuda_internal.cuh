@@ -204,5 +204,6 @@ void td_cuda_gdn_conv(td_backend *b, const td_config *g, const td_batch *bt, int
 void td_cuda_gdn_recur(td_backend *b, const td_config *g, const td_batch *bt, int lin, const td_gdn_params *w,
                        const float *conv_out, const float *z, const float *b_in, const float *a_in, float *o, int chunk);
 int32_t td_cuda_sample(td_backend *b, struct td_sampler *s, const struct td_sample_call *c);
+void td_cuda_fill_random(td_backend *b, void *dst, td_dtype dtype, size_t n, uint64_t seed, td_fill_mode mode, float value);
 }
 #endif

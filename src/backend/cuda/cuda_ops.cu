@@ -3,6 +3,7 @@
  * reduced, so each row's arithmetic is the same whatever M is (batch
  * invariance); the reductions have a fixed order (cuda_internal.cuh). */
 #include "backend/cuda/cuda_internal.cuh"
+#include "backend/fill_random.h"
 
 #define ROW_THREADS 256
 
@@ -149,4 +150,35 @@ extern "C" void td_cuda_kv_load(td_backend *b, const td_kv_view *kv, int row, in
     TD_ASSERT(kv->store != TD_KV_AUTO && kv->head_dim > 0);
     kv_load_kernel<<<kv_heads(kv), KV_THREADS, 0, td_cu(b)->stream>>>(td_cu_kv_of(kv), (size_t)row, which, out);
     TD_CU_LAUNCH("kv_load_kernel");
+}
+
+/* ---- fill_random: backend/fill_random.h, the CPU op's element function ---- */
+
+/* Grid-stride over the elements (NVFP4: over the bytes, two elements each). */
+static __global__ void fill_random_kernel(void *dst, int dtype, size_t n, uint64_t key, int constant, float value) {
+    size_t stride = (size_t)gridDim.x * blockDim.x, i0 = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (dtype == TD_DTYPE_NVFP4) {
+        for (size_t j = i0; j < n / 2; j += stride)
+            ((uint8_t *)dst)[j] = (uint8_t)(td_rand_e2m1(td_rand_value(key, 2 * j, constant, value)) |
+                                            td_rand_e2m1(td_rand_value(key, 2 * j + 1, constant, value)) << 4);
+        return;
+    }
+    for (size_t i = i0; i < n; i += stride) {
+        float v = td_rand_value(key, i, constant, value);
+        if (dtype == TD_DTYPE_F32) ((float *)dst)[i] = v;
+        else if (dtype == TD_DTYPE_BF16) ((uint16_t *)dst)[i] = td_rand_bf16(v);
+        else ((uint8_t *)dst)[i] = td_rand_e4m3(v);
+    }
+}
+
+extern "C" void td_cuda_fill_random(td_backend *b, void *dst, td_dtype dtype, size_t n, uint64_t seed, td_fill_mode mode, float value) {
+    TD_ASSERT((dtype == TD_DTYPE_F32 || dtype == TD_DTYPE_BF16 || dtype == TD_DTYPE_F8_E4M3 || dtype == TD_DTYPE_NVFP4) &&
+              "fill_random: F32, BF16, F8_E4M3 or NVFP4");
+    TD_ASSERT((dtype != TD_DTYPE_NVFP4 || n % 2 == 0) && "fill_random: NVFP4 fills whole bytes");
+    if (!n) return;
+    size_t items = dtype == TD_DTYPE_NVFP4 ? n / 2 : n;
+    unsigned blocks = td_cu_blocks(items, 256);
+    if (blocks > 65536) blocks = 65536; /* grid-stride beyond that */
+    fill_random_kernel<<<blocks, 256, 0, td_cu(b)->stream>>>(dst, (int)dtype, n, td_rand_key(seed), mode == TD_FILL_CONST, value);
+    TD_CU_LAUNCH("fill_random_kernel");
 }

@@ -150,6 +150,9 @@ static const void *g_weight_load(td_backend *b, const void *host, size_t bytes) 
     return d;
 }
 static void g_weight_free(td_backend *b, const void *dev) { guard_free(b, (void *)dev); }
+static void g_fill_random(td_backend *b, void *d, td_dtype dt, size_t n, uint64_t seed, td_fill_mode mode, float value) {
+    open_all(b); CPU->fill_random(INNER, d, dt, n, seed, mode, value); close_all(b);
+}
 static void g_matmul(td_backend *b, const td_tensor *W, const float *x, int M, float *y) {
     open_all(b); CPU->matmul(INNER, W, x, M, y); close_all(b);
 }
@@ -208,6 +211,7 @@ static const td_backend_ops guard_ops = {
     .sync = g_sync,
     .weight_load = g_weight_load,
     .weight_free = g_weight_free,
+    .fill_random = g_fill_random,
     .matmul = g_matmul,
     .rmsnorm = g_rmsnorm,
     .embed = g_embed,
