@@ -121,8 +121,30 @@ static int bench_model(const kbench_opts *o, double bw, FILE *out) {
     for (int i = 0; i < o->n_prefill; i++) if (o->prefill[i] > maxp) maxp = o->prefill[i];
     td_engine_opts eo = {.n_threads = o->threads, .max_context = maxp + 512, .spec_depth = o->max_k, .no_prefix_caching = true, .max_seqs = 1,
                           .quantize = o->quantize, .isa = o->isa, .precision = o->precision};
+    eo.backend = o->backend;
     td_engine *eng;
-    if (td_engine_load(o->model_dir, &eo, &eng, &err)) { fprintf(stderr, "tandem kernels: %s\n", err.msg); return 1; }
+    double tgen = td_bench_now();
+    if (o->random_config) {
+        const char *d = o->random_dtype ? o->random_dtype : "bf16";
+        td_random_spec rs = {.dtype = !strcmp(d, "f32") ? TD_DTYPE_F32 : !strcmp(d, "fp8") ? TD_DTYPE_F8_E4M3 : !strcmp(d, "nvfp4") ? TD_DTYPE_NVFP4
+                                                                                                                                : TD_DTYPE_BF16,
+                             .seed = 1, .mtp_mix = o->mtp_mix, .hidden = o->r_hidden, .layers = o->r_layers, .vocab = o->r_vocab};
+        if (strcmp(d, "f32") && strcmp(d, "bf16") && strcmp(d, "fp8") && strcmp(d, "nvfp4")) {
+            fprintf(stderr, "tandem kernels: a random model's --dtype is bf16, f32, fp8 or nvfp4, got %s\n", d);
+            return 1;
+        }
+        if (td_engine_load_random(o->random_config, &rs, &eo, &eng, &err)) { fprintf(stderr, "tandem kernels: %s\n", err.msg); return 1; }
+        td_engine_backend(eng)->ops->sync(td_engine_backend(eng)); /* a device fills asynchronously */
+        const td_config *rc = td_engine_cfg(eng);
+        fprintf(out, "\n## random model from %s, %s weights (seed 1, %s): hidden %d, intermediate %d, heads %d/%d, linear heads %d/%d, "
+                     "%d layers, vocab %d: %.2f GB generated in backend memory (%s) in %.2f s\n",
+                o->random_config, d, o->mtp_mix >= 0 ? "MTP head" : "no MTP head", rc->hidden_size, rc->intermediate_size, rc->n_heads,
+                rc->n_kv_heads, rc->lin_nk, rc->lin_nv, rc->n_layers, rc->vocab_size, (double)td_engine_model(eng)->dev_bytes / 1e9,
+                td_engine_backend(eng)->ops->name, td_bench_now() - tgen);
+    } else if (td_engine_load(o->model_dir, &eo, &eng, &err)) {
+        fprintf(stderr, "tandem kernels: %s\n", err.msg);
+        return 1;
+    }
     const td_model *m = td_engine_model(eng);
     int V = m->cfg.vocab_size;
     size_t rb = model_read_bytes(m);
@@ -133,8 +155,8 @@ static int bench_model(const kbench_opts *o, double bw, FILE *out) {
     for (int i = 0; i < ntok; i++) toks[i] = (int32_t)((i * 7919 + 13) % V);
     float *lg = malloc(sizeof(float) * (size_t)V * (size_t)(o->max_k + 1));
     int reps = o->reps > 64 ? 64 : o->reps;
-    fprintf(out, "\n## model %s: %.0f MB read per decode step (weights without the embedding table), %d threads, isa %s, precision %s\n\n",
-            o->model_dir, (double)rb / 1e6, td_engine_backend(eng)->n_threads, td_isa_name((td_isa)td_engine_backend(eng)->isa),
+    fprintf(out, "\n## model %s: %.0f MB read per decode step (weights without the embedding table), backend %s, %d threads, isa %s, precision %s\n\n",
+            o->model_dir ? o->model_dir : o->random_config, (double)rb / 1e6, td_engine_backend(eng)->ops->name, td_engine_backend(eng)->n_threads, td_isa_name((td_isa)td_engine_backend(eng)->isa),
             td_engine_backend(eng)->precision == TD_PRECISION_BF16 ? "bf16" : "f32");
     /* state: a short prompt */
     td_fwd_item it = {.seq = td_session_seq(s), .tokens = toks, .n = 16, .logits_rows = 1, .logits = lg};
@@ -188,5 +210,5 @@ int td_kbench_run(const kbench_opts *o, FILE *out) {
     fprintf(out, "bandwidth probe (read, %d MB, median of %d): %.1f GB/s\n", o->probe_mb, o->reps, bw);
     if (o->mm_mb > 0) bench_matmul(b, o, bw, out);
     td_backend_free(b);
-    return o->model_dir ? bench_model(o, bw, out) : 0;
+    return o->model_dir || o->random_config ? bench_model(o, bw, out) : 0;
 }

@@ -20,6 +20,13 @@ typedef struct kbench_opts {
     int quantize;           /* td_engine_opts.quantize for the model runs */
     int isa;                /* td_engine_opts.isa for the model runs (0 = best) */
     td_precision precision; /* td_engine_opts.precision for the model runs */
+    const char *backend;    /* td_engine_opts.backend for the model runs (NULL: cpu / $TANDEM_BACKEND) */
+    /* Instead of model_dir: a model generated in backend memory from this config
+     * (td_engine_load_random), weights in random_dtype ("bf16", "f32", "fp8", "nvfp4"). */
+    const char *random_config;
+    const char *random_dtype;
+    float mtp_mix;          /* < 0: no MTP head */
+    int r_hidden, r_layers, r_vocab; /* 0: as the config (td_config_scale) */
 } kbench_opts;
 
 int td_kbench_run(const kbench_opts *o, FILE *out);

@@ -9,10 +9,17 @@
 static int usage(void) {
     printf("usage: tandem kernels [-m DIR] [-t THREADS] [--reps N] [--probe-mb MB] [--mm-mb MB] [--mm-k K]\n"
            "                      [--dtype bf16|f32|f16|fp8|nvfp4] [--prefill 512,4096] [--max-k 8] [--isa c|avx2|avx512]\n"
-           "                      [--quantize none|q8] [--precision f32|bf16]\n"
+           "                      [--quantize none|q8] [--precision f32|bf16] [--device cpu|guard|cuda]\n"
+           "                      [--random-config FILE [--mtp-mix F] [--hidden N] [--layers N] [--vocab N]]\n"
            "  bandwidth probe, matmul GB/s per ISA and M = 1..16 on a synthetic weight (--mm-mb 0 skips it),\n"
-           "  and with -m: decode tokens/s (depth 0), verify cost t(k+1)/t(1), prefill tokens/s\n"
+           "  and with -m or --random-config: decode tokens/s (depth 0), verify cost t(k+1)/t(1), prefill tokens/s\n"
            "  -m, --model DIR     model for the decode / verify / prefill rows (default: none, kernels only)\n"
+           "  --random-config FILE  instead of -m: a random-weight model of this config.json generated in the\n"
+           "                      backend's memory (no weight files), its linear weights in --dtype (bf16, f32, fp8, nvfp4)\n"
+           "  --mtp-mix F         with it: an MTP head that partly agrees with the trunk (make_random_model.py --mtp F,\n"
+           "                      0..100: 0 agrees always); default -1 = no MTP head\n"
+           "  --hidden N, --layers N, --vocab N  with it: the config scaled down as make_random_model.py (default: as is)\n"
+           "  --device, --backend cpu|guard|cuda  backend of the model rows (default cpu; the probe and matmul table run on the CPU)\n"
            "  -t, --threads N     threads, 0..1024 (default 0 = all cores)\n"
            "  --reps N            repetitions per timing, 1..64 (default 5)\n"
            "  --probe-mb MB       bandwidth probe buffer, 16..65536 MB (default 1024)\n"
@@ -43,13 +50,14 @@ static int int_opt(const char *a, const char *v, long lo, long hi, int *out) {
 
 int td_cmd_kernels(int argc, char **argv) {
     kbench_opts o = {.reps = 5, .probe_mb = 1024, .mm_mb = 512, .mm_k = 5120, .max_k = 8, .mm_dtype = "bf16",
-                     .prefill = {512, 4096}, .n_prefill = 2};
+                     .prefill = {512, 4096}, .n_prefill = 2, .mtp_mix = -1.0f};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (td_cli_is_help(a)) return usage();
         if (td_cli_is_verbose(a)) { td_cli_verbose = true; continue; }
         static const char *const valued[] = {"-m", "--model", "-t", "--threads", "--reps", "--probe-mb", "--mm-mb", "--mm-k",
-                                             "--dtype", "--isa", "--max-k", "--quantize", "--prefill", "--precision"};
+                                             "--dtype", "--isa", "--max-k", "--quantize", "--prefill", "--precision",
+                                             "--random-config", "--mtp-mix", "--hidden", "--layers", "--vocab", "--device", "--backend"};
         bool known = false;
         for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++) known |= !strcmp(a, valued[k]);
         if (!known) return td_cli_unknown("kernels", a);
@@ -63,12 +71,33 @@ int td_cmd_kernels(int argc, char **argv) {
         else if (!strcmp(a, "--mm-mb")) rc = int_opt(a, v, 0, 65536, &o.mm_mb);
         else if (!strcmp(a, "--mm-k")) rc = int_opt(a, v, 16, 1 << 20, &o.mm_k);
         else if (!strcmp(a, "--max-k")) rc = int_opt(a, v, 1, 16, &o.max_k);
+        else if (!strcmp(a, "--random-config")) o.random_config = v;
+        else if (!strcmp(a, "--hidden")) rc = int_opt(a, v, 16, 1 << 16, &o.r_hidden);
+        else if (!strcmp(a, "--layers")) rc = int_opt(a, v, 1, 1024, &o.r_layers);
+        else if (!strcmp(a, "--vocab")) rc = int_opt(a, v, 1, 1 << 22, &o.r_vocab);
+        else if (!strcmp(a, "--mtp-mix")) {
+            char *end;
+            double f = strtod(v, &end);
+            if (end == v || *end || !(f <= 100.0) || (f < 0 && f != -1.0)) {
+                fprintf(stderr, "tandem kernels: --mtp-mix must be a number in [0, 100] (or -1: no MTP head), got \"%s\"\n", v);
+                return 2;
+            }
+            o.mtp_mix = (float)f;
+        }
+        else if (!strcmp(a, "--device") || !strcmp(a, "--backend")) {
+            if (strcmp(v, "cpu") && strcmp(v, "guard") && strcmp(v, "cuda")) {
+                fprintf(stderr, "tandem kernels: %s must be cpu, guard or cuda, got \"%s\"\n", a, v);
+                return 2;
+            }
+            o.backend = v;
+        }
         else if (!strcmp(a, "--dtype")) {
             if (strcmp(v, "bf16") && strcmp(v, "f32") && strcmp(v, "f16") && strcmp(v, "fp8") && strcmp(v, "nvfp4")) {
                 fprintf(stderr, "tandem kernels: --dtype must be one of bf16, f32, f16, fp8, nvfp4, got \"%s\"\n", v);
                 return 2;
             }
             o.mm_dtype = v;
+            o.random_dtype = v; /* a random model's linear weights too */
         }
         else if (!strcmp(a, "--isa")) { /* model-level runs only; the matmul table covers every ISA */
             td_isa want = !strcmp(v, "c") ? TD_ISA_C : !strcmp(v, "avx2") ? TD_ISA_AVX2 : !strcmp(v, "avx512") ? TD_ISA_AVX512 : TD_ISA_AUTO;
@@ -102,6 +131,11 @@ int td_cmd_kernels(int argc, char **argv) {
             if (o.n_prefill == 1 && o.prefill[0] == 0) o.n_prefill = 0;
         }
         if (rc) return rc;
+    }
+    if (o.model_dir && o.random_config) { fprintf(stderr, "tandem kernels: -m and --random-config exclude each other\n"); return 2; }
+    if (!o.random_config && (o.r_hidden || o.r_layers || o.r_vocab || o.mtp_mix >= 0)) {
+        fprintf(stderr, "tandem kernels: --hidden, --layers, --vocab and --mtp-mix need --random-config\n");
+        return 2;
     }
     if (o.model_dir && td_cli_check_model_dir("tandem kernels", o.model_dir)) return 1;
     return td_kbench_run(&o, stdout);
