@@ -8,7 +8,10 @@
 #   3. the engine's C tests with TANDEM_BACKEND=cuda (golden logits against
 #      the transformers references, greedy identity with MTP drafting at every
 #      depth, KV / prefix-cache exactness, scheduling), one summary line;
-#   4. a short decode / verify / prefill timing of the demo model on the GPU.
+#   4. a short decode / verify / prefill timing of the demo model on the GPU;
+#   5. the same rows at the full Qwen3.6-27B config in BF16, FP8 and NVFP4, the
+#      weights generated on the GPU (--random-config: no weight files), each
+#      bounded (timeout 90: the step takes at most 4.5 minutes).
 # Usage: sh scripts/gpu-check.sh    (BUILD=dir to build elsewhere; FULL=1: every C test in step 3)
 # Logs: $BUILD/gpu-*.log. Exit status: non-zero when a step failed.
 set -u
@@ -30,7 +33,7 @@ tail -n 25 "$BUILD/gpu-ops.log"
 echo "== 2. the C tests on the cuda backend"
 # The engine-core tests (as .ci/run runs on the guard); FULL=1 runs all of them.
 TESTS="test_backend_cuda test_golden test_demo test_spec test_kv test_kv_pressure test_gdn_chunk test_quant \
-test_quant_load test_real_ckpt test_sched test_preempt test_logit_bias test_constraint test_autodepth"
+test_quant_load test_real_ckpt test_sched test_preempt test_logit_bias test_constraint test_autodepth test_random_model"
 [ "${FULL:-0}" = 1 ] && TESTS=""
 BUILD="$BUILD" TANDEM_BACKEND=cuda TANDEM_SKIP_PY=1 TANDEM_TESTS="$TESTS" timeout 300 sh tests/run_all.sh \
   > "$BUILD/gpu-suite.log" 2>&1 || fail=1
@@ -44,6 +47,13 @@ TANDEM_BACKEND=cuda timeout 90 "$BUILD/tandem" kernels -m models/demo --probe-mb
   --reps 3 > "$BUILD/gpu-timing.log" 2>&1 || fail=1
 tail -n 20 "$BUILD/gpu-timing.log"
 timeout 60 "$BUILD/tandem" run --device cuda -m models/demo -p "The capital of France is" -n 16 --stats || fail=1
+
+echo "== 4. timing: Qwen3.6-27B config, random weights generated on the GPU, bf16 / fp8 / nvfp4"
+for dt in bf16 fp8 nvfp4; do
+  timeout 90 "$BUILD/tandem" kernels --random-config tests/data/configs/qwen3.6-27b.config.json --device cuda --dtype $dt \
+    --probe-mb 16 --mm-mb 0 --reps 1 --prefill 512,4096 --max-k 4 > "$BUILD/gpu-27b-$dt.log" 2>&1 || fail=1
+  grep -v "^$" "$BUILD/gpu-27b-$dt.log" | tail -n 14
+done
 
 [ $fail = 0 ] && echo "gpu-check: all steps passed" || echo "gpu-check: FAILED (logs in $BUILD/gpu-*.log)"
 exit $fail
