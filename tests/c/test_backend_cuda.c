@@ -1,6 +1,6 @@
 /* The CUDA backend against the CPU reference, op by op (matmul in every
  * weight dtype and its batch invariance, rmsnorm, add, silu_mul, embed,
- * argmax, KV rows in every KV dtype, the memory ops, the sample op, attn_prep
+ * argmax, KV rows in every KV dtype, the memory ops, fill_random, the sample op, attn_prep
  * and attention, gdn_conv and gdn_recur on a two-segment batch). The
  * whole engine on CUDA is the rest of the suite with TANDEM_BACKEND=cuda
  * (scripts/gpu-check.sh).
@@ -512,6 +512,29 @@ static void test_gdn(const td_config *g) {
     free(hco); free(ho); free(got); free(gpool); free(go); free(go1); free(full1);
 }
 
+/* fill_random: the same bytes as the CPU op, every dtype and mode, odd sizes and a grid-stride-sized fill */
+static void test_fill_random(void) {
+    static const td_dtype dts[] = {TD_DTYPE_F32, TD_DTYPE_BF16, TD_DTYPE_F8_E4M3, TD_DTYPE_NVFP4};
+    static const size_t ns[] = {2, 1000, 65536 * 3 + 10, (size_t)256 * 65536 + 4096}; /* the last: more than one grid */
+    for (int d = 0; d < 4; d++)
+        for (int k = 0; k < 4; k++)
+            for (int mode = 0; mode < 2; mode++) {
+                size_t n = ns[k], bytes = dts[d] == TD_DTYPE_NVFP4 ? n / 2 : n * td_dtype_size(dts[d]);
+                float v = mode ? 0.75f : (dts[d] == TD_DTYPE_F8_E4M3 ? 448.0f : dts[d] == TD_DTYPE_NVFP4 ? 6.0f : 0.03f);
+                unsigned char *hc = cpu->ops->alloc(cpu, bytes), *hd = malloc(bytes);
+                void *dd = cu->ops->alloc(cu, bytes);
+                cpu->ops->fill_random(cpu, hc, dts[d], n, 99 + (uint64_t)k, (td_fill_mode)mode, v);
+                cu->ops->fill_random(cu, dd, dts[d], n, 99 + (uint64_t)k, (td_fill_mode)mode, v);
+                td_bk_download(cu, hd, dd, bytes);
+                size_t at = 0;
+                while (at < bytes && hc[at] == hd[at]) at++;
+                CHECK(at == bytes, "fill_random %s n %zu mode %d: byte %zu differs", td_dtype_name(dts[d]), n, mode, at);
+                cu->ops->free(cu, dd);
+                cpu->ops->free(cpu, hc);
+                free(hd);
+            }
+}
+
 int main(void) {
     td_err err;
     /* TEST_BACKEND_CUDA_STANDIN=guard runs every check with the guard backend in
@@ -541,6 +564,7 @@ int main(void) {
     test_rows();
     test_kv();
     test_sample();
+    test_fill_random();
     td_config g;
     memset(&g, 0, sizeof g);
     g.n_layers = 2; g.n_full_attn = 1; /* one DeltaNet layer */
