@@ -98,7 +98,7 @@ void td_engine_kv_info(const td_engine *eng, td_kv_info *out);
  * memory planner (tandem plan --device cpu) predicts. */
 typedef struct td_memory_info {
     size_t weights_mapped;     /* safetensors files, memory-mapped */
-    size_t weights_owned;      /* f32 copies of norms, conv1d, dt_bias, A */
+    size_t weights_owned;      /* f32 copies of norms, conv1d, dt_bias, A (a generated model, td_engine_load_random: all its weights, in backend memory) */
     size_t kv_pool;            /* paged KV blocks + block tables + hash map */
     size_t prefix_checkpoints; /* DeltaNet states etc. held by prefix-cache checkpoints */
     size_t deltanet_state;     /* live sessions: state + verify checkpoints */
