@@ -101,7 +101,7 @@ typedef struct td_backend_ops {
      * pointer itself, no copy); NULL when out of memory. weight_free undoes it. */
     const void *(*weight_load)(td_backend *b, const void *host, size_t bytes);
     void (*weight_free)(td_backend *b, const void *dev);
-    /* n elements of dtype (F32, BF16, F8_E4M3, NVFP4: n even, n/2 bytes) at dst, element i a
+    /* n elements of dtype (F32, BF16, F8_E4M3, NVFP4: n even, n/2 bytes; Q8: its int8 data) at dst, element i a
      * pure function of (seed, i) (backend/fill_random.h): TD_FILL_UNIFORM uniform in
      * [-value, value), TD_FILL_CONST every element `value`, rounded to the dtype. Every backend
      * writes the same bytes: weights generated in backend memory (td_model_random). */

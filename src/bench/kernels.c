@@ -127,10 +127,10 @@ static int bench_model(const kbench_opts *o, double bw, FILE *out) {
     if (o->random_config) {
         const char *d = o->random_dtype ? o->random_dtype : "bf16";
         td_random_spec rs = {.dtype = !strcmp(d, "f32") ? TD_DTYPE_F32 : !strcmp(d, "fp8") ? TD_DTYPE_F8_E4M3 : !strcmp(d, "nvfp4") ? TD_DTYPE_NVFP4
-                                                                                                                                : TD_DTYPE_BF16,
+                                    : !strcmp(d, "q8") ? TD_DTYPE_Q8 : TD_DTYPE_BF16,
                              .seed = 1, .mtp_mix = o->mtp_mix, .hidden = o->r_hidden, .layers = o->r_layers, .vocab = o->r_vocab};
-        if (strcmp(d, "f32") && strcmp(d, "bf16") && strcmp(d, "fp8") && strcmp(d, "nvfp4")) {
-            fprintf(stderr, "tandem kernels: a random model's --dtype is bf16, f32, fp8 or nvfp4, got %s\n", d);
+        if (strcmp(d, "f32") && strcmp(d, "bf16") && strcmp(d, "fp8") && strcmp(d, "nvfp4") && strcmp(d, "q8")) {
+            fprintf(stderr, "tandem kernels: a random model's --dtype is bf16, f32, fp8, nvfp4 or q8, got %s\n", d);
             return 1;
         }
         if (td_engine_load_random(o->random_config, &rs, &eo, &eng, &err)) { fprintf(stderr, "tandem kernels: %s\n", err.msg); return 1; }
@@ -208,7 +208,8 @@ int td_kbench_run(const kbench_opts *o, FILE *out) {
     fprintf(out, "# tandem kernels: best isa %s, %d threads, load average %.2f\n\n", td_isa_name(td_kernels_best_isa()), b->n_threads, la[0]);
     double bw = probe_gbs(b, o->probe_mb, o->reps);
     fprintf(out, "bandwidth probe (read, %d MB, median of %d): %.1f GB/s\n", o->probe_mb, o->reps, bw);
-    if (o->mm_mb > 0) bench_matmul(b, o, bw, out);
+    if (o->mm_mb > 0 && !strcmp(o->mm_dtype, "q8")) fprintf(out, "\nmatmul table: skipped (no synthetic q8 weight)\n");
+    else if (o->mm_mb > 0) bench_matmul(b, o, bw, out);
     td_backend_free(b);
     return o->model_dir || o->random_config ? bench_model(o, bw, out) : 0;
 }

@@ -15,7 +15,8 @@ static int usage(void) {
            "  and with -m or --random-config: decode tokens/s (depth 0), verify cost t(k+1)/t(1), prefill tokens/s\n"
            "  -m, --model DIR     model for the decode / verify / prefill rows (default: none, kernels only)\n"
            "  --random-config FILE  instead of -m: a random-weight model of this config.json generated in the\n"
-           "                      backend's memory (no weight files), its linear weights in --dtype (bf16, f32, fp8, nvfp4)\n"
+           "                      backend's memory (no weight files), its linear weights in --dtype (bf16, f32, fp8, nvfp4,\n"
+           "                      q8; the matmul table has no q8 and is skipped with it)\n"
            "  --mtp-mix F         with it: an MTP head that partly agrees with the trunk (make_random_model.py --mtp F,\n"
            "                      0..100: 0 agrees always); default -1 = no MTP head\n"
            "  --hidden N, --layers N, --vocab N  with it: the config scaled down as make_random_model.py (default: as is)\n"
@@ -92,8 +93,8 @@ int td_cmd_kernels(int argc, char **argv) {
             o.backend = v;
         }
         else if (!strcmp(a, "--dtype")) {
-            if (strcmp(v, "bf16") && strcmp(v, "f32") && strcmp(v, "f16") && strcmp(v, "fp8") && strcmp(v, "nvfp4")) {
-                fprintf(stderr, "tandem kernels: --dtype must be one of bf16, f32, f16, fp8, nvfp4, got \"%s\"\n", v);
+            if (strcmp(v, "bf16") && strcmp(v, "f32") && strcmp(v, "f16") && strcmp(v, "fp8") && strcmp(v, "nvfp4") && strcmp(v, "q8")) {
+                fprintf(stderr, "tandem kernels: --dtype must be one of bf16, f32, f16, fp8, nvfp4, q8, got \"%s\"\n", v);
                 return 2;
             }
             o.mm_dtype = v;
@@ -131,6 +132,10 @@ int td_cmd_kernels(int argc, char **argv) {
             if (o.n_prefill == 1 && o.prefill[0] == 0) o.n_prefill = 0;
         }
         if (rc) return rc;
+    }
+    if (!strcmp(o.mm_dtype, "q8") && !o.random_config) {
+        fprintf(stderr, "tandem kernels: --dtype q8 is for --random-config (a loaded model: --quantize q8)\n");
+        return 2;
     }
     if (o.model_dir && o.random_config) { fprintf(stderr, "tandem kernels: -m and --random-config exclude each other\n"); return 2; }
     if (!o.random_config && (o.r_hidden || o.r_layers || o.r_vocab || o.mtp_mix >= 0)) {

@@ -20,9 +20,11 @@
 #include "model/model.h"
 
 typedef struct td_random_spec {
-    td_dtype dtype;    /* linear weights: F32, BF16, F8_E4M3 (128 x 128 F32 block scales) or NVFP4 (fp8
-                          scales per 16 inputs, global scale); the embedding, lm_head and MTP fc are BF16
-                          (F32 when dtype is F32), and so is a linear weight whose in_features % 16 != 0 */
+    td_dtype dtype;    /* linear weights: F32, BF16, F8_E4M3 (128 x 128 F32 block scales), NVFP4 (fp8
+                          scales per 16 inputs, global scale) or Q8 (F32 scales per 32 inputs, as
+                          --quantize q8 makes); the embedding, lm_head and MTP fc are BF16 (F32 when
+                          dtype is F32), and so is a linear weight whose in_features is not a multiple
+                          of the format's block (16; Q8: 32) */
     uint64_t seed;     /* the weights are a pure function of (config, spec) */
     float mtp_mix;     /* < 0: no MTP head; >= 0: the head above with MIX = mtp_mix (at most 100) */
     int hidden, layers, vocab; /* 0: as the config; else scaled as make_random_model.py (td_config_scale) */

@@ -514,13 +514,13 @@ static void test_gdn(const td_config *g) {
 
 /* fill_random: the same bytes as the CPU op, every dtype and mode, odd sizes and a grid-stride-sized fill */
 static void test_fill_random(void) {
-    static const td_dtype dts[] = {TD_DTYPE_F32, TD_DTYPE_BF16, TD_DTYPE_F8_E4M3, TD_DTYPE_NVFP4};
+    static const td_dtype dts[] = {TD_DTYPE_F32, TD_DTYPE_BF16, TD_DTYPE_F8_E4M3, TD_DTYPE_NVFP4, TD_DTYPE_Q8};
     static const size_t ns[] = {2, 1000, 65536 * 3 + 10, (size_t)256 * 65536 + 4096}; /* the last: more than one grid */
-    for (int d = 0; d < 4; d++)
+    for (int d = 0; d < 5; d++)
         for (int k = 0; k < 4; k++)
             for (int mode = 0; mode < 2; mode++) {
-                size_t n = ns[k], bytes = dts[d] == TD_DTYPE_NVFP4 ? n / 2 : n * td_dtype_size(dts[d]);
-                float v = mode ? 0.75f : (dts[d] == TD_DTYPE_F8_E4M3 ? 448.0f : dts[d] == TD_DTYPE_NVFP4 ? 6.0f : 0.03f);
+                size_t n = ns[k], bytes = dts[d] == TD_DTYPE_NVFP4 ? n / 2 : dts[d] == TD_DTYPE_Q8 ? n : n * td_dtype_size(dts[d]);
+                float v = mode ? 0.75f : (dts[d] == TD_DTYPE_F8_E4M3 ? 448.0f : dts[d] == TD_DTYPE_NVFP4 ? 6.0f : dts[d] == TD_DTYPE_Q8 ? 127.0f : 0.03f);
                 unsigned char *hc = cpu->ops->alloc(cpu, bytes), *hd = malloc(bytes);
                 void *dd = cu->ops->alloc(cu, bytes);
                 cpu->ops->fill_random(cpu, hc, dts[d], n, 99 + (uint64_t)k, (td_fill_mode)mode, v);

@@ -1,11 +1,11 @@
 /* Random-weight models generated in backend memory (model/random_model.h):
  *  - fill_random of every dtype equals a plain C reference of its hash
  *    (written here from the definition in backend/fill_random.h, with
- *    brute-force nearest-value rounding for fp8 / e2m1), at several offsets
+ *    brute-force nearest-value rounding for fp8 / e2m1), Q8 included, at several offsets
  *    of a fill that spans many of the CPU's tasks, on the CPU and the guard;
  *    a CUDA run can be checked against the same reference (TANDEM_BACKEND);
  *  - the generated model gives bit-identical logits on the CPU and the guard
- *    (BF16, FP8, NVFP4), and generation is a pure function of the seed;
+ *    (BF16, FP8, NVFP4, Q8), and generation is a pure function of the seed;
  *  - the MTP head of the --mtp MIX construction: MIX 0 drafts are accepted
  *    100% (greedy, depth 1), MIX 5 partly (on this small config the trunk's
  *    writes are small against the rms-1 embedding: MIX 0.05 to 1 still gives
@@ -55,6 +55,7 @@ static uint8_t ref_e4m3(double v) { /* saturating at 448 = code 0x7e */
     return (uint8_t)(sign | nearest(fabs(v), 0x7e, e4m3_val));
 }
 static uint8_t ref_e2m1(double v) { return (uint8_t)((signbit(v) ? 8 : 0) | nearest(fabs(v), 7, e2m1_val)); }
+static int8_t ref_q8(double v) { double q = nearbyint(v); return (int8_t)(q > 127 ? 127 : q < -127 ? -127 : q); }
 static uint16_t ref_bf16(double v) { /* nearest of the two bf16 neighbours, ties to even */
     float f = (float)v;
     uint32_t u;
@@ -71,7 +72,7 @@ static uint16_t ref_bf16(double v) { /* nearest of the two bf16 neighbours, ties
 #define NFILL 300000 /* elements: several 65536-element tasks of the CPU op */
 
 static void check_fill(td_backend *b, td_dtype dt, td_fill_mode mode, float value, uint64_t seed) {
-    size_t bytes = dt == TD_DTYPE_NVFP4 ? NFILL / 2 : NFILL * td_dtype_size(dt);
+    size_t bytes = dt == TD_DTYPE_NVFP4 ? NFILL / 2 : dt == TD_DTYPE_Q8 ? NFILL : NFILL * td_dtype_size(dt);
     void *d = b->ops->alloc(b, bytes);
     unsigned char *h = malloc(bytes);
     b->ops->fill_random(b, d, dt, NFILL, seed, mode, value);
@@ -86,6 +87,7 @@ static void check_fill(td_backend *b, td_dtype dt, td_fill_mode mode, float valu
             if (dt == TD_DTYPE_F32) { float f; memcpy(&f, h + 4 * i, 4); ok = (double)f == v; maxabs = fmax(maxabs, fabs(f)); sum += f; }
             else if (dt == TD_DTYPE_BF16) { uint16_t x; memcpy(&x, h + 2 * i, 2); ok = x == ref_bf16(v); }
             else if (dt == TD_DTYPE_F8_E4M3) ok = h[i] == ref_e4m3(v);
+            else if (dt == TD_DTYPE_Q8) ok = (int8_t)h[i] == ref_q8(v);
             else ok = ((h[i / 2] >> ((i & 1) * 4)) & 15) == ref_e2m1(v);
             if (!ok && bad++ < 3) fprintf(stderr, "  %s element %zu (value %.9g)\n", td_dtype_name(dt), i, v);
             checked++;
@@ -104,11 +106,12 @@ static void test_fill(const char *backend) {
     td_err err = {0};
     td_backend *b;
     if (td_backend_create(backend, 2, &b, &err)) { CHECK(0, "%s: %s", backend, err.msg); return; }
-    td_dtype dts[] = {TD_DTYPE_F32, TD_DTYPE_BF16, TD_DTYPE_F8_E4M3, TD_DTYPE_NVFP4};
-    float scales[] = {0.03f, 448.0f, 6.0f, 1.7320508f};
-    for (int d = 0; d < 4; d++) {
-        for (int s = 0; s < 4; s++) check_fill(b, dts[d], TD_FILL_UNIFORM, scales[s], 7 + (uint64_t)s);
-        check_fill(b, dts[d], TD_FILL_CONST, d == 3 ? 1.0f : 0.03f / 448.0f, 3);
+    td_dtype dts[] = {TD_DTYPE_F32, TD_DTYPE_BF16, TD_DTYPE_F8_E4M3, TD_DTYPE_NVFP4, TD_DTYPE_Q8};
+    float scales[] = {0.03f, 448.0f, 6.0f, 1.7320508f, 127.0f};
+    float consts[] = {0.03f / 448.0f, 1.0f, 2.5f, 0.75f, 0.25f, -1.25f}; /* ties of e2m1 and q8 rounding among them */
+    for (int d = 0; d < 5; d++) {
+        for (int s = 0; s < 5; s++) check_fill(b, dts[d], TD_FILL_UNIFORM, scales[s], 7 + (uint64_t)s);
+        for (int s = 0; s < 6; s++) check_fill(b, dts[d], TD_FILL_CONST, consts[s], 3);
     }
     /* the seed matters: two seeds, different bytes */
     uint16_t *x = b->ops->alloc(b, 2 * 4096), *y = b->ops->alloc(b, 2 * 4096);
@@ -269,8 +272,8 @@ static void test_config(void) {
     rs.mtp_mix = 200.0f;
     CHECK(td_model_random(&c, &rs, b, &m, &err) == TD_ERR_ARG && m == NULL, "mtp_mix 200 accepted");
     rs.mtp_mix = -1.0f;
-    rs.dtype = TD_DTYPE_Q8;
-    CHECK(td_model_random(&c, &rs, b, &m, &err) == TD_ERR_ARG && m == NULL, "dtype Q8 accepted");
+    rs.dtype = TD_DTYPE_F16;
+    CHECK(td_model_random(&c, &rs, b, &m, &err) == TD_ERR_ARG && m == NULL, "dtype F16 accepted");
     td_backend_free(b);
     td_engine_opts o = {.n_threads = 1, .quantize = 1};
     td_engine *e = NULL;
@@ -288,6 +291,7 @@ int main(void) {
     test_cpu_guard(TD_DTYPE_BF16);
     test_cpu_guard(TD_DTYPE_F8_E4M3);
     test_cpu_guard(TD_DTYPE_NVFP4);
+    test_cpu_guard(TD_DTYPE_Q8);
     test_mtp();
     TEST_MAIN_END("test_random_model");
 }

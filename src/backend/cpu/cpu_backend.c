@@ -52,27 +52,42 @@ typedef struct {
 static void fill_task(void *ctx, int task) {
     const fill_job *j = ctx;
     size_t i0 = (size_t)task * FILL_CHUNK, i1 = i0 + FILL_CHUNK < j->n ? i0 + FILL_CHUNK : j->n;
-    uint64_t key = j->key;
+    /* locals: a byte store may alias the job, which would reload it every element */
+    const uint64_t key = j->key;
+    const int c = j->constant;
+    const float v = j->value;
     switch (j->dtype) {
-    case TD_DTYPE_F32:
-        for (size_t i = i0; i < i1; i++) ((float *)j->dst)[i] = td_rand_value(key, i, j->constant, j->value);
+    case TD_DTYPE_F32: {
+        float *d = j->dst;
+        for (size_t i = i0; i < i1; i++) d[i] = td_rand_value(key, i, c, v);
         break;
-    case TD_DTYPE_BF16:
-        for (size_t i = i0; i < i1; i++) ((uint16_t *)j->dst)[i] = td_rand_bf16(td_rand_value(key, i, j->constant, j->value));
+    }
+    case TD_DTYPE_BF16: {
+        uint16_t *d = j->dst;
+        for (size_t i = i0; i < i1; i++) d[i] = td_rand_bf16(td_rand_value(key, i, c, v));
         break;
-    case TD_DTYPE_F8_E4M3:
-        for (size_t i = i0; i < i1; i++) ((uint8_t *)j->dst)[i] = td_rand_e4m3(td_rand_value(key, i, j->constant, j->value));
+    }
+    case TD_DTYPE_F8_E4M3: {
+        uint8_t *d = j->dst;
+        for (size_t i = i0; i < i1; i++) d[i] = td_rand_e4m3(td_rand_value(key, i, c, v));
         break;
-    default: /* NVFP4 (checked by the op) */
+    }
+    case TD_DTYPE_Q8: {
+        int8_t *d = j->dst;
+        for (size_t i = i0; i < i1; i++) d[i] = td_rand_q8(td_rand_value(key, i, c, v));
+        break;
+    }
+    default: { /* NVFP4 (checked by the op) */
+        uint8_t *d = j->dst;
         for (size_t i = i0; i < i1; i += 2)
-            ((uint8_t *)j->dst)[i / 2] = (uint8_t)(td_rand_e2m1(td_rand_value(key, i, j->constant, j->value)) |
-                                                   td_rand_e2m1(td_rand_value(key, i + 1, j->constant, j->value)) << 4);
+            d[i / 2] = (uint8_t)(td_rand_e2m1(td_rand_value(key, i, c, v)) | td_rand_e2m1(td_rand_value(key, i + 1, c, v)) << 4);
+    }
     }
 }
 
 static void cpu_fill_random(td_backend *b, void *dst, td_dtype dtype, size_t n, uint64_t seed, td_fill_mode mode, float value) {
-    TD_ASSERT((dtype == TD_DTYPE_F32 || dtype == TD_DTYPE_BF16 || dtype == TD_DTYPE_F8_E4M3 || dtype == TD_DTYPE_NVFP4) &&
-              "fill_random: F32, BF16, F8_E4M3 or NVFP4");
+    TD_ASSERT((dtype == TD_DTYPE_F32 || dtype == TD_DTYPE_BF16 || dtype == TD_DTYPE_F8_E4M3 || dtype == TD_DTYPE_NVFP4 ||
+               dtype == TD_DTYPE_Q8) && "fill_random: F32, BF16, F8_E4M3, NVFP4 or Q8");
     TD_ASSERT((dtype != TD_DTYPE_NVFP4 || n % 2 == 0) && "fill_random: NVFP4 fills whole bytes");
     TD_ASSERT(n / FILL_CHUNK < (size_t)1 << 30);
     if (!n) return;

@@ -167,13 +167,14 @@ static __global__ void fill_random_kernel(void *dst, int dtype, size_t n, uint64
         float v = td_rand_value(key, i, constant, value);
         if (dtype == TD_DTYPE_F32) ((float *)dst)[i] = v;
         else if (dtype == TD_DTYPE_BF16) ((uint16_t *)dst)[i] = td_rand_bf16(v);
+        else if (dtype == TD_DTYPE_Q8) ((int8_t *)dst)[i] = td_rand_q8(v);
         else ((uint8_t *)dst)[i] = td_rand_e4m3(v);
     }
 }
 
 extern "C" void td_cuda_fill_random(td_backend *b, void *dst, td_dtype dtype, size_t n, uint64_t seed, td_fill_mode mode, float value) {
-    TD_ASSERT((dtype == TD_DTYPE_F32 || dtype == TD_DTYPE_BF16 || dtype == TD_DTYPE_F8_E4M3 || dtype == TD_DTYPE_NVFP4) &&
-              "fill_random: F32, BF16, F8_E4M3 or NVFP4");
+    TD_ASSERT((dtype == TD_DTYPE_F32 || dtype == TD_DTYPE_BF16 || dtype == TD_DTYPE_F8_E4M3 || dtype == TD_DTYPE_NVFP4 ||
+               dtype == TD_DTYPE_Q8) && "fill_random: F32, BF16, F8_E4M3, NVFP4 or Q8");
     TD_ASSERT((dtype != TD_DTYPE_NVFP4 || n % 2 == 0) && "fill_random: NVFP4 fills whole bytes");
     if (!n) return;
     size_t items = dtype == TD_DTYPE_NVFP4 ? n / 2 : n;
