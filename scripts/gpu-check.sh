@@ -11,23 +11,31 @@
 #   4. a short decode / verify / prefill timing of the demo model on the GPU;
 #   5. the same rows at the full Qwen3.6-27B config in BF16, FP8 and NVFP4, the
 #      weights generated on the GPU (--random-config: no weight files), each
-#      bounded (timeout 90: the step takes at most 4.5 minutes).
+#      bounded (60 s each).
+# The whole script stays under BUDGET seconds (default 460, under 8 minutes): each
+# step's timeout is its own cap or what is left of the budget, whichever is smaller,
+# and a step with under 10 s left is skipped (and counts as failed).
 # Usage: sh scripts/gpu-check.sh    (BUILD=dir to build elsewhere; FULL=1: every C test in step 3)
 # Logs: $BUILD/gpu-*.log. Exit status: non-zero when a step failed.
 set -u
 cd "$(dirname "$0")/.."
 BUILD=${BUILD:-build-gpu}
 fail=0
+END=$(( $(date +%s) + ${BUDGET:-460} ))
+# t CAP: seconds for the next step, at most CAP and what the budget has left
+t() { left=$(( END - $(date +%s) )); [ "$left" -lt "$1" ] && echo "$left" || echo "$1"; }
+# run CAP cmd...: the command under timeout t(CAP); skipped when under 10 s are left
+run() { cap=$(t "$1"); shift; if [ "$cap" -lt 10 ]; then echo "gpu-check: out of time, skipped: $*"; return 1; fi; timeout "$cap" "$@"; }
 nvidia-smi -L || { echo "gpu-check: no GPU here (nvidia-smi failed)"; exit 1; }
 ARCH=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -n 1 | tr -d ' .')
 echo "gpu-check: building $BUILD for sm_${ARCH:-90}"
 mkdir -p "$BUILD"
-if ! make BUILD="$BUILD" CUDA=1 CUDA_ARCHS="${ARCH:-90}" -j"$(nproc)" all tests > "$BUILD/gpu-build.log" 2>&1; then
+if ! run 180 make BUILD="$BUILD" CUDA=1 CUDA_ARCHS="${ARCH:-90}" -j"$(nproc)" all tests > "$BUILD/gpu-build.log" 2>&1; then
   tail -n 30 "$BUILD/gpu-build.log"; echo "gpu-check: build failed"; exit 1
 fi
 
 echo "== 1. op by op (test_backend_cuda)"
-timeout 120 "$BUILD/tests/test_backend_cuda" > "$BUILD/gpu-ops.log" 2>&1 || fail=1
+run 60 "$BUILD/tests/test_backend_cuda" > "$BUILD/gpu-ops.log" 2>&1 || fail=1
 tail -n 25 "$BUILD/gpu-ops.log"
 
 echo "== 2. the C tests on the cuda backend"
@@ -35,7 +43,7 @@ echo "== 2. the C tests on the cuda backend"
 TESTS="test_backend_cuda test_golden test_demo test_spec test_kv test_kv_pressure test_gdn_chunk test_quant \
 test_quant_load test_real_ckpt test_sched test_preempt test_logit_bias test_constraint test_autodepth test_random_model"
 [ "${FULL:-0}" = 1 ] && TESTS=""
-BUILD="$BUILD" TANDEM_BACKEND=cuda TANDEM_SKIP_PY=1 TANDEM_TESTS="$TESTS" timeout 300 sh tests/run_all.sh \
+BUILD="$BUILD" TANDEM_BACKEND=cuda TANDEM_SKIP_PY=1 TANDEM_TESTS="$TESTS" run 150 sh tests/run_all.sh \
   > "$BUILD/gpu-suite.log" 2>&1 || fail=1
 grep -E '^FAIL|exited with|: [0-9]+ passed, [1-9][0-9]* failed' "$BUILD/gpu-suite.log" | head -n 20
 echo "cuda suite: $(tail -n 1 "$BUILD/gpu-suite.log")"
@@ -43,14 +51,14 @@ echo "cuda suite: $(tail -n 1 "$BUILD/gpu-suite.log")"
 echo "== 3. timing: demo model, decode / verify t(k+1)/t(1) / prefill on cuda"
 # `tandem kernels` opens its model rows through td_engine_load, which takes
 # $TANDEM_BACKEND; its bandwidth probe is the host's (a CPU backend).
-TANDEM_BACKEND=cuda timeout 90 "$BUILD/tandem" kernels -m models/demo --probe-mb 16 --mm-mb 0 --prefill 512 --max-k 6 \
+TANDEM_BACKEND=cuda run 45 "$BUILD/tandem" kernels -m models/demo --probe-mb 16 --mm-mb 0 --prefill 512 --max-k 6 \
   --reps 3 > "$BUILD/gpu-timing.log" 2>&1 || fail=1
 tail -n 20 "$BUILD/gpu-timing.log"
-timeout 60 "$BUILD/tandem" run --device cuda -m models/demo -p "The capital of France is" -n 16 --stats || fail=1
+run 30 "$BUILD/tandem" run --device cuda -m models/demo -p "The capital of France is" -n 16 --stats || fail=1
 
 echo "== 4. timing: Qwen3.6-27B config, random weights generated on the GPU, bf16 / fp8 / nvfp4"
 for dt in bf16 fp8 nvfp4; do
-  timeout 90 "$BUILD/tandem" kernels --random-config tests/data/configs/qwen3.6-27b.config.json --device cuda --dtype $dt \
+  run 60 "$BUILD/tandem" kernels --random-config tests/data/configs/qwen3.6-27b.config.json --device cuda --dtype $dt \
     --probe-mb 16 --mm-mb 0 --reps 1 --prefill 512,4096 --max-k 4 > "$BUILD/gpu-27b-$dt.log" 2>&1 || fail=1
   grep -v "^$" "$BUILD/gpu-27b-$dt.log" | tail -n 14
 done
