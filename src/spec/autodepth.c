@@ -215,13 +215,16 @@ double td_ad_choose(td_ad_costs *c, td_ad_req *r, int n, int extra_tokens) {
             for (int j = 0; j < TD_MAX_SPEC_DEPTH; j++)
                 if (rows[j] > 0) others_max = j + 1;
             int best = 0;
-            double br = -1;
+            double br = -1, rts[TD_MAX_SPEC_DEPTH + 1];
             for (int k = 0; k <= r[i].kmax; k++) {
                 if (k > 0) rows[k - 1]++;
                 int mk = k > others_max ? k : others_max;
-                double rt = rate_of(c, e0 + td_ad_expected(r[i].p, k), t0 + k + 1, rows, mk);
-                if (rt > br * (1 + 1e-9)) { br = rt; best = k; }
+                rts[k] = rate_of(c, e0 + td_ad_expected(r[i].p, k), t0 + k + 1, rows, mk);
+                if (rts[k] > br * (1 + 1e-9)) { br = rts[k]; best = k; }
             }
+            /* the deepest k within TD_AD_DEEPER_MARGIN of the best (see autodepth.h) */
+            for (int k = r[i].kmax; k > best; k--)
+                if (rts[k] >= br * (1 - TD_AD_DEEPER_MARGIN)) { best = k; br = rts[k]; break; }
             for (int k = r[i].kmax; k > best; k--) rows[k - 1]--;
             r[i].k = best;
             e = e0 + td_ad_expected(r[i].p, best);

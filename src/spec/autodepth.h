@@ -57,6 +57,12 @@
 #define TD_AD_GLOBAL_DECAY 0.995
 #define TD_AD_PRIOR_WEIGHT 4.0 /* pseudo-observations a request starts with from the engine-wide figures */
 #define TD_AD_COST_ALPHA 0.2  /* weight of a new measurement in a cost entry */
+/* A deeper k whose predicted rate is within this fraction of the best is taken:
+ * the acceptance of positions beyond the k in use is never observed (td_ad_observe
+ * sees only the drafted positions), so a request drafting at k holds stale, and in
+ * practice low, estimates for k+1 (on the 27B-proportioned model auto split 3/4
+ * where depth 4 measured 25% faster: bench/results/autodepth-quiet-2026-12-01.md). */
+#define TD_AD_DEEPER_MARGIN 0.02
 
 /* Decayed conditional acceptance per position: p_j = a[j] / n[j]
  * (j = 0 is the first draft). */

@@ -5,6 +5,7 @@
  * interpolation; the probe schedule; the decayed acceptance; the forced
  * schedule of the test hook. */
 #include <math.h>
+#include <string.h>
 #include "check.h"
 #include "spec/autodepth.h"
 
@@ -64,6 +65,28 @@ int main(void) {
     CHECK(a1 == 3, "1 row: depth %d, want 3", a1);
     CHECK(b2 < a1 && b2 >= 1, "2 rows: depth %d-%d, want fewer than %d", a2, b2, a1);
     CHECK(b4 <= a2 && b8 == 0, "4 rows: %d-%d, 8 rows: %d-%d", a4, b4, a8, b8);
+    /* TD_AD_DEEPER_MARGIN: a deeper k predicted within 2% of the best is taken (the acceptance of
+     * positions past the k in use goes unobserved), one 4% worse is not. The 4th position's
+     * acceptance is set so that rate(4) / rate(3) is 0.99 and then 0.96. */
+    {
+        table(&c, 1.0, 0.05, false, 0.05);
+        int picked[2] = {-1, -1};
+        const double want[2][2] = {{0.985, 0.995}, {0.955, 0.965}};
+        for (int w = 0; w < 2; w++)
+            for (int q = 0; q <= 1000 && picked[w] < 0; q++) {
+                td_ad_req r3 = {.kmax = 4, .k = 3, .fixed = true}, r4 = {.kmax = 4, .k = 4, .fixed = true};
+                for (int j = 0; j < TD_MAX_SPEC_DEPTH; j++) r3.p[j] = r4.p[j] = j < 3 ? 0.9 : 0.001 * q;
+                double ratio = td_ad_rate(&c, &r4, 1, 0) / td_ad_rate(&c, &r3, 1, 0);
+                if (ratio >= want[w][0] && ratio <= want[w][1]) {
+                    td_ad_req r = {.kmax = 4};
+                    memcpy(r.p, r4.p, sizeof r.p);
+                    td_ad_choose(&c, &r, 1, 0);
+                    picked[w] = r.k;
+                }
+            }
+        CHECK(picked[0] == 4, "depth 4 predicted at 0.99 of depth 3: chose %d, want 4", picked[0]);
+        CHECK(picked[1] == 3, "depth 4 predicted at 0.96 of depth 3: chose %d, want 3", picked[1]);
+    }
     /* the rate matches the formula with one request */
     {
         td_ad_req r = {.kmax = 4, .k = 2, .fixed = true};
