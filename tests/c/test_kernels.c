@@ -147,6 +147,29 @@ static void run_mm(int threads, const td_tensor *W, const float *x, int M, float
     bk[threads]->ops->matmul(bk[threads], W, x, M, y);
 }
 
+/* One test case's weights and buffers: x [CASE_MBIG, K] random, outputs y16
+ * [16, N], y [CASE_MBIG, N], aux [16, N] (a second M = 16 result), row1 [N]. */
+enum { CASE_MBIG = 70 };
+typedef struct {
+    wmat w;
+    float *x, *y16, *y, *aux, *row1;
+} case_bufs;
+
+static void bufs_new(wcase c, int64_t N, int64_t K, case_bufs *b) {
+    make_w(c, N, K, &b->w);
+    b->x = malloc(sizeof(float) * (size_t)(CASE_MBIG * K));
+    for (int64_t i = 0; i < CASE_MBIG * K; i++) b->x[i] = frand();
+    b->y16 = malloc(sizeof(float) * (size_t)(16 * N));
+    b->y = malloc(sizeof(float) * (size_t)(CASE_MBIG * N));
+    b->aux = malloc(sizeof(float) * (size_t)(16 * N));
+    b->row1 = malloc(sizeof(float) * (size_t)N);
+}
+
+static void bufs_free(case_bufs *b) {
+    free(b->x); free(b->y); free(b->y16); free(b->aux); free(b->row1);
+    free_w(&b->w);
+}
+
 /* Batch, prefill-row and thread invariance against y16 (the M = 16 result on 2
  * threads): M = 1..15 and a prefill-sized MBIG give the same rows bit for bit,
  * rows 16..MBIG-1 (the prefill panel path) equal M = 1 on that row, and 1..3
@@ -171,13 +194,11 @@ static void invariance(const td_tensor *W, const float *x, int64_t N, int64_t K,
 }
 
 static void test_case(wcase c, int64_t N, int64_t K, const td_isa *isas, int n_isas) {
-    wmat w;
-    make_w(c, N, K, &w);
-    const int MBIG = 70;
-    float *x = malloc(sizeof(float) * (size_t)(MBIG * K));
-    for (int64_t i = 0; i < MBIG * K; i++) x[i] = frand();
-    float *y16 = malloc(sizeof(float) * (size_t)(16 * N)), *y = malloc(sizeof(float) * (size_t)(MBIG * N));
-    float *first = malloc(sizeof(float) * (size_t)(16 * N)), *row1 = malloc(sizeof(float) * (size_t)N);
+    case_bufs cb;
+    bufs_new(c, N, K, &cb);
+    const int MBIG = CASE_MBIG;
+    wmat w = cb.w;
+    float *x = cb.x, *y16 = cb.y16, *y = cb.y, *first = cb.aux, *row1 = cb.row1;
     for (int ii = 0; ii < n_isas; ii++) {
         for (int t = 1; t <= 3; t++) bk[t]->isa = (int)isas[ii];
         const char *in = td_isa_name(isas[ii]);
@@ -212,8 +233,7 @@ static void test_case(wcase c, int64_t N, int64_t K, const td_isa *isas, int n_i
                   (long long)N, (long long)K);
     }
     for (int t = 1; t <= 3; t++) bk[t]->isa = (int)td_kernels_best_isa();
-    free(x); free(y); free(y16); free(first); free(row1);
-    free_w(&w);
+    bufs_free(&cb);
 }
 
 /* RNE to BF16 and back (finite inputs): what td_x_to_bf16 does to x. */
@@ -234,13 +254,11 @@ static float bf16_round(float f) {
  * - the same batch / thread invariance as the f32 path (bit for bit), and the
  *   result differs from the f32 path (the BF16 path really ran). */
 static void test_case_bf16(wcase c, int64_t N, int64_t K) {
-    wmat w;
-    make_w(c, N, K, &w);
-    const int MBIG = 70;
-    float *x = malloc(sizeof(float) * (size_t)(MBIG * K));
-    for (int64_t i = 0; i < MBIG * K; i++) x[i] = frand();
-    float *y16 = malloc(sizeof(float) * (size_t)(16 * N)), *y = malloc(sizeof(float) * (size_t)(MBIG * N));
-    float *yf = malloc(sizeof(float) * (size_t)(16 * N)), *row1 = malloc(sizeof(float) * (size_t)N);
+    case_bufs cb;
+    bufs_new(c, N, K, &cb);
+    const int MBIG = CASE_MBIG;
+    wmat w = cb.w;
+    float *x = cb.x, *y16 = cb.y16, *y = cb.y, *yf = cb.aux, *row1 = cb.row1;
     for (int t = 1; t <= 3; t++) bk[t]->isa = TD_ISA_AVX512;
     run_mm(2, &w.t, x, 16, yf); /* f32 path */
     for (int t = 1; t <= 3; t++) bk[t]->precision = TD_PRECISION_BF16;
@@ -271,8 +289,7 @@ static void test_case_bf16(wcase c, int64_t N, int64_t K) {
     CHECK(diff_m == 0 && diff_rows == 0 && diff_t == 0, "bf16 %s N=%lld K=%lld: %d batch sizes, %d prefill rows, %d thread counts differ",
           case_names[c], (long long)N, (long long)K, diff_m, diff_rows, diff_t);
     for (int t = 1; t <= 3; t++) bk[t]->precision = TD_PRECISION_F32, bk[t]->isa = (int)td_kernels_best_isa();
-    free(x); free(y); free(y16); free(yf); free(row1);
-    free_w(&w);
+    bufs_free(&cb);
 }
 
 int main(void) {
