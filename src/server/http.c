@@ -743,7 +743,13 @@ int td_srv_start(const srv_config *cfg, srv **out, td_err *err) {
     int bound_port = cfg->port;
     if (getsockname(fd, (struct sockaddr *)&bound, &bl) == 0)
         bound_port = ntohs(bound.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&bound)->sin6_port : ((struct sockaddr_in *)&bound)->sin_port);
-    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_AUTO | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
+    /* poll(), level-triggered, not epoll: with epoll (edge-triggered) a
+     * client's FIN that arrives while its request is being answered is seen
+     * once and missed, and a half-closed keep-alive connection then stays
+     * open until --idle-timeout; with poll the server reads the end of input
+     * when it waits for the next request and closes at once. The cost is a
+     * poll over each thread's connections (at most 1000 in all). */
+    unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_ALLOW_SUSPEND_RESUME | MHD_USE_ERROR_LOG;
     if (v6) flags |= MHD_USE_IPv6;
     s->daemon = MHD_start_daemon(flags, 0, NULL, NULL, on_request, s, MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s, MHD_OPTION_LISTEN_SOCKET, fd,
                                  MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_THREAD_POOL_SIZE, (unsigned)s->cfg.http_threads,

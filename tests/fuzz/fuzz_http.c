@@ -1,7 +1,7 @@
 /* The HTTP layer, end to end: a real tandem server (td_srv_start on
  * 127.0.0.1, port 0, one libmicrohttpd thread) with the tiny-a model
  * (tests/golden/tiny-a/f32: tokenizer, chat template, engine, scheduler;
- * a 256-token context so a generation ends quickly). Each input is sent as
+ * a 64-token context so a generation ends quickly). Each input is sent as
  * raw bytes on a fresh loopback connection, the write side is shut, and the
  * reply is read until the server closes, 30 ms pass without a byte, or 2 s
  * in all (then the client closes: a generation still running sees a
@@ -31,6 +31,13 @@ static td_engine *g_eng;
 static td_sched *g_sched;
 static int g_port;
 #define IDLE_MS 30
+#define N_CTX 64 /* a chat prompt of the tiny model's template is ~20 tokens */
+
+/* FUZZ_HTTP_STATS=1: at exit, how inputs ended and the time each kind took
+ * (tuning aid: the idle wait bounds the harness's speed). */
+enum { END_CLOSED, END_IDLE, END_DEADLINE, END_N };
+static long g_ends[END_N];
+static double g_end_s[END_N], g_jobs_s;
 
 static void stop_all(void) {
     if (!g_srv) return;
@@ -41,6 +48,10 @@ static void stop_all(void) {
     td_engine_free(g_eng);
     td_tok_free(g_tok);
     g_srv = NULL;
+    if (getenv("FUZZ_HTTP_STATS"))
+        fprintf(stderr, "fuzz_http: closed by server %ld (%.1f s), idle %ld (%.1f s), deadline %ld (%.1f s); waiting for jobs %.1f s\n",
+                g_ends[END_CLOSED], g_end_s[END_CLOSED], g_ends[END_IDLE], g_end_s[END_IDLE], g_ends[END_DEADLINE],
+                g_end_s[END_DEADLINE], g_jobs_s);
 }
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
@@ -54,14 +65,14 @@ int LLVMFuzzerInitialize(int *argc, char ***argv) {
     if (td_srv_start(&cfg, &g_srv, &err)) { fprintf(stderr, "fuzz_http: %s\n", err.msg); abort(); }
     g_port = td_srv_port(g_srv);
     if (td_tok_load(d, &g_tok, &err)) { fprintf(stderr, "fuzz_http: %s\n", err.msg); abort(); }
-    td_engine_opts eo = {.n_threads = 1, .max_context = 256, .max_seqs = 2};
+    td_engine_opts eo = {.n_threads = 1, .max_context = N_CTX, .max_seqs = 2};
     if (td_engine_load(d, &eo, &g_eng, &err)) { fprintf(stderr, "fuzz_http: %s\n", err.msg); abort(); }
     td_sched_opts so;
     td_sched_opts_default(&so);
     so.max_num_seqs = 2;
     so.max_queue = 8;
     if (td_sched_new(g_eng, &so, &g_sched, &err)) { fprintf(stderr, "fuzz_http: %s\n", err.msg); abort(); }
-    srv_model m = {.tok = g_tok, .eng = g_eng, .sched = g_sched, .n_ctx = 256};
+    srv_model m = {.tok = g_tok, .eng = g_eng, .sched = g_sched, .n_ctx = N_CTX};
     if (td_srv_set_model(g_srv, &m, &err)) { fprintf(stderr, "fuzz_http: %s\n", err.msg); abort(); }
     atexit(stop_all);
     return 0;
@@ -79,14 +90,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)g_port)};
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     FUZZ_ASSERT(connect(fd, (struct sockaddr *)&a, sizeof a) == 0, "connect to the server");
-    double end = now_s() + 2.0;
+    double t0 = now_s(), end = t0 + 2.0;
+    int how = END_DEADLINE;
     size_t off = 0;
-    bool wr_open = true;
+    bool wr_open = size > 0;
+    if (!wr_open) shutdown(fd, SHUT_WR);
     char buf[65536];
     for (;;) {
         struct pollfd p = {.fd = fd, .events = POLLIN | (off < size && wr_open ? POLLOUT : 0)};
         int left = (int)((end - now_s()) * 1000);
         if (left <= 0) break;
+        how = !wr_open && left > IDLE_MS ? END_IDLE : END_DEADLINE;
         /* once everything is sent: stop after IDLE_MS without a byte (the
          * server keeps some connections open after a half-close) */
         if (!wr_open && left > IDLE_MS) left = IDLE_MS;
@@ -102,20 +116,28 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         }
         if (p.revents & (POLLIN | POLLHUP | POLLERR)) {
             ssize_t r = recv(fd, buf, sizeof buf, MSG_DONTWAIT);
-            if (r == 0 || (r < 0 && !(p.revents & POLLIN))) break;
+            if (r == 0 || (r < 0 && !(p.revents & POLLIN))) {
+                how = END_CLOSED;
+                break;
+            }
         }
     }
+    double t1 = now_s();
+    g_ends[how]++;
+    g_end_s[how] += t1 - t0;
     close(fd);
     /* the connection's jobs are freed on the server's threads */
     double until = now_s() + 5.0;
-    for (;;) {
-        pthread_mutex_lock(&g_srv->jobs_mu);
-        int open = g_srv->n_open;
-        pthread_mutex_unlock(&g_srv->jobs_mu);
-        if (open == 0) break;
-        FUZZ_ASSERT(now_s() < until, "%d jobs still open 5 s after the client left", open);
-        struct timespec ts = {0, 1000000};
-        nanosleep(&ts, NULL);
+    pthread_mutex_lock(&g_srv->jobs_mu);
+    while (g_srv->n_open > 0) {
+        FUZZ_ASSERT(now_s() < until, "%d jobs still open 5 s after the client left", g_srv->n_open);
+        struct timespec ts;
+        clock_gettime(CLOCK_REALTIME, &ts);
+        ts.tv_nsec += 10 * 1000 * 1000;
+        if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+        pthread_cond_timedwait(&g_srv->jobs_cv, &g_srv->jobs_mu, &ts); /* gen.c broadcasts as each job is freed */
     }
+    pthread_mutex_unlock(&g_srv->jobs_mu);
+    g_jobs_s += now_s() - t1;
     return 0;
 }

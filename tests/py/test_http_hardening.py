@@ -276,6 +276,41 @@ def test_half_close_gets_the_full_answer(server, stream):
         assert json.loads(payload)["usage"]["completion_tokens"] == 400
 
 
+def test_half_closed_keep_alive_connection_is_closed_after_the_answers(server):
+    """HTTP/1.1 (keep-alive) requests, pipelined, then the client's FIN: every answer comes and then
+    the server closes the connection at once, not after --idle-timeout (30 s here). Before the
+    fix (libmicrohttpd's edge-triggered epoll missed the FIN that arrived while a request was
+    being answered) the socket stayed open until the idle timeout."""
+    gen = json.dumps({"prompt": "abc", "max_tokens": 20, "temperature": 0, "ignore_eos": True}).encode()
+    for reqs in ([("GET", "/health", b"")], [("GET", "/v1/models", b"")],
+                 [("GET", "/health", b""), ("POST", "/v1/completions", gen), ("GET", "/v1/models", b"")]):
+        sock = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+        wire = b""
+        for method, path, body in reqs:
+            wire += f"{method} {path} HTTP/1.1\r\nHost: 127.0.0.1\r\n".encode()
+            if body:
+                wire += f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n".encode()
+            wire += b"\r\n" + body
+        sock.sendall(wire)
+        sock.shutdown(socket.SHUT_WR)
+        t0 = time.time()
+        data = b""
+        while True:
+            sock.settimeout(max(0.05, t0 + 10 - time.time()))
+            try:
+                b = sock.recv(65536)
+            except (socket.timeout, TimeoutError):
+                break
+            if not b:
+                break
+            data += b
+        waited = time.time() - t0
+        sock.close()
+        assert data.count(b"HTTP/1.1 200 OK") == len(reqs), data[:400]
+        assert b'"completion_tokens":20' in data.replace(b" ", b"") or len(reqs) == 1, data[-400:]
+        assert waited < 5, f"connection closed {waited:.1f} s after the client's FIN ({[r[1] for r in reqs]})"
+
+
 # ---- 3: UTF-8 in error messages ------------------------------------------------------
 
 @pytest.mark.parametrize("path", ["/%ff", "/%e2%82", "/" + "a" * 199 + "%e2%82%ac", "/" + "b" * 198 + "%f0%9f%98%80x"])
