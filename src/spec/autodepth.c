@@ -237,15 +237,31 @@ double td_ad_choose(td_ad_costs *c, td_ad_req *r, int n, int extra_tokens) {
     return best_rate > 0 ? best_rate : td_ad_rate(c, r, n, extra_tokens);
 }
 
-bool td_ad_worth_tracking(td_ad_costs *c, const td_ad_accept *global, int kmax, double margin) {
-    td_ad_req r = {.kmax = 0, .fixed = true};
-    for (int j = 0; j < TD_MAX_SPEC_DEPTH; j++) r.p[j] = global && global->n[j] > 0.5 ? td_ad_p(global, j) : 0.7;
-    double base = td_ad_rate(c, &r, 1, 0);
-    for (int k = 1; k <= kmax && k <= TD_MAX_SPEC_DEPTH; k++) {
-        r.k = k;
-        if (td_ad_rate(c, &r, 1, 0) > base * margin) return true;
+bool td_ad_worth_tracking(td_ad_costs *c, const td_ad_accept *global, int kmax, int batch, double margin) {
+    td_ad_req r[64];
+    if (batch < 1) batch = 1;
+    if (batch > 64) batch = 64; /* beyond, the same answer: verify rows cost compute */
+    if (kmax > TD_MAX_SPEC_DEPTH) kmax = TD_MAX_SPEC_DEPTH;
+    for (int i = 0; i < batch; i++) {
+        r[i] = (td_ad_req){.kmax = kmax > 0 ? kmax : 0};
+        for (int j = 0; j < TD_MAX_SPEC_DEPTH; j++) r[i].p[j] = global && global->n[j] > 0.5 ? td_ad_p(global, j) : 0.7;
     }
-    return false;
+    double base = td_ad_rate(c, r, batch, 0); /* all at k = 0 */
+    if (kmax < 1) return false;
+    double best = td_ad_choose(c, r, batch, 0);
+    return best > base * margin;
+}
+
+bool td_ad_measure_base(const td_ad_costs *c, const td_ad_req *r, int n, int extra_tokens) {
+    if (extra_tokens != 0 || n <= 0) return false;
+    int tokens = 0;
+    bool any = false;
+    for (int i = 0; i < n; i++) {
+        tokens += (r[i].fixed ? r[i].k : 0) + 1;
+        any |= !r[i].fixed && r[i].kmax > 0;
+    }
+    if (!any || tokens > TD_AD_MAX_T) return false;
+    return c->n_fwd[tokens] < 2;
 }
 
 int td_ad_probe(td_ad_state *s, int choice, int kmax) {

@@ -100,6 +100,7 @@ typedef struct td_ad_engine {
     td_ad_costs costs;
     td_ad_accept global[2];  /* [0] greedy, [1] sampled requests (acceptance falls with temperature) */
     uint64_t n_auto;         /* auto requests begun (every TD_AD_TRACK_EVERY-th tracks) */
+    int n_live;              /* requests begun and not yet ended, any depth: the batch a new one joins */
     bool calibrated;
 } td_ad_engine;
 
@@ -157,13 +158,16 @@ void td_ad_observe(td_ad_accept *acc, int k, int a, double decay);
  * TD_AD_PRIOR_WEIGHT observations per position (0.7 where none yet). */
 void td_ad_state_init(td_ad_state *s, const td_ad_accept *global, uint64_t force_seed);
 /* Whether a new request should keep MTP tracking (and so be able to
- * draft): some depth 1..kmax is predicted at least `margin` times faster
- * than depth 0 for one request with the engine-wide acceptance `global`
- * (0.7 per position where nothing was measured). A request that does not
- * track runs exactly as a fixed depth-0 one (no MTP work at all): on a model
- * where drafting does not pay, tracking itself (one MTP-layer pass per
- * token, batched) is the largest cost of `auto`. */
-bool td_ad_worth_tracking(td_ad_costs *c, const td_ad_accept *global, int kmax, double margin);
+ * draft): the depths td_ad_choose picks for `batch` requests alike (the new
+ * one and those already running), with the engine-wide acceptance `global`
+ * (0.7 per position where nothing was measured), are predicted at least
+ * `margin` times faster than depth 0 for all of them. A request that does
+ * not track runs exactly as a fixed depth-0 one (no MTP work at all): where
+ * drafting does not pay (a model in cache; a batch whose verify rows cost
+ * real compute), tracking itself is the largest cost of `auto`: the MTP
+ * layer over every prompt token (~1/12 of a prefill on the 27B shape) and
+ * one pass per generated token. */
+bool td_ad_worth_tracking(td_ad_costs *c, const td_ad_accept *global, int kmax, int batch, double margin);
 
 /* Chooses k for every non-fixed request of the step (in place), given
  * `extra_tokens` prefill tokens in the same target forward. Coordinate
@@ -172,6 +176,17 @@ bool td_ad_worth_tracking(td_ad_costs *c, const td_ad_accept *global, int kmax, 
 double td_ad_choose(td_ad_costs *c, td_ad_req *r, int n, int extra_tokens);
 /* The objective itself (tests, reports): sum E / (draft + forward). */
 double td_ad_rate(td_ad_costs *c, const td_ad_req *r, int n, int extra_tokens);
+
+/* Whether this step should run every non-fixed request at k = 0 to measure
+ * the cost it is compared against: a decode-only step (extra_tokens 0)
+ * whose token count at k = 0 (fixed requests at their k, the others at 0)
+ * has fewer than two online measurements. Without it a batch that always
+ * drafts never times its own depth-0 step, which is then read from the
+ * start-up calibration scaled by the ratio the drafting steps showed (off by
+ * 10-25% on a shared 2-core machine), and every comparison is made against
+ * a wrong baseline. At most two such steps per token count in an engine's
+ * life. */
+bool td_ad_measure_base(const td_ad_costs *c, const td_ad_req *r, int n, int extra_tokens);
 
 /* After td_ad_choose: the probe rule for one request (returns the k to run).
  * choice: what td_ad_choose gave; kmax as in td_ad_req. */

@@ -285,8 +285,9 @@ static void save_checkpoint(td_gen *g) {
 /* A request at `auto` (or under the test hook's forced schedule) keeps
  * track = true (its depth is the maximum), so its MTP entries follow the
  * target at depth 0 too and it can draft again at any step; unless
- * drafting is not predicted to pay at all (td_ad_worth_tracking), then it
- * runs as depth 0 without MTP work, except every TD_AD_TRACK_EVERY-th. */
+ * drafting is not predicted to pay at all in a batch of the requests now
+ * running and this one (td_ad_worth_tracking), then it runs as depth 0
+ * without MTP work, except every TD_AD_TRACK_EVERY-th. */
 static void ad_begin(td_gen *g, const td_sampling *sp) {
     td_ad_engine *ae = td_engine_ad(g->e);
     int b = sp && sp->temperature > 0 ? 1 : 0;
@@ -294,7 +295,7 @@ static void ad_begin(td_gen *g, const td_sampling *sp) {
     td_ad_state_init(&g->ad, &ae->global[b], g->o.spec_schedule_seed);
     g->ad.bucket = b;
     if (!g->ad.force_seed && ae->n_auto++ % TD_AD_TRACK_EVERY != 0 &&
-        !td_ad_worth_tracking(&ae->costs, &ae->global[b], g->depth, TD_AD_TRACK_MARGIN))
+        !td_ad_worth_tracking(&ae->costs, &ae->global[b], g->depth, ae->n_live + 1, TD_AD_TRACK_MARGIN))
         g->track = false;
 }
 
@@ -319,11 +320,15 @@ static int ad_plan(td_gen **active, int n) {
             q->p[j] = td_ad_p(g->autod ? &g->ad.acc : &ae->global[td_sampler_is_greedy(&g->sm) ? 0 : 1], j);
         n_auto += !q->fixed;
     }
-    if (n_auto) td_ad_choose(&ae->costs, r, nd, extra);
+    /* a decode-only step whose depth-0 cost was never timed: time it (see td_ad_measure_base) */
+    bool base = n_auto && td_ad_measure_base(&ae->costs, r, nd, extra);
+    if (base)
+        for (int i = 0; i < nd; i++) r[i].k = r[i].fixed ? r[i].k : 0;
+    else if (n_auto) td_ad_choose(&ae->costs, r, nd, extra);
     for (int i = 0; i < nd; i++) {
         td_gen *g = dec[i];
         int k = r[i].k;
-        if (g->autod && !g->ad.force_seed && g->track) k = td_ad_probe(&g->ad, k, r[i].kmax);
+        if (g->autod && !g->ad.force_seed && g->track && !base) k = td_ad_probe(&g->ad, k, r[i].kmax);
         g->k = k;
         g->res.spec.chosen_depth[k]++;
         if (k > max_k) max_k = k;
@@ -473,6 +478,7 @@ int td_gen_begin(td_session *s, const int32_t *prompt, int n_prompt, const td_sa
         return rc;
     }
     g->res.n_reused = g->fed;
+    td_engine_ad(e)->n_live++; /* td_gen_end's decrement balances it */
     *out = g;
     return TD_OK;
 }
@@ -489,6 +495,7 @@ void td_gen_cancel(td_gen *g) {
 void td_gen_end(td_gen *g) {
     if (!g) return;
     save_checkpoint(g);
+    td_engine_ad(g->e)->n_live--;
     td_engine_add_spec(g->e, &g->res.spec);
     td_sampler_free(&g->sm);
     free(g->prompt);

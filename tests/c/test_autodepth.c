@@ -101,11 +101,21 @@ int main(void) {
         td_ad_accept hi = {{0}, {0}}, lo = {{0}, {0}};
         for (int i = 0; i < 50; i++) td_ad_observe(&hi, 4, 4, 1.0), td_ad_observe(&lo, 4, 0, 1.0);
         table(&c, 0.0, 1.0, false, 0.2);
-        CHECK(!td_ad_worth_tracking(&c, &hi, 4, TD_AD_TRACK_MARGIN), "compute-bound: no tracking");
+        CHECK(!td_ad_worth_tracking(&c, &hi, 4, 1, TD_AD_TRACK_MARGIN), "compute-bound: no tracking");
         table(&c, 1.0, 0.02, false, 0.02);
-        CHECK(td_ad_worth_tracking(&c, &hi, 4, TD_AD_TRACK_MARGIN), "memory-bound, high acceptance: tracking");
-        CHECK(td_ad_worth_tracking(&c, NULL, 4, TD_AD_TRACK_MARGIN), "memory-bound, no data yet: tracking");
-        CHECK(!td_ad_worth_tracking(&c, &lo, 4, TD_AD_TRACK_MARGIN), "memory-bound, nothing accepted: no tracking");
+        CHECK(td_ad_worth_tracking(&c, &hi, 4, 1, TD_AD_TRACK_MARGIN), "memory-bound, high acceptance: tracking");
+        CHECK(td_ad_worth_tracking(&c, NULL, 4, 1, TD_AD_TRACK_MARGIN), "memory-bound, no data yet: tracking");
+        CHECK(!td_ad_worth_tracking(&c, &lo, 4, 1, TD_AD_TRACK_MARGIN), "memory-bound, nothing accepted: no tracking");
+        /* a roofline (flat to 4 tokens, then 0.25 per token): one request or two gain from drafting,
+         * a batch of 4 already fills the flat part at depth 0, so a request joining 3 others does not
+         * track even with every draft accepted (4 clients on the 27B-shaped CPU model: tracking's MTP
+         * passes over every prompt cost more than drafting gained there) */
+        table(&c, 1.0, 0.25, true, 0.02);
+        CHECK(td_ad_worth_tracking(&c, &hi, 4, 1, TD_AD_TRACK_MARGIN), "roofline, alone: tracking");
+        CHECK(td_ad_worth_tracking(&c, &hi, 4, 2, TD_AD_TRACK_MARGIN), "roofline, batch of 2: tracking");
+        CHECK(!td_ad_worth_tracking(&c, &hi, 4, 4, TD_AD_TRACK_MARGIN), "roofline, batch of 4: no tracking");
+        CHECK(!td_ad_worth_tracking(&c, &hi, 4, 9, TD_AD_TRACK_MARGIN), "roofline, batch of 9: no tracking");
+        CHECK(!td_ad_worth_tracking(&c, &hi, 0, 1, TD_AD_TRACK_MARGIN), "kmax 0: no tracking");
     }
     /* a prefill chunk in the same forward: the marginal verify token is cheap
      * (compute-bound linear part), so a request drafts */
@@ -117,6 +127,28 @@ int main(void) {
         int alone = r.k;
         td_ad_choose(&c, &r, 1, 200);
         CHECK(alone == 0 && r.k >= 1, "with 200 prefill tokens: depth %d (alone %d)", r.k, alone);
+    }
+    /* the depth-0 cost of a decode-only batch is timed before it is relied on */
+    {
+        td_ad_costs_init(&c);
+        for (int t = 1; t <= 8; t++) td_ad_costs_cal_fwd(&c, t, 1e-3 * t);
+        td_ad_req r[4];
+        for (int i = 0; i < 4; i++) r[i] = (td_ad_req){.kmax = 4};
+        CHECK(td_ad_measure_base(&c, r, 4, 0), "4 auto requests, t(4) only calibrated: a base step");
+        CHECK(!td_ad_measure_base(&c, r, 4, 10), "with a prefill chunk: no base step");
+        td_ad_costs_fwd(&c, 4, 2e-3);
+        CHECK(td_ad_measure_base(&c, r, 4, 0), "t(4) timed once: a base step again");
+        td_ad_costs_fwd(&c, 4, 2e-3);
+        CHECK(!td_ad_measure_base(&c, r, 4, 0), "t(4) timed twice: no base step");
+        r[0].fixed = true, r[0].k = 2; /* a fixed depth-2 request: the base is 3 + 3 tokens */
+        CHECK(td_ad_measure_base(&c, r, 4, 0), "base of 6 tokens not timed: a base step");
+        td_ad_costs_fwd(&c, 6, 3e-3);
+        td_ad_costs_fwd(&c, 6, 3e-3);
+        CHECK(!td_ad_measure_base(&c, r, 4, 0), "base of 6 tokens timed: no base step");
+        for (int i = 0; i < 4; i++) r[i].fixed = true, r[i].k = 0;
+        CHECK(!td_ad_measure_base(&c, r, 4, 0), "no auto request: no base step");
+        for (int i = 0; i < 4; i++) r[i] = (td_ad_req){.kmax = 0};
+        CHECK(!td_ad_measure_base(&c, r, 3, 0), "auto requests that cannot draft: no base step");
     }
     /* cost table: interpolation, extrapolation, monotone, empty */
     td_ad_costs_init(&c);

@@ -125,6 +125,7 @@ static void greedy_auto(const char *dir, int n_tokens) {
         uint64_t steps = 0;
         for (int k = 0; k <= 4; k++) steps += r.spec.chosen_depth[k];
         CHECK(steps > 0 && r.spec.chosen_depth[5] == 0, "%s: %s: chosen-depth histogram", dir, name[v]);
+        if (v == 0) CHECK(e->ad.costs.n_fwd[1] >= 2, "%s: auto timed its depth-0 step (%u times)", dir, e->ad.costs.n_fwd[1]);
         if (v < 2)
             snprintf(hist[v], sizeof hist[v], "%llu/%llu/%llu/%llu/%llu", (unsigned long long)r.spec.chosen_depth[0],
                      (unsigned long long)r.spec.chosen_depth[1], (unsigned long long)r.spec.chosen_depth[2],
