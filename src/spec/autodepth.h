@@ -106,7 +106,10 @@ typedef struct td_ad_engine {
 
 /* Every this many auto requests one keeps MTP tracking and probes even
  * where drafting does not pay (td_ad_worth_tracking), so the engine-wide
- * acceptance and costs keep being measured. */
+ * acceptance and costs keep being measured; such a request runs at depth 0
+ * but for its probes (one draft token every 16..256 steps): drafting deeper
+ * where it was predicted not to pay would slow every request of its batch
+ * (each MTP pass holds up the whole step). */
 #define TD_AD_TRACK_EVERY 8
 /* Tracking must buy at least this much predicted speedup (its own cost). */
 #define TD_AD_TRACK_MARGIN 1.05
@@ -118,6 +121,7 @@ typedef struct td_ad_state {
     int since_draft;     /* steps at depth 0 since the last draft */
     int probe;           /* probe interval now */
     bool probing;        /* the last step was a probe */
+    bool measure_only;   /* tracks only to keep the figures measured (TD_AD_TRACK_EVERY): depth 0 but for its probes */
     int probe_base;      /* the choice before that probe */
     uint64_t steps;      /* decode steps so far (forced schedule) */
     uint64_t force_seed; /* test hook: non-zero = depth from a hash of (seed, step) */

@@ -294,9 +294,11 @@ static void ad_begin(td_gen *g, const td_sampling *sp) {
     g->autod = true;
     td_ad_state_init(&g->ad, &ae->global[b], g->o.spec_schedule_seed);
     g->ad.bucket = b;
-    if (!g->ad.force_seed && ae->n_auto++ % TD_AD_TRACK_EVERY != 0 &&
-        !td_ad_worth_tracking(&ae->costs, &ae->global[b], g->depth, ae->n_live + 1, TD_AD_TRACK_MARGIN))
-        g->track = false;
+    if (!g->ad.force_seed && !td_ad_worth_tracking(&ae->costs, &ae->global[b], g->depth, ae->n_live + 1, TD_AD_TRACK_MARGIN)) {
+        if (ae->n_auto % TD_AD_TRACK_EVERY == 0) g->ad.measure_only = true; /* tracks, drafts only to probe */
+        else g->track = false;
+    }
+    if (!g->ad.force_seed) ae->n_auto++;
 }
 
 /* Chooses this step's depth for the auto requests among the active ones
@@ -313,9 +315,9 @@ static int ad_plan(td_gen **active, int n) {
         td_ad_req *q = &r[nd];
         dec[nd++] = g;
         q->kmax = q->k = g->k;
-        q->fixed = !g->autod || g->ad.force_seed || !g->track;
+        q->fixed = !g->autod || g->ad.force_seed || !g->track || g->ad.measure_only;
         if (g->autod && g->ad.force_seed) q->k = td_ad_forced(g->ad.force_seed, g->ad.steps++, g->k);
-        if (g->autod && !g->track) q->k = 0; /* not tracking: depth 0 throughout */
+        if (g->autod && (!g->track || g->ad.measure_only)) q->k = 0; /* not tracking: depth 0 throughout; measuring: 0 but probes */
         for (int j = 0; j < TD_MAX_SPEC_DEPTH; j++)
             q->p[j] = td_ad_p(g->autod ? &g->ad.acc : &ae->global[td_sampler_is_greedy(&g->sm) ? 0 : 1], j);
         n_auto += !q->fixed;
