@@ -35,6 +35,7 @@ void td_ad_costs_fwd(td_ad_costs *c, int tokens, double seconds) {
     if (tokens < 1) return;
     if (tokens > TD_AD_MAX_T) tokens = TD_AD_MAX_T;
     add(&c->fwd[tokens], &c->n_fwd[tokens], seconds);
+    c->at_fwd[tokens] = ++c->n_steps;
     track_rho(&c->rho_fwd, c->cal_fwd_d, c->cal_fwd, c->n_cal_fwd, &c->cal_dirty, TD_AD_MAX_T, tokens, seconds);
     c->dirty = true;
 }
@@ -261,7 +262,7 @@ bool td_ad_measure_base(const td_ad_costs *c, const td_ad_req *r, int n, int ext
         any |= !r[i].fixed && r[i].kmax > 0;
     }
     if (!any || tokens > TD_AD_MAX_T) return false;
-    return c->n_fwd[tokens] < 2;
+    return c->n_fwd[tokens] < 2 || c->n_steps - c->at_fwd[tokens] >= TD_AD_BASE_EVERY;
 }
 
 int td_ad_probe(td_ad_state *s, int choice, int kmax) {

@@ -82,6 +82,8 @@ typedef struct td_ad_accept {
 typedef struct td_ad_costs {
     double fwd[TD_AD_MAX_T + 1];
     uint32_t n_fwd[TD_AD_MAX_T + 1];
+    uint64_t at_fwd[TD_AD_MAX_T + 1]; /* n_steps when the entry was last measured */
+    uint64_t n_steps;                 /* forwards measured so far */
     double mtp[TD_AD_MAX_M + 1];
     uint32_t n_mtp[TD_AD_MAX_M + 1];
     double cal_fwd[TD_AD_MAX_T + 1], cal_mtp[TD_AD_MAX_M + 1];
@@ -184,12 +186,15 @@ double td_ad_rate(td_ad_costs *c, const td_ad_req *r, int n, int extra_tokens);
 /* Whether this step should run every non-fixed request at k = 0 to measure
  * the cost it is compared against: a decode-only step (extra_tokens 0)
  * whose token count at k = 0 (fixed requests at their k, the others at 0)
- * has fewer than two online measurements. Without it a batch that always
- * drafts never times its own depth-0 step, which is then read from the
- * start-up calibration scaled by the ratio the drafting steps showed (off by
- * 10-25% on a shared 2-core machine), and every comparison is made against
- * a wrong baseline. At most two such steps per token count in an engine's
- * life. */
+ * has fewer than two online measurements, or none in the last
+ * TD_AD_BASE_EVERY forwards. Without it a batch that always drafts never
+ * times its own depth-0 step, which is then read from the start-up
+ * calibration scaled by the ratio the drafting steps showed (off by 10-25%
+ * on a shared 2-core machine), and an entry that one noisy step made look
+ * expensive is never visited again to be corrected (the probes explore
+ * the other way, 0 -> 1): every comparison is then made against a wrong
+ * baseline. Costs at most one depth-0 step in TD_AD_BASE_EVERY. */
+#define TD_AD_BASE_EVERY 128
 bool td_ad_measure_base(const td_ad_costs *c, const td_ad_req *r, int n, int extra_tokens);
 
 /* After td_ad_choose: the probe rule for one request (returns the k to run).

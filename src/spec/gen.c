@@ -287,7 +287,9 @@ static void save_checkpoint(td_gen *g) {
  * target at depth 0 too and it can draft again at any step; unless
  * drafting is not predicted to pay at all in a batch of the requests now
  * running and this one (td_ad_worth_tracking), then it runs as depth 0
- * without MTP work, except every TD_AD_TRACK_EVERY-th. */
+ * without MTP work, except every TD_AD_TRACK_EVERY-th, which tracks and
+ * runs at depth 0 but for its probes (measure_only), so the engine-wide
+ * acceptance and costs keep being measured. */
 static void ad_begin(td_gen *g, const td_sampling *sp) {
     td_ad_engine *ae = td_engine_ad(g->e);
     int b = sp && sp->temperature > 0 ? 1 : 0;

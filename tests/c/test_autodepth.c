@@ -145,6 +145,12 @@ int main(void) {
         td_ad_costs_fwd(&c, 6, 3e-3);
         td_ad_costs_fwd(&c, 6, 3e-3);
         CHECK(!td_ad_measure_base(&c, r, 4, 0), "base of 6 tokens timed: no base step");
+        for (int i = 0; i < TD_AD_BASE_EVERY - 1; i++) td_ad_costs_fwd(&c, 9, 4e-3); /* drafting steps only */
+        CHECK(!td_ad_measure_base(&c, r, 4, 0), "base timed %d forwards ago: no base step", TD_AD_BASE_EVERY - 1);
+        td_ad_costs_fwd(&c, 9, 4e-3);
+        CHECK(td_ad_measure_base(&c, r, 4, 0), "base not timed in the last %d forwards: a base step", TD_AD_BASE_EVERY);
+        td_ad_costs_fwd(&c, 6, 3e-3);
+        CHECK(!td_ad_measure_base(&c, r, 4, 0), "base timed again: no base step");
         for (int i = 0; i < 4; i++) r[i].fixed = true, r[i].k = 0;
         CHECK(!td_ad_measure_base(&c, r, 4, 0), "no auto request: no base step");
         for (int i = 0; i < 4; i++) r[i] = (td_ad_req){.kmax = 0};
