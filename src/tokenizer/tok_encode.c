@@ -289,9 +289,15 @@ static int pretok(tok_encoder *e, int step, const char *s, size_t n) {
             if (!nbd) { free(bd); return -1; }
             bd = nbd;
         }
+        size_t b = ov[1];
+        if (b <= ov[0]) { /* empty match: step one code point, never into one (the next match starts there
+                             with PCRE2_NO_UTF_CHECK: a start inside a code point crashed the JIT) */
+            b = ov[0] + 1;
+            while (b < n && ((uint8_t)s[b] & 0xC0) == 0x80) b++;
+        }
         bd[nb++] = ov[0];
-        bd[nb++] = ov[1] > ov[0] ? ov[1] : ov[0] + 1;
-        pos = bd[nb - 1];
+        bd[nb++] = b;
+        pos = b;
     }
     int rc = 0;
     size_t last = 0;
