@@ -44,6 +44,15 @@ double td_srv_now(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
+struct timespec td_srv_deadline(long ms) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    ts.tv_sec += ms / 1000;
+    ts.tv_nsec += ms % 1000 * 1000000L;
+    if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+    return ts;
+}
+
 uint64_t td_srv_next_id(srv *s) { return atomic_fetch_add(&s->next_id, 1) + 1; }
 
 /* ---- replies ------------------------------------------------------------- */
@@ -247,10 +256,7 @@ static void *watchdog_main(void *arg) {
     srv *s = arg;
     pthread_mutex_lock(&s->jobs_mu);
     while (!s->stopping) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 100 * 1000 * 1000;
-        if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+        struct timespec ts = td_srv_deadline(100);
         pthread_cond_timedwait(&s->jobs_cv, &s->jobs_mu, &ts);
         if (s->stopping) break;
         uint64_t ids[64];
@@ -803,10 +809,7 @@ int td_srv_drain(srv *s, double timeout_s) {
     double end = td_srv_now() + timeout_s;
     pthread_mutex_lock(&s->jobs_mu);
     while (s->n_active > 0 && td_srv_now() < end) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 50 * 1000 * 1000;
-        if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+        struct timespec ts = td_srv_deadline(50);
         pthread_cond_timedwait(&s->jobs_cv, &s->jobs_mu, &ts);
     }
     int n = s->n_active;
@@ -829,10 +832,7 @@ void td_srv_free(srv *s, double timeout_s) {
     double end = td_srv_now() + timeout_s;
     pthread_mutex_lock(&s->jobs_mu);
     while (s->n_open > 0 && td_srv_now() < end) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 50 * 1000 * 1000;
-        if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+        struct timespec ts = td_srv_deadline(50);
         pthread_cond_timedwait(&s->jobs_cv, &s->jobs_mu, &ts);
     }
     s->stopping = true;

@@ -290,6 +290,8 @@ enum MHD_Result td_srv_cors_preflight(srv *s, struct MHD_Connection *c);
 
 /* ---- http.c helpers used by the other files ---- */
 double td_srv_now(void);
+/* CLOCK_REALTIME now + ms, for pthread_cond_timedwait. */
+struct timespec td_srv_deadline(long ms);
 uint64_t td_srv_next_id(srv *s);
 enum MHD_Result td_srv_reply(srv *s, struct MHD_Connection *c, int status, const char *ctype, const char *body, size_t len);
 enum MHD_Result td_srv_reply_json(srv *s, struct MHD_Connection *c, int status, json_t *body); /* steals body */

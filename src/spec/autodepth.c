@@ -240,15 +240,15 @@ double td_ad_choose(td_ad_costs *c, td_ad_req *r, int n, int extra_tokens) {
 
 bool td_ad_worth_tracking(td_ad_costs *c, const td_ad_accept *global, int kmax, int batch, double margin) {
     td_ad_req r[64];
+    if (kmax < 1) return false;
     if (batch < 1) batch = 1;
     if (batch > 64) batch = 64; /* beyond, the same answer: verify rows cost compute */
     if (kmax > TD_MAX_SPEC_DEPTH) kmax = TD_MAX_SPEC_DEPTH;
     for (int i = 0; i < batch; i++) {
-        r[i] = (td_ad_req){.kmax = kmax > 0 ? kmax : 0};
+        r[i] = (td_ad_req){.kmax = kmax};
         for (int j = 0; j < TD_MAX_SPEC_DEPTH; j++) r[i].p[j] = global && global->n[j] > 0.5 ? td_ad_p(global, j) : 0.7;
     }
     double base = td_ad_rate(c, r, batch, 0); /* all at k = 0 */
-    if (kmax < 1) return false;
     double best = td_ad_choose(c, r, batch, 0);
     return best > base * margin;
 }

@@ -226,6 +226,16 @@ static int bpe(tok_encoder *e, const uint8_t *s, size_t n) {
     return 0;
 }
 
+/* The end of the code point that starts at byte a of s (n bytes): where to
+ * go on after an empty match. The next pcre2_match starts there with
+ * PCRE2_NO_UTF_CHECK, so it must never be inside a code point (one byte
+ * on crashed the JIT). */
+static size_t next_code_point(const char *s, size_t a, size_t n) {
+    size_t b = a + 1;
+    while (b < n && ((uint8_t)s[b] & 0xC0) == 0x80) b++;
+    return b;
+}
+
 /* Splits s by re (Isolated behaviour) and BPEs each piece. */
 static int split_bpe(tok_encoder *e, pcre2_code *re, const char *s, size_t n) {
     size_t pos = 0;
@@ -238,8 +248,7 @@ static int split_bpe(tok_encoder *e, pcre2_code *re, const char *s, size_t n) {
         if (a > pos && bpe(e, (const uint8_t *)s + pos, a - pos)) return -1;
         if (b > a && bpe(e, (const uint8_t *)s + a, b - a)) return -1;
         if (b == a) { /* empty match: step one code point */
-            b = a + 1;
-            while (b < n && ((uint8_t)s[b] & 0xC0) == 0x80) b++;
+            b = next_code_point(s, a, n);
             if (bpe(e, (const uint8_t *)s + a, b - a)) return -1;
         }
         pos = b;
@@ -289,12 +298,7 @@ static int pretok(tok_encoder *e, int step, const char *s, size_t n) {
             if (!nbd) { free(bd); return -1; }
             bd = nbd;
         }
-        size_t b = ov[1];
-        if (b <= ov[0]) { /* empty match: step one code point, never into one (the next match starts there
-                             with PCRE2_NO_UTF_CHECK: a start inside a code point crashed the JIT) */
-            b = ov[0] + 1;
-            while (b < n && ((uint8_t)s[b] & 0xC0) == 0x80) b++;
-        }
+        size_t b = ov[1] > ov[0] ? ov[1] : next_code_point(s, ov[0], n); /* empty match: one code point on */
         bd[nb++] = ov[0];
         bd[nb++] = b;
         pos = b;

@@ -101,8 +101,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         int left = (int)((end - now_s()) * 1000);
         if (left <= 0) break;
         how = !wr_open && left > IDLE_MS ? END_IDLE : END_DEADLINE;
-        /* once everything is sent: stop after IDLE_MS without a byte (the
-         * server keeps some connections open after a half-close) */
+        /* once everything is sent: stop after IDLE_MS without a byte (a
+         * non-streamed generation sends nothing until it is done) */
         if (!wr_open && left > IDLE_MS) left = IDLE_MS;
         if (poll(&p, 1, left) <= 0) break;
         if (p.revents & POLLOUT) {
@@ -131,10 +131,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     pthread_mutex_lock(&g_srv->jobs_mu);
     while (g_srv->n_open > 0) {
         FUZZ_ASSERT(now_s() < until, "%d jobs still open 5 s after the client left", g_srv->n_open);
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 10 * 1000 * 1000;
-        if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
+        struct timespec ts = td_srv_deadline(10);
         pthread_cond_timedwait(&g_srv->jobs_cv, &g_srv->jobs_mu, &ts); /* gen.c broadcasts as each job is freed */
     }
     pthread_mutex_unlock(&g_srv->jobs_mu);
