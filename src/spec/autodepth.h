@@ -36,7 +36,7 @@
  * (the demo model on a CPU) that pass is ~1/7 of a forward per token: more
  * than the whole gain drafting could bring. So a new request tracks only
  * when some depth is predicted to pay with the engine-wide acceptance
- * (td_ad_worth_tracking, with a 5% margin for the tracking itself); one in
+ * (td_ad_worth_tracking, with a 15% margin for the tracking itself); one in
  * TD_AD_TRACK_EVERY tracks anyway, so the engine-wide acceptance and the
  * cost table keep being measured. A request that does not track runs
  * exactly as a fixed depth-0 one. A tracking request at depth 0 probes:
@@ -56,13 +56,32 @@
 #define TD_AD_DECAY 0.9       /* per-request weight of older outcomes, per verify */
 #define TD_AD_GLOBAL_DECAY 0.995
 #define TD_AD_PRIOR_WEIGHT 4.0 /* pseudo-observations a request starts with from the engine-wide figures */
-#define TD_AD_COST_ALPHA 0.2  /* weight of a new measurement in a cost entry */
+#define TD_AD_COST_ALPHA 0.2  /* weight of a new measurement in rho and a calibration entry */
+/* An online cost entry is the lower third of its last TD_AD_COST_WIN
+ * measurements (the 3rd smallest of 9). Step times on a shared machine are
+ * heavy-tailed and the noise is one-sided (the demo model under 4 clients on
+ * 2 cores, one run: a 4-token step p10 1.2 ms, median 2.0 ms, p90 18.5 ms,
+ * max 78 ms: the HTTP threads and the clients preempt the step); an average
+ * follows the tail (one 78 ms step moved an EMA entry 8x, and the choice
+ * with it), a low quantile tracks the step's own cost. */
+#define TD_AD_COST_WIN 9
+/* An online entry replaces the calibration's estimate once it holds this many
+ * measurements. */
+#define TD_AD_MIN_SAMPLES 3
 /* A deeper k whose predicted rate is within this fraction of the best is taken:
  * the acceptance of positions beyond the k in use is never observed (td_ad_observe
  * sees only the drafted positions), so a request drafting at k holds stale, and in
  * practice low, estimates for k+1 (on the 27B-proportioned model auto split 3/4
  * where depth 4 measured 25% faster: bench/results/autodepth-quiet-2026-12-01.md). */
 #define TD_AD_DEEPER_MARGIN 0.02
+/* Drafting at all (any auto request of the step at k > 0) must be predicted
+ * this much faster than the same step with every auto request at 0. The
+ * costs compared are wall-clock figures measured at different times on a
+ * machine whose speed drifts (the demo model under 4 clients on a shared
+ * 2-core host: the same 4-token step measured 0.9 ms, then 2.2 ms a few
+ * seconds later); a predicted gain of a few percent is inside that noise,
+ * and a wrong draft costs real compute where a verify row is not free. */
+#define TD_AD_DRAFT_MARGIN 1.10
 
 /* Decayed conditional acceptance per position: p_j = a[j] / n[j]
  * (j = 0 is the first draft). */
@@ -73,19 +92,27 @@ typedef struct td_ad_accept {
 /* Measured step costs, seconds. fwd[T]: a step whose target forward runs
  * over T tokens, measured by gen.c from the forward to the last token out
  * (acceptance, sampling, the emit callbacks: what a step really costs);
- * mtp[m]: one MTP pass over m requests and choosing their drafts. n*: how
+ * mtp[m]: one MTP pass over m requests and choosing their drafts; each the
+ * lower third of the entry's last TD_AD_COST_WIN measurements (win_*). n*: how
  * many measurements an entry holds (0 = unknown). cal*: the start-up
  * calibration (the forward alone); an entry real steps have not visited
- * (yet) reads calibration x rho, rho = the running ratio of real steps to
- * the calibration at their size, so the overhead outside the forward counts
- * at every size. */
+ * (TD_AD_MIN_SAMPLES times, yet) reads calibration x the ratio real / calibration of the
+ * nearest visited entries (interpolated between the one below and the one
+ * above), so the overhead outside the forward counts and the calibrated
+ * shape is kept: a 4-token decode step of 4 requests that really costs 1.1x
+ * its calibration prices an unvisited 8-token step at 1.1x its calibration,
+ * not at the global ratio of steps of every size (rho, the fallback when
+ * no entry was visited; prefill-sized steps, whose calibration is
+ * extrapolated, pulled it to 0.3-2x) and so never below the 4-token step. */
 typedef struct td_ad_costs {
     double fwd[TD_AD_MAX_T + 1];
     uint32_t n_fwd[TD_AD_MAX_T + 1];
+    float win_fwd[TD_AD_MAX_T + 1][TD_AD_COST_WIN];
     uint64_t at_fwd[TD_AD_MAX_T + 1]; /* n_steps when the entry was last measured */
     uint64_t n_steps;                 /* forwards measured so far */
     double mtp[TD_AD_MAX_M + 1];
     uint32_t n_mtp[TD_AD_MAX_M + 1];
+    float win_mtp[TD_AD_MAX_M + 1][TD_AD_COST_WIN];
     double cal_fwd[TD_AD_MAX_T + 1], cal_mtp[TD_AD_MAX_M + 1];
     uint32_t n_cal_fwd[TD_AD_MAX_T + 1], n_cal_mtp[TD_AD_MAX_M + 1];
     double rho_fwd, rho_mtp;
@@ -113,8 +140,10 @@ typedef struct td_ad_engine {
  * where it was predicted not to pay would slow every request of its batch
  * (each MTP pass holds up the whole step). */
 #define TD_AD_TRACK_EVERY 8
-/* Tracking must buy at least this much predicted speedup (its own cost). */
-#define TD_AD_TRACK_MARGIN 1.05
+/* Tracking must buy at least this much predicted speedup (its own cost: the MTP
+ * layer over every prompt token and a pass per generated one, on top of
+ * TD_AD_DRAFT_MARGIN's noise). */
+#define TD_AD_TRACK_MARGIN 1.15
 
 /* Per request. */
 typedef struct td_ad_state {
@@ -139,8 +168,8 @@ typedef struct td_ad_req {
 
 void td_ad_engine_init(td_ad_engine *e);
 void td_ad_costs_init(td_ad_costs *c);
-/* Adds a measurement (EMA after the first; the first replaces a seeded one
- * only through the average). T or m out of range are clamped to the table. */
+/* Adds a measurement (the entry: the lower third of its last TD_AD_COST_WIN).
+ * T or m out of range are clamped to the table. */
 void td_ad_costs_fwd(td_ad_costs *c, int tokens, double seconds);
 void td_ad_costs_mtp(td_ad_costs *c, int m, double seconds);
 /* Calibration entries (spec/calibrate.c). */
@@ -178,7 +207,8 @@ bool td_ad_worth_tracking(td_ad_costs *c, const td_ad_accept *global, int kmax, 
 /* Chooses k for every non-fixed request of the step (in place), given
  * `extra_tokens` prefill tokens in the same target forward. Coordinate
  * ascent on the step's expected tokens/s, two passes, ties to the lower
- * depth. Returns the predicted tokens/s. */
+ * depth; every auto request at 0 unless that choice is predicted
+ * TD_AD_DRAFT_MARGIN faster. Returns the predicted tokens/s. */
 double td_ad_choose(td_ad_costs *c, td_ad_req *r, int n, int extra_tokens);
 /* The objective itself (tests, reports): sum E / (draft + forward). */
 double td_ad_rate(td_ad_costs *c, const td_ad_req *r, int n, int extra_tokens);
@@ -186,7 +216,7 @@ double td_ad_rate(td_ad_costs *c, const td_ad_req *r, int n, int extra_tokens);
 /* Whether this step should run every non-fixed request at k = 0 to measure
  * the cost it is compared against: a decode-only step (extra_tokens 0)
  * whose token count at k = 0 (fixed requests at their k, the others at 0)
- * has fewer than two online measurements, or none in the last
+ * has fewer than TD_AD_MIN_SAMPLES online measurements, or none in the last
  * TD_AD_BASE_EVERY forwards. Without it a batch that always drafts never
  * times its own depth-0 step, which is then read from the start-up
  * calibration scaled by the ratio the drafting steps showed (off by 10-25%

@@ -18,6 +18,8 @@ static int cmp_d(const void *a, const void *b) {
 }
 
 #define CAL_CTX 16
+#define CAL_MAX_REPS 15
+#define CAL_BUDGET_S 0.3 /* rounds beyond the caller's reps: while they fit in this (fast models only) */
 #define CAL_MAX_POINTS 32
 
 int td_engine_calibrate_spec(td_engine *e, int max_k, int rows, int reps, td_err *err) {
@@ -26,7 +28,11 @@ int td_engine_calibrate_spec(td_engine *e, int max_k, int rows, int reps, td_err
     if (max_k > td_engine_options(e)->spec_depth) max_k = td_engine_options(e)->spec_depth;
     if (rows < 1) rows = 1;
     if (reps < 1) reps = 1;
-    if (reps > 15) reps = 15;
+    if (reps > CAL_MAX_REPS) reps = CAL_MAX_REPS;
+    /* a fast model gets more rounds, up to CAL_MAX_REPS or CAL_BUDGET_S: on the
+     * demo model a forward takes ~0.5 ms and 3 rounds left medians 2-3x off
+     * (the table's shape comes from here: see td_ad_costs) */
+    int max_reps = CAL_MAX_REPS;
     /* the T to time: 1..max_k+1; with several requests every T up to 16
      * (a few requests' verify rows: the matmul's cost is not linear there,
      * 4 -> 8 rows cost 1.6x on the 27B shape with AVX-512, and interpolating
@@ -43,8 +49,13 @@ int td_engine_calibrate_spec(td_engine *e, int max_k, int rows, int reps, td_err
     int need;
     for (;;) {
         need = CAL_CTX + 8;
-        for (int p = 0; p < np; p++) need += (reps + 1) * (pts[p] > 1 && pts[p] <= max_k + 1 ? 1 : pts[p]);
-        if (need < td_engine_max_ctx(e) || np == 1) break;
+        for (int p = 0; p < np; p++) need += (max_reps + 1) * (pts[p] > 1 && pts[p] <= max_k + 1 ? 1 : pts[p]);
+        if (need < td_engine_max_ctx(e) || np == 1) {
+            if (need < td_engine_max_ctx(e) || max_reps == reps) break;
+            max_reps = reps; /* no room for more rounds */
+            continue;
+        }
+        if (max_reps > reps) { max_reps = reps; continue; }
         np--; /* a tiny window: only what fits */
     }
     if (need >= td_engine_max_ctx(e)) return TD_OK;
@@ -57,7 +68,7 @@ int td_engine_calibrate_spec(td_engine *e, int max_k, int rows, int reps, td_err
     float *hid = malloc((size_t)(max_t > CAL_CTX ? max_t : CAL_CTX) * H * sizeof(float));
     float *hout = malloc(H * sizeof(float));
     int32_t *toks = malloc((size_t)(max_t > CAL_CTX ? max_t : CAL_CTX) * sizeof(int32_t));
-    double *times = malloc((size_t)(np + 1) * (size_t)reps * sizeof(double));
+    double *times = malloc((size_t)(np + 1) * (size_t)max_reps * sizeof(double));
     if (!logits || !hid || !hout || !toks || !times) { rc = TD_FAIL(err, TD_ERR_NOMEM, "out of memory for calibration"); goto out; }
     for (int i = 0; i < (max_t > CAL_CTX ? max_t : CAL_CTX); i++) toks[i] = (int32_t)((i * 7 + 3) % c->vocab_size);
     td_seq *q = td_session_seq(s);
@@ -70,6 +81,7 @@ int td_engine_calibrate_spec(td_engine *e, int max_k, int rows, int reps, td_err
         rc = td_mtp_forward(td_engine_fwd(e), &mi, 1, err);
     }
     for (int r = -1; r < reps && !rc; r++) { /* r = -1: a warm-up round, not kept */
+        double r0 = now_s();
         for (int p = 0; p <= np && !rc; p++) {
             double t0 = now_s();
             if (p < np) {
@@ -77,21 +89,28 @@ int td_engine_calibrate_spec(td_engine *e, int max_k, int rows, int reps, td_err
                 bool ck = n > 1 && n <= q->n_ckpt_slots;
                 td_fwd_item it = {.seq = q, .tokens = toks, .n = n, .logits_rows = n, .logits = logits, .checkpoint = ck};
                 rc = td_forward(td_engine_fwd(e), &it, 1, err);
-                if (r >= 0) times[(size_t)p * reps + r] = now_s() - t0;
+                if (r >= 0) times[(size_t)p * max_reps + r] = now_s() - t0;
                 if (!rc && ck) rc = td_seq_truncate(q, base + 1, err);
             } else if (mtp) {
                 int pos0 = q->mtp_n < q->n_past - 1 ? q->mtp_n : q->n_past - 2;
                 td_mtp_item mi = {.seq = q, .tokens = toks, .hidden = hid, .pos0 = pos0, .n = 1, .logits_rows = 1, .logits = logits,
                                   .hidden_out = hout};
                 rc = td_mtp_forward(td_engine_fwd(e), &mi, 1, err);
-                if (r >= 0) times[(size_t)p * reps + r] = now_s() - t0;
+                if (r >= 0) times[(size_t)p * max_reps + r] = now_s() - t0;
             }
+        }
+        if (r == -1 && max_reps > reps) { /* the warm-up round's time sets how many rounds the budget holds */
+            double dt = now_s() - r0;
+            int fit = dt > 0 ? (int)(CAL_BUDGET_S / dt) : max_reps;
+            if (fit > max_reps) fit = max_reps;
+            if (fit > reps) reps = fit | 1; /* odd: the median is one round's */
+            if (reps > max_reps) reps = max_reps;
         }
     }
     if (!rc) {
         for (int p = 0; p <= np; p++) {
             if (p == np && !mtp) break;
-            double *v = times + (size_t)p * reps;
+            double *v = times + (size_t)p * max_reps;
             qsort(v, (size_t)reps, sizeof *v, cmp_d);
             double med = v[reps / 2];
             if (p < np) td_ad_costs_cal_fwd(&td_engine_ad(e)->costs, pts[p], med);

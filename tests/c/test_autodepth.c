@@ -54,6 +54,13 @@ int main(void) {
     int k_hi = choose1(&c, 0.9, 4), k_lo = choose1(&c, 0.3, 4), k_0 = choose1(&c, 0.0, 4);
     CHECK(k_lo < k_hi && k_lo >= 1, "acceptance 0.3: depth %d (0.9: %d)", k_lo, k_hi);
     CHECK(k_0 == 0, "acceptance 0: depth %d", k_0);
+    /* drafting must be predicted TD_AD_DRAFT_MARGIN faster than depth 0: one
+     * request, p = 0.5, t(T) = 1 + 0.2 T ms: a draft pass of 0.314 ms makes
+     * depth 1 1.05x (inside the timing noise: depth 0), one of 0.05 ms 1.24x */
+    table(&c, 1.0, 0.2, false, 0.314);
+    CHECK(choose1(&c, 0.5, 1) == 0, "predicted 1.05x: depth %d, want 0", choose1(&c, 0.5, 1));
+    table(&c, 1.0, 0.2, false, 0.05);
+    CHECK(choose1(&c, 0.5, 1) == 1, "predicted 1.24x: depth %d, want 1", choose1(&c, 0.5, 1));
     /* a roofline (flat up to 4 tokens, then linear): fewer as rows grow */
     table(&c, 1.0, 0.25, true, 0.02);
     int a1, b1, a2, b2, a4, b4, a8, b8;
@@ -136,14 +143,15 @@ int main(void) {
         for (int i = 0; i < 4; i++) r[i] = (td_ad_req){.kmax = 4};
         CHECK(td_ad_measure_base(&c, r, 4, 0), "4 auto requests, t(4) only calibrated: a base step");
         CHECK(!td_ad_measure_base(&c, r, 4, 10), "with a prefill chunk: no base step");
+        for (int i = 1; i < TD_AD_MIN_SAMPLES; i++) {
+            td_ad_costs_fwd(&c, 4, 2e-3);
+            CHECK(td_ad_measure_base(&c, r, 4, 0), "t(4) timed %d times: a base step again", i);
+        }
         td_ad_costs_fwd(&c, 4, 2e-3);
-        CHECK(td_ad_measure_base(&c, r, 4, 0), "t(4) timed once: a base step again");
-        td_ad_costs_fwd(&c, 4, 2e-3);
-        CHECK(!td_ad_measure_base(&c, r, 4, 0), "t(4) timed twice: no base step");
+        CHECK(!td_ad_measure_base(&c, r, 4, 0), "t(4) timed %d times: no base step", TD_AD_MIN_SAMPLES);
         r[0].fixed = true, r[0].k = 2; /* a fixed depth-2 request: the base is 3 + 3 tokens */
         CHECK(td_ad_measure_base(&c, r, 4, 0), "base of 6 tokens not timed: a base step");
-        td_ad_costs_fwd(&c, 6, 3e-3);
-        td_ad_costs_fwd(&c, 6, 3e-3);
+        for (int i = 0; i < TD_AD_MIN_SAMPLES; i++) td_ad_costs_fwd(&c, 6, 3e-3);
         CHECK(!td_ad_measure_base(&c, r, 4, 0), "base of 6 tokens timed: no base step");
         for (int i = 0; i < TD_AD_BASE_EVERY - 1; i++) td_ad_costs_fwd(&c, 9, 4e-3); /* drafting steps only */
         CHECK(!td_ad_measure_base(&c, r, 4, 0), "base timed %d forwards ago: no base step", TD_AD_BASE_EVERY - 1);
@@ -166,8 +174,41 @@ int main(void) {
     td_ad_costs_fwd(&c, 3, 0.5); /* noise: a cheaper t(3) reads no cheaper than t(1) */
     CHECK(td_ad_fwd(&c, 3) >= td_ad_fwd(&c, 2) && td_ad_fwd(&c, 2) >= td_ad_fwd(&c, 1), "monotone: %g %g %g", td_ad_fwd(&c, 1),
           td_ad_fwd(&c, 2), td_ad_fwd(&c, 3));
-    td_ad_costs_fwd(&c, 5, 4.0); /* EMA */
-    CHECK(fabs(td_ad_fwd(&c, 5) - (2.0 + TD_AD_COST_ALPHA * 2.0)) < 1e-12, "EMA t(5) = %g", td_ad_fwd(&c, 5));
+    td_ad_costs_fwd(&c, 5, 4.0); /* the lower third of {2, 4} */
+    CHECK(fabs(td_ad_fwd(&c, 5) - 2.0) < 1e-6, "t(5) = %g", td_ad_fwd(&c, 5));
+    /* an entry is the lower third of its last TD_AD_COST_WIN (timing noise is
+     * one-sided): preempted steps (40-50x) do not move it, nor does a step in
+     * two being 5x, a lasting change does */
+    td_ad_costs_init(&c);
+    for (int i = 0; i < TD_AD_COST_WIN; i++) td_ad_costs_fwd(&c, 7, 1e-3);
+    td_ad_costs_fwd(&c, 7, 50e-3);
+    td_ad_costs_fwd(&c, 7, 40e-3);
+    CHECK(fabs(td_ad_fwd(&c, 7) - 1e-3) < 1e-9, "two outliers moved t(7) to %g", td_ad_fwd(&c, 7));
+    for (int i = 0; i < TD_AD_COST_WIN - 2; i++) td_ad_costs_fwd(&c, 7, 3e-3);
+    CHECK(fabs(td_ad_fwd(&c, 7) - 3e-3) < 1e-9, "a lasting change: t(7) %g (want 3e-3)", td_ad_fwd(&c, 7));
+    for (int i = 0; i < TD_AD_COST_WIN; i++) td_ad_costs_fwd(&c, 7, 2e-3);
+    CHECK(fabs(td_ad_fwd(&c, 7) - 2e-3) < 1e-9, "the window forgets: t(7) %g", td_ad_fwd(&c, 7));
+    for (int i = 0; i < TD_AD_COST_WIN; i++) td_ad_costs_fwd(&c, 7, i % 2 ? 5e-3 : 1e-3);
+    CHECK(fabs(td_ad_fwd(&c, 7) - 1e-3) < 1e-9, "every other step 5x: t(7) %g", td_ad_fwd(&c, 7));
+    /* an unvisited size reads its calibration x the ratio of the nearest
+     * visited sizes, not the ratio of steps of every size (rho): on the demo
+     * model under 4 clients the 4-token decode step cost 1.1x its calibration
+     * while prefill-sized steps ran at 0.1-0.3x of their extrapolated one;
+     * the global ratio then priced 8 tokens below 4 (flattened to "free" by
+     * the monotone rule) and every request tracked and drafted */
+    td_ad_costs_init(&c);
+    for (int t = 1; t <= 16; t++) td_ad_costs_cal_fwd(&c, t, 1e-3 * (1.0 + 0.1 * (t - 1)));
+    for (int i = 0; i < 40; i++) {
+        td_ad_costs_fwd(&c, 4, 1.5 * 1.3e-3);  /* decode steps: 1.5x their calibration (the step's overhead) */
+        td_ad_costs_fwd(&c, 400, 0.2 * 40.9e-3); /* prefill steps: 0.2x the extrapolated calibration */
+    }
+    {
+        /* t(8): its calibration 1.7e-3 x the ratio interpolated between 1.5 (T = 4) and 0.2 (T = 400) */
+        double t4 = td_ad_fwd(&c, 4), t8 = td_ad_fwd(&c, 8), want8 = 1.7e-3 * (1.5 + (0.2 - 1.5) * 4.0 / 396.0);
+        CHECK(fabs(t4 - 1.95e-3) < 1e-9 && fabs(t8 - want8) < 1e-9 && t8 > t4 * 1.25, "t(4) %g, t(8) %g (want %g)", t4, t8, want8);
+        CHECK(1.7e-3 * c.rho_fwd < t4, "the fixture: calibration x the global ratio (%g) would price t(8) below t(4)", c.rho_fwd);
+        CHECK(fabs(td_ad_fwd(&c, 2) - 1.1e-3 * 1.5) < 1e-9, "below the lowest visited size: its ratio (t(2) %g)", td_ad_fwd(&c, 2));
+    }
     /* calibration x the ratio real steps show: a size real steps did not
      * visit reads its calibration scaled by it */
     td_ad_costs_init(&c);
@@ -176,9 +217,19 @@ int main(void) {
     for (int i = 0; i < 60; i++) td_ad_costs_fwd(&c, 1, 2.0); /* real steps at T=1 cost twice the calibration */
     CHECK(fabs(td_ad_fwd(&c, 1) - 2.0) < 1e-9 && fabs(td_ad_fwd(&c, 5) - 2.8) < 1e-3, "t(1) %g, t(5) %g (want 2.8)", td_ad_fwd(&c, 1),
           td_ad_fwd(&c, 5));
-    td_ad_costs_fwd(&c, 5, 3.0);
-    td_ad_costs_fwd(&c, 5, 3.0);
+    for (int i = 0; i < TD_AD_MIN_SAMPLES; i++) td_ad_costs_fwd(&c, 5, 3.0);
     CHECK(fabs(td_ad_fwd(&c, 5) - 3.0) < 1e-9, "measured t(5) %g", td_ad_fwd(&c, 5));
+    /* a measured entry is not lifted to a noisy smaller one (that made the
+       tokens between them free): t(3) measured at 3x, t(4) at 1x its
+       calibration; an unmeasured t(5) reads no cheaper than t(4) */
+    td_ad_costs_init(&c);
+    for (int t = 1; t <= 16; t++) td_ad_costs_cal_fwd(&c, t, 1e-3 * (1.0 + 0.1 * (t - 1)));
+    for (int i = 0; i < TD_AD_MIN_SAMPLES; i++) {
+        td_ad_costs_fwd(&c, 3, 3 * 1.2e-3);
+        td_ad_costs_fwd(&c, 4, 1.3e-3);
+    }
+    CHECK(fabs(td_ad_fwd(&c, 4) - 1.3e-3) < 1e-9 && td_ad_fwd(&c, 5) >= td_ad_fwd(&c, 4) && td_ad_fwd(&c, 8) > td_ad_fwd(&c, 4) * 1.2,
+          "t(3) %g, t(4) %g, t(5) %g, t(8) %g", td_ad_fwd(&c, 3), td_ad_fwd(&c, 4), td_ad_fwd(&c, 5), td_ad_fwd(&c, 8));
     /* acceptance: decayed conditional rates, seeded from the engine-wide ones */
     td_ad_accept g = {{0}, {0}};
     for (int i = 0; i < 200; i++) td_ad_observe(&g, 3, i % 4 == 0 ? 0 : 3, TD_AD_GLOBAL_DECAY); /* 75% take all 3, 25% none */
