@@ -289,7 +289,10 @@ static void save_checkpoint(td_gen *g) {
  * running and this one (td_ad_worth_tracking), then it runs as depth 0
  * without MTP work, except every TD_AD_TRACK_EVERY-th, which tracks and
  * runs at depth 0 but for its probes (measure_only), so the engine-wide
- * acceptance and costs keep being measured. */
+ * acceptance and costs keep being measured. One that does not track is a
+ * fixed depth-0 request from here on (depth 0: its work buffers, the KV it
+ * reserves per step and the rows it takes from the step's token budget are
+ * a depth-0 request's, not the maximum depth's). */
 static void ad_begin(td_gen *g, const td_sampling *sp) {
     td_ad_engine *ae = td_engine_ad(g->e);
     int b = sp && sp->temperature > 0 ? 1 : 0;
@@ -298,7 +301,7 @@ static void ad_begin(td_gen *g, const td_sampling *sp) {
     g->ad.bucket = b;
     if (!g->ad.force_seed && !td_ad_worth_tracking(&ae->costs, &ae->global[b], g->depth, ae->n_live + 1, TD_AD_TRACK_MARGIN)) {
         if (ae->n_auto % TD_AD_TRACK_EVERY == 0) g->ad.measure_only = true; /* tracks, drafts only to probe */
-        else g->track = false;
+        else g->track = false, g->depth = 0; /* a fixed depth-0 request: its buffers, KV steps and budget rows too */
     }
     if (!g->ad.force_seed) ae->n_auto++;
 }

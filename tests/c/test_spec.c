@@ -18,6 +18,7 @@
 #include "golden.h"
 #include "chi2.h"
 #include "spec/calibrate.h"
+#include "spec/gen.h"
 #include "backend/cpu/kernels.h"
 #ifdef SPEC_BF16
 #define SPEC_PRECISION TD_PRECISION_BF16
@@ -91,6 +92,36 @@ static void greedy_identity(const char *dir) {
     }
     printf("%s: depths 1-8 identical to depth 0 over %d tokens: %d/8 (acceptance d1 %.2f d4 %.2f d8 %.2f)\n", dir, 512 / SCALE, identical, acc[1], acc[4], acc[8]);
     td_session_free(s);
+    td_engine_free(e);
+}
+
+static int emit_none(void *u, int32_t t, const float *row) { (void)u, (void)t, (void)row; return 0; }
+
+/* Issue 18: an auto request that does not track (drafting predicted not to
+ * pay: a verify row costs as much as a token, t(T) = T ms) is a fixed
+ * depth-0 request, its budget rows and KV steps included; the one in
+ * TD_AD_TRACK_EVERY that tracks keeps the maximum depth. */
+static void auto_untracked(const char *dir) {
+    td_engine *e = load(dir, 4);
+    if (!e) return;
+    td_err err = {0};
+    for (int t = 1; t <= 64; t++) td_ad_costs_cal_fwd(&e->ad.costs, t, 1e-3 * t);
+    td_ad_costs_cal_mtp(&e->ad.costs, 1, 0.5e-3);
+    td_sampling sp;
+    td_sampling_default(&sp);
+    int32_t prompt[8] = {1, 2, 3, 4, 5, 6, 7, 8};
+    td_gen_opts o = {.max_tokens = 8, .spec_depth = 4, .ignore_eos = true, .spec_auto = true};
+    int depth[3] = {-1, -1, -1};
+    for (int i = 0; i < 3; i++) {
+        td_session *s;
+        td_session_new(e, &s, &err);
+        td_gen *g = NULL;
+        CHECK(td_gen_begin(s, prompt, 8, &sp, &o, emit_none, NULL, &g, &err) == 0, "begin: %s", err.msg);
+        if (g) depth[i] = td_gen_depth(g), td_gen_end(g);
+        td_session_free(s);
+    }
+    CHECK(depth[0] == 4 && depth[1] == 0 && depth[2] == 0, "%s: depths %d %d %d (want 4: the measuring one, then 0 0)", dir, depth[0],
+          depth[1], depth[2]);
     td_engine_free(e);
 }
 
@@ -318,6 +349,7 @@ int main(void) {
     multi_turn("tests/models/spec-partial");
     greedy_auto("tests/models/spec-partial", 512 / SCALE);
     greedy_auto("models/demo", 256 / SCALE);
+    auto_untracked("tests/models/spec-partial");
     CHECK(distribution_test("tests/models/spec-agree", false) > 0.01, "bf16: argmax-draft rejection sampling fails chi-square");
     CHECK(distribution_test("tests/models/spec-disagree", true) > 0.01, "bf16: sampled-draft residual fails chi-square");
     g_schedule = 1000;
@@ -355,6 +387,7 @@ int main(void) {
      * and the step picks 0..3 every step) */
     greedy_auto("tests/models/spec-partial", 512 / SCALE);
     greedy_auto("models/demo", 256 / SCALE);
+    auto_untracked("tests/models/spec-partial");
     g_schedule = 1000;
     p = distribution_test("tests/models/spec-agree", false);
     CHECK(p > 0.01, "rejection sampling under a changing depth fails chi-square: p = %.4f", p);
