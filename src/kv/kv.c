@@ -363,8 +363,8 @@ fail:
     free(canon); free(hashes); free(toks); free(st); free(hd);
 }
 
-int td_kv_match(td_kv *kv, const int32_t *tokens, int max_len, bool need_mtp, int *blocks, int cap, td_kv_hit *hit) {
-    memset(hit, 0, sizeof *hit);
+/* The longest usable checkpoint (see td_kv_match), or NULL. */
+static ckpt *best_match(const td_kv *kv, const int32_t *tokens, int max_len, bool need_mtp, int cap) {
     ckpt *best = NULL;
     for (int i = 0; i < kv->n_ckpt; i++) {
         ckpt *c = &kv->ck[i];
@@ -377,6 +377,17 @@ int td_kv_match(td_kv *kv, const int32_t *tokens, int max_len, bool need_mtp, in
         }
         if (cached) best = c;
     }
+    return best;
+}
+
+int td_kv_match_len(const td_kv *kv, const int32_t *tokens, int max_len, bool need_mtp, int cap) {
+    const ckpt *c = best_match(kv, tokens, max_len, need_mtp, cap);
+    return c ? c->n : 0;
+}
+
+int td_kv_match(td_kv *kv, const int32_t *tokens, int max_len, bool need_mtp, int *blocks, int cap, td_kv_hit *hit) {
+    memset(hit, 0, sizeof *hit);
+    ckpt *best = best_match(kv, tokens, max_len, need_mtp, cap);
     if (!best) return 0;
     /* Take the shared blocks first: referenced, they leave the free list, so
      * the tail allocation below can neither evict them from the prefix cache

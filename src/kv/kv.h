@@ -98,4 +98,7 @@ void td_kv_checkpoint(td_kv *kv, const int32_t *tokens, int n, const int *blocks
  * nothing was referenced). The hit's pointers stay valid until the next
  * call on kv. */
 int td_kv_match(td_kv *kv, const int32_t *tokens, int max_len, bool need_mtp, int *blocks, int cap, td_kv_hit *hit);
+/* The length td_kv_match would restore (without its tail allocation), and
+ * nothing else: no reference taken, no LRU touched. */
+int td_kv_match_len(const td_kv *kv, const int32_t *tokens, int max_len, bool need_mtp, int cap);
 #endif

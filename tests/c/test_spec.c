@@ -122,6 +122,23 @@ static void auto_untracked(const char *dir) {
     }
     CHECK(depth[0] == 4 && depth[1] == 0 && depth[2] == 0, "%s: depths %d %d %d (want 4: the measuring one, then 0 0)", dir, depth[0],
           depth[1], depth[2]);
+    /* the measuring one does not give up a prefix-cache hit that has no MTP
+     * entries (a depth-0 request saved it): it reuses it at depth 0 */
+    int32_t p2[40], out[16];
+    for (int i = 0; i < 40; i++) p2[i] = (i * 5 + 1) % (e->model->cfg.vocab_size - 8);
+    td_session *s;
+    td_session_new(e, &s, &err);
+    td_gen_result r0, r1;
+    tokvec v = {out, 0, 16};
+    td_gen_opts o0 = {.max_tokens = 4, .ignore_eos = true};
+    CHECK(td_session_generate(s, p2, 40, &sp, &o0, collect, &v, &r0, &err) == 0, "depth 0: %s", err.msg);
+    td_session_free(s);
+    td_session_new(e, &s, &err);
+    e->ad.n_auto = 8 * TD_AD_TRACK_EVERY; /* the next auto request is the measuring one */
+    v.n = 0;
+    CHECK(td_session_generate(s, p2, 40, &sp, &o, collect, &v, &r1, &err) == 0, "auto: %s", err.msg);
+    CHECK(r1.n_reused >= 32, "%s: the measuring request reused %d of 40 prompt tokens (the depth-0 request's checkpoint)", dir, r1.n_reused);
+    td_session_free(s);
     td_engine_free(e);
 }
 
@@ -175,18 +192,22 @@ static void greedy_auto(const char *dir, int n_tokens) {
         td_sampling ss = sp;
         ss.temperature = 0.8f;
         ss.seed = (uint64_t)seed;
-        td_engine *e2 = load(dir, 4); /* a fresh engine: its first auto request tracks and drafts */
-        td_session *s2 = NULL;
-        if (!e2 || td_session_new(e2, &s2, &err)) break;
+        /* fresh engines, one per run: the auto request is its engine's first, which tracks
+           and drafts (on the depth-0 run's engine its prefix-cache hit would make it a
+           depth-0 request: gen.c start_prefill) */
+        td_engine *e2 = load(dir, 4), *e3 = load(dir, 4);
+        td_session *s2 = NULL, *s3 = NULL;
+        if (!e2 || !e3 || td_session_new(e2, &s2, &err) || td_session_new(e3, &s3, &err)) break;
         g_schedule = 0;
         int na = gen(s2, prompt, 16, 0, n_tokens / 2, &ss, ref, &r, false);
         g_schedule = 1;
-        td_session_reset(s2);
-        int nb = gen(s2, prompt, 16, 4, n_tokens / 2, &ss, out, &r, false);
+        int nb = gen(s3, prompt, 16, 4, n_tokens / 2, &ss, out, &r, false);
         drafted += r.spec.draft_tokens;
         same_sampled += na == nb && memcmp(out, ref, sizeof(int32_t) * (size_t)na) == 0;
         td_session_free(s2);
+        td_session_free(s3);
         td_engine_free(e2);
+        td_engine_free(e3);
     }
     CHECK(drafted > 0, "%s: the sampled auto requests drafted", dir);
     CHECK(same_sampled == 4, "%s: seeded sampled output at auto differs from depth 0 (%d/4 equal)", dir, same_sampled);
