@@ -39,7 +39,9 @@
  * (td_ad_worth_tracking, with a 15% margin for the tracking itself); one in
  * TD_AD_TRACK_EVERY tracks anyway, so the engine-wide acceptance and the
  * cost table keep being measured. A request that does not track runs
- * exactly as a fixed depth-0 one. A tracking request at depth 0 probes:
+ * exactly as a fixed depth-0 one; so does one that would have to give up a
+ * prefix-cache hit to track (a checkpoint saved by a request that did not
+ * track has no MTP entries; gen.c start_prefill). A tracking request at depth 0 probes:
  * after `probe` steps at 0 it drafts one token, so p_1 keeps being
  * measured; a probe that does not change the choice doubles the interval
  * (16 .. 256 steps). */

@@ -374,12 +374,13 @@ static int start_prefill(td_gen *g, td_err *err) {
     int n_prompt = g->n_prompt;
     /* Reuse the session's state when it holds a strict prefix of the prompt. */
     int reuse = q->n_past;
-    /* A request that tracks only to keep auto's figures measured does not pay
-     * for it with its prefix-cache reuse: a checkpoint saved by a request that
-     * did not track has no MTP entries, and tracking would recompute the whole
-     * prefix (the demo model under 4 clients: 923 of 6544 reused tokens lost,
-     * 27% more prefill). It runs as a depth-0 request instead. */
-    if (g->ad.measure_only && !td_engine_options(e)->no_prefix_caching && n_prompt > 1) {
+    /* An auto request does not pay for tracking with its prefix-cache reuse: a
+     * checkpoint saved by a request that did not track has no MTP entries, and
+     * tracking would recompute the prefix (the demo model under 4 clients: 923
+     * of 6544 reused tokens lost, 27% more prefill; for an agent's 30k-token
+     * prefix, minutes on a CPU, far more than drafting can win back). It runs
+     * as a depth-0 request instead. */
+    if (g->autod && g->track && !g->ad.force_seed && !td_engine_options(e)->no_prefix_caching && n_prompt > 1) {
         int cap = n_prompt / TD_KV_BLOCK + 2;
         int with = td_kv_match_len(td_engine_kv(e), prompt, n_prompt - 1, true, cap);
         int own = reuse < n_prompt && reuse > 0 && td_mtp_valid(s) && !memcmp(q->tokens, prompt, (size_t)reuse * sizeof(int32_t)) ? reuse : 0;

@@ -139,6 +139,17 @@ static void auto_untracked(const char *dir) {
     CHECK(td_session_generate(s, p2, 40, &sp, &o, collect, &v, &r1, &err) == 0, "auto: %s", err.msg);
     CHECK(r1.n_reused >= 32, "%s: the measuring request reused %d of 40 prompt tokens (the depth-0 request's checkpoint)", dir, r1.n_reused);
     td_session_free(s);
+    /* nor does one that tracks because drafting pays (a flat verify cost) */
+    td_ad_costs_init(&e->ad.costs);
+    for (int t = 1; t <= 64; t++) td_ad_costs_cal_fwd(&e->ad.costs, t, 1e-3 * (1.0 + 0.01 * t));
+    td_ad_costs_cal_mtp(&e->ad.costs, 1, 0.01e-3);
+    e->ad.n_auto = 8 * TD_AD_TRACK_EVERY + 1;
+    CHECK(td_ad_worth_tracking(&e->ad.costs, &e->ad.global[0], 4, 1, TD_AD_TRACK_MARGIN), "%s: the flat table makes tracking pay", dir);
+    td_session_new(e, &s, &err);
+    v.n = 0;
+    CHECK(td_session_generate(s, p2, 40, &sp, &o, collect, &v, &r1, &err) == 0, "auto: %s", err.msg);
+    CHECK(r1.n_reused >= 32, "%s: a tracking request reused %d of 40 prompt tokens (the depth-0 request's checkpoint)", dir, r1.n_reused);
+    td_session_free(s);
     td_engine_free(e);
 }
 
