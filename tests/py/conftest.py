@@ -36,6 +36,11 @@ class Server:
         while time.time() < deadline:
             try:
                 if requests.get(self.base + "/health", timeout=2).status_code == 200:
+                    # the server prints its "ready on" line just after /health turns 200
+                    # (src/cli/serve.c); tests read that line from the log
+                    t_end = time.time() + 10
+                    while time.time() < t_end and not any("ready on" in l for l in self.log) and self.proc.poll() is None:
+                        time.sleep(0.01)
                     return
             except requests.RequestException:
                 pass
