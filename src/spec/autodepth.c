@@ -240,6 +240,7 @@ double td_ad_choose(td_ad_costs *c, td_ad_req *r, int n, int extra_tokens) {
         tokens += r[i].k + 1;
         for (int j = 0; j < r[i].k; j++) rows[j]++;
     }
+    double base = td_ad_rate(c, r, n, extra_tokens); /* the start: every auto request at 0 */
     double best_rate = 0;
     for (int pass = 0; pass < 2; pass++) {
         bool changed = false;
@@ -276,17 +277,10 @@ double td_ad_choose(td_ad_costs *c, td_ad_req *r, int n, int extra_tokens) {
     /* drafting at all must be predicted to pay TD_AD_DRAFT_MARGIN over every auto request at 0 */
     bool any = false;
     for (int i = 0; i < n; i++) any |= !r[i].fixed && r[i].k > 0;
-    if (any) {
-        double rate = td_ad_rate(c, r, n, extra_tokens);
-        int8_t keep[TD_AD_MAX_M];
-        for (int i = 0; i < n && i < TD_AD_MAX_M; i++) {
-            keep[i] = (int8_t)r[i].k;
+    if (any && td_ad_rate(c, r, n, extra_tokens) < base * TD_AD_DRAFT_MARGIN) {
+        for (int i = 0; i < n; i++)
             if (!r[i].fixed) r[i].k = 0;
-        }
-        double base = td_ad_rate(c, r, n, extra_tokens);
-        if (rate >= base * TD_AD_DRAFT_MARGIN || n > TD_AD_MAX_M)
-            for (int i = 0; i < n && i < TD_AD_MAX_M; i++) r[i].k = keep[i];
-        else best_rate = base;
+        best_rate = base;
     }
     return best_rate > 0 ? best_rate : td_ad_rate(c, r, n, extra_tokens);
 }

@@ -50,12 +50,9 @@ int td_engine_calibrate_spec(td_engine *e, int max_k, int rows, int reps, td_err
     for (;;) {
         need = CAL_CTX + 8;
         for (int p = 0; p < np; p++) need += (max_reps + 1) * (pts[p] > 1 && pts[p] <= max_k + 1 ? 1 : pts[p]);
-        if (need < td_engine_max_ctx(e) || np == 1) {
-            if (need < td_engine_max_ctx(e) || max_reps == reps) break;
-            max_reps = reps; /* no room for more rounds */
-            continue;
-        }
-        if (max_reps > reps) { max_reps = reps; continue; }
+        if (need < td_engine_max_ctx(e)) break;
+        if (max_reps > reps) { max_reps = reps; continue; } /* no room for more rounds */
+        if (np == 1) break;
         np--; /* a tiny window: only what fits */
     }
     if (need >= td_engine_max_ctx(e)) return TD_OK;
