@@ -60,6 +60,10 @@ bool td_kernels_have_bf16(void);
 void td_x_to_bf16(const float *x, int M, int64_t K, int64_t ldb, uint16_t *xb);
 void td_matmul_block_bf16(const td_tensor *W, const uint16_t *xb, int64_t ldb, int m0, int m1, int64_t n0, int64_t n1, float *y,
                           int64_t ldy);
+/* The activation rows one prefill panel of kernels_bf16.c takes at once:
+ * callers that split M hand it blocks of this size (its weight panel is
+ * converted once per block). */
+#define TD_BF16_M_BLOCK 128
 
 /* e4m3 (fn: no infinities, 0x7f/0xff NaN) byte -> float, exact. */
 float td_fp8_e4m3_to_f32(uint8_t b);

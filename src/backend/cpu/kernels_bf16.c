@@ -138,12 +138,14 @@ DRIVERBF(tbf_q8, KQ8)
  * (L1-resident, 34 KiB) and reused by every activation row of the block; each
  * output's accumulator lives in `acc` between K slices, so the per-element
  * sequence of VDPBF16PS is the tile's. */
-enum { PB_N = 32, PB_K = 512, PB_M = 64, PB_STR = PB_K + 32 };
+enum { PB_N = 32, PB_K = 512, PB_M = TD_BF16_M_BLOCK, PB_STR = PB_K + 32 };
 
-TBF INL void microbf(const int RN, const int RM, const uint16_t *wp, const uint16_t *xp, int64_t ldb, int kk, float *acc) {
+/* first: the K slice at 0, whose accumulators start at zero (not read from acc) */
+TBF INL void microbf(const int RN, const int RM, const uint16_t *wp, const uint16_t *xp, int64_t ldb, int kk, float *acc,
+                     const bool first) {
     __m512 a[4][4];
     for (int r = 0; r < RN; r++)
-        for (int q = 0; q < RM; q++) a[r][q] = _mm512_loadu_ps(acc + ((int64_t)r * PB_M + q) * 16);
+        for (int q = 0; q < RM; q++) a[r][q] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(acc + ((int64_t)r * PB_M + q) * 16);
     for (int i = 0; i < kk; i += 32) {
         __m512bh w[4];
         for (int r = 0; r < RN; r++) w[r] = (__m512bh)_mm512_loadu_si512((const void *)(wp + r * PB_STR + i));
@@ -159,8 +161,8 @@ TBF INL void microbf(const int RN, const int RM, const uint16_t *wp, const uint1
 TBF INL void panelbf_block(const wd *d, const int kind, const uint16_t *xb, int64_t ldb, int m, int mm, int64_t n, int nn,
                            float *y, int64_t ldy, uint16_t *wpan, float *acc) {
     const int64_t K = d->K;
-    memset(acc, 0, sizeof(float) * (size_t)PB_N * PB_M * 16);
     for (int64_t k0 = 0; k0 < K; k0 += PB_K) {
+        const bool first = k0 == 0;
         int kk = (int)(K - k0 < PB_K ? K - k0 : PB_K);
         int kpad = (kk + 31) & ~31; /* the tail chunk is zero padded, like the tile's */
         for (int r = 0; r < nn; r++) {
@@ -176,28 +178,32 @@ TBF INL void panelbf_block(const wd *d, const int kind, const uint16_t *xb, int6
                 float *ap = acc + ((int64_t)r * PB_M + q) * 16;
                 const uint16_t *wp = wpan + r * PB_STR;
                 if (rn == 4) {
-                    if (rm == 4) microbf(4, 4, wp, xp, ldb, kpad, ap);
-                    else if (rm == 2) microbf(4, 2, wp, xp, ldb, kpad, ap);
-                    else microbf(4, 1, wp, xp, ldb, kpad, ap);
+                    if (rm == 4) microbf(4, 4, wp, xp, ldb, kpad, ap, first);
+                    else if (rm == 2) microbf(4, 2, wp, xp, ldb, kpad, ap, first);
+                    else microbf(4, 1, wp, xp, ldb, kpad, ap, first);
                 } else if (rn == 2) {
-                    if (rm == 4) microbf(2, 4, wp, xp, ldb, kpad, ap);
-                    else if (rm == 2) microbf(2, 2, wp, xp, ldb, kpad, ap);
-                    else microbf(2, 1, wp, xp, ldb, kpad, ap);
+                    if (rm == 4) microbf(2, 4, wp, xp, ldb, kpad, ap, first);
+                    else if (rm == 2) microbf(2, 2, wp, xp, ldb, kpad, ap, first);
+                    else microbf(2, 1, wp, xp, ldb, kpad, ap, first);
                 } else {
-                    if (rm == 4) microbf(1, 4, wp, xp, ldb, kpad, ap);
-                    else if (rm == 2) microbf(1, 2, wp, xp, ldb, kpad, ap);
-                    else microbf(1, 1, wp, xp, ldb, kpad, ap);
+                    if (rm == 4) microbf(1, 4, wp, xp, ldb, kpad, ap, first);
+                    else if (rm == 2) microbf(1, 2, wp, xp, ldb, kpad, ap, first);
+                    else microbf(1, 1, wp, xp, ldb, kpad, ap, first);
                 }
                 r += rn;
             }
             q += rm;
         }
     }
-    for (int r = 0; r < nn; r++)
-        for (int q = 0; q < mm; q++) y[(int64_t)(m + q) * ldy + n + r] = finish(d, kind, acc + ((int64_t)r * PB_M + q) * 16);
+    const int n16 = nn & ~15;
+    for (int q = 0; q < mm; q++) {
+        float *yq = y + (int64_t)(m + q) * ldy + n;
+        for (int r = 0; r < n16; r += 16) finish16(d, kind, acc + ((int64_t)r * PB_M + q) * 16, PB_M * 16, yq + r);
+        for (int r = n16; r < nn; r++) yq[r] = finish(d, kind, acc + ((int64_t)r * PB_M + q) * 16);
+    }
 }
 
-/* Scratch on the stack: 34 KiB weight panel + 128 KiB accumulators (pool
+/* Scratch on the stack: 34 KiB weight panel + 256 KiB accumulators (pool
  * threads run on default 8 MiB stacks). */
 #define PANELBF(NAME, KIND)                                                                                          \
     TBF __attribute__((noinline)) static void NAME(const wd *d, const uint16_t *xb, int64_t ldb, int m0, int m1,      \

@@ -75,10 +75,12 @@ enum { PAN_N = 32, PAN_K = 256, PAN_M = 64 };
  * do not fall on the same L1 sets. */
 enum { WSTR = PAN_K + 16 };
 
-T512 INL void micro512(const int RN, const int RM, const float *wp, const float *xp, int64_t ldx, int kk, float *acc) {
+/* first: the K slice at 0, whose accumulators start at zero (not read from acc) */
+T512 INL void micro512(const int RN, const int RM, const float *wp, const float *xp, int64_t ldx, int kk, float *acc,
+                       const bool first) {
     __m512 a[4][4];
     for (int r = 0; r < RN; r++)
-        for (int q = 0; q < RM; q++) a[r][q] = _mm512_loadu_ps(acc + ((int64_t)r * PAN_M + q) * 16);
+        for (int q = 0; q < RM; q++) a[r][q] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(acc + ((int64_t)r * PAN_M + q) * 16);
     for (int i = 0; i < kk; i += 16) {
         __m512 w[4];
         for (int r = 0; r < RN; r++) w[r] = _mm512_loadu_ps(wp + r * WSTR + i);
@@ -95,8 +97,9 @@ T512 INL void micro512(const int RN, const int RM, const float *wp, const float 
 T512 INL void panel_block512(const wd *d, const int kind, const float *x, int m, int mm, int64_t n, int nn, float *y,
                              int64_t ldy, float *wpan, float *acc) {
     const int64_t K = d->K, Kfull = K & ~(int64_t)15;
-    memset(acc, 0, sizeof(float) * (size_t)PAN_N * PAN_M * 16); /* only the used part matters; small */
+    if (Kfull == 0) memset(acc, 0, sizeof(float) * (size_t)PAN_N * PAN_M * 16); /* K < 16: only the tail below */
     for (int64_t k0 = 0; k0 < Kfull; k0 += PAN_K) {
+        const bool first = k0 == 0;
         int kk = (int)(Kfull - k0 < PAN_K ? Kfull - k0 : PAN_K);
         for (int r = 0; r < nn; r++) {
             const uint8_t *row = d->data + (n + r) * d->row_bytes;
@@ -110,17 +113,17 @@ T512 INL void panel_block512(const wd *d, const int kind, const float *x, int m,
                 float *ap = acc + ((int64_t)r * PAN_M + q) * 16;
                 const float *wp = wpan + r * WSTR;
                 if (rn == 4) {
-                    if (rm == 4) micro512(4, 4, wp, xp, K, kk, ap);
-                    else if (rm == 2) micro512(4, 2, wp, xp, K, kk, ap);
-                    else micro512(4, 1, wp, xp, K, kk, ap);
+                    if (rm == 4) micro512(4, 4, wp, xp, K, kk, ap, first);
+                    else if (rm == 2) micro512(4, 2, wp, xp, K, kk, ap, first);
+                    else micro512(4, 1, wp, xp, K, kk, ap, first);
                 } else if (rn == 2) {
-                    if (rm == 4) micro512(2, 4, wp, xp, K, kk, ap);
-                    else if (rm == 2) micro512(2, 2, wp, xp, K, kk, ap);
-                    else micro512(2, 1, wp, xp, K, kk, ap);
+                    if (rm == 4) micro512(2, 4, wp, xp, K, kk, ap, first);
+                    else if (rm == 2) micro512(2, 2, wp, xp, K, kk, ap, first);
+                    else micro512(2, 1, wp, xp, K, kk, ap, first);
                 } else {
-                    if (rm == 4) micro512(1, 4, wp, xp, K, kk, ap);
-                    else if (rm == 2) micro512(1, 2, wp, xp, K, kk, ap);
-                    else micro512(1, 1, wp, xp, K, kk, ap);
+                    if (rm == 4) micro512(1, 4, wp, xp, K, kk, ap, first);
+                    else if (rm == 2) micro512(1, 2, wp, xp, K, kk, ap, first);
+                    else micro512(1, 1, wp, xp, K, kk, ap, first);
                 }
                 r += rn;
             }
@@ -140,12 +143,15 @@ T512 INL void panel_block512(const wd *d, const int kind, const float *x, int m,
             }
         }
     }
-    for (int r = 0; r < nn; r++)
-        for (int q = 0; q < mm; q++) {
+    const int n16 = nn & ~15;
+    for (int q = 0; q < mm; q++) {
+        float *yq = y + (int64_t)(m + q) * ldy + n;
+        for (int r = 0; r < n16; r += 16) finish16(d, kind, acc + ((int64_t)r * PAN_M + q) * 16, PAN_M * 16, yq + r);
+        for (int r = n16; r < nn; r++) {
             float v = reduce16(acc + ((int64_t)r * PAN_M + q) * 16);
-            if (kind == KF8 || kind == KFP4) v *= d->post;
-            y[(int64_t)(m + q) * ldy + n + r] = v;
+            yq[r] = kind == KF8 || kind == KFP4 ? v * d->post : v;
         }
+    }
 }
 
 /* Scratch on the stack: 32 KiB weight panel + 128 KiB accumulators (pool
