@@ -406,11 +406,11 @@ T256 INL __m256 w8_256(const wd *d, const int kind, const uint8_t *row, int64_t 
  * offsets from k0 as this tile reads. */
 T256 INL void htile256(const wd *d, const int kind, const int RN, const int RM, const uint8_t *const *row, int64_t n,
                        const float *const *xr, int64_t k0, int64_t k1, int64_t kb, float *acc, int64_t ar,
-                       const uint8_t *const *pf, int64_t step) {
+                       const uint8_t *const *pf, int64_t step, const bool first) {
     for (int h = 0; h < 2; h++) {
         __m256 a[4][5];
         for (int r = 0; r < RN; r++)
-            for (int q = 0; q < RM; q++) a[r][q] = _mm256_loadu_ps(acc + r * ar + q * 16 + 8 * h);
+            for (int q = 0; q < RM; q++) a[r][q] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(acc + r * ar + q * 16 + 8 * h);
         int64_t off = 0;
         for (int64_t i = k0; i < k1; i += 16, off += step) {
             if (pf && h == 0 && (off & 63) == 0)
@@ -435,10 +435,10 @@ T256 INL void htile256(const wd *d, const int kind, const int RN, const int RM, 
  * measured slower than 2 x 4: spills). */
 static inline int rn_for(int rm) { return rm <= 2 ? 4 : rm == 3 ? 3 : 2; }
 
-#define HT(RN_, RM_) htile256(d, kind, RN_, RM_, row, n, xr, k0, k1, kb, acc, ar, pf, step)
+#define HT(RN_, RM_) htile256(d, kind, RN_, RM_, row, n, xr, k0, k1, kb, acc, ar, pf, step, first)
 T256 INL void htile_any(const wd *d, const int kind, int rn, int rm, const uint8_t *const *row, int64_t n,
                         const float *const *xr, int64_t k0, int64_t k1, int64_t kb, float *acc, int64_t ar,
-                        const uint8_t *const *pf, int64_t step) {
+                        const uint8_t *const *pf, int64_t step, const bool first) {
 #define HT_RN4(RM_) switch (rn) { case 4: HT(4, RM_); break; case 3: HT(3, RM_); break; case 2: HT(2, RM_); break; default: HT(1, RM_); }
 #define HT_RN3(RM_) switch (rn) { case 3: HT(3, RM_); break; case 2: HT(2, RM_); break; default: HT(1, RM_); }
 #define HT_RN2(RM_) switch (rn) { case 2: HT(2, RM_); break; default: HT(1, RM_); }
@@ -454,6 +454,26 @@ T256 INL void htile_any(const wd *d, const int kind, int rn, int rm, const uint8
 #undef HT_RN2
 }
 #undef HT
+
+/* reduce16 of 16 outputs at once (as finish16 for AVX-512): accumulator j at
+ * a + j * stride, its result to y[j]. Lanes 8 apart are added per output,
+ * then lanes 4, 2 and 1 apart with the outputs packed 2, 4 and 8 to a ymm:
+ * the same additions as reduce16, so the same bits. */
+T256 INL void finish16_256(const wd *d, const int kind, const float *a, int64_t stride, float *y) {
+    __m256 v[16], w[8], z[4];
+    for (int j = 0; j < 16; j++) v[j] = _mm256_add_ps(_mm256_loadu_ps(a + j * stride), _mm256_loadu_ps(a + j * stride + 8));
+    for (int j = 0; j < 8; j++) /* [s8[0..3] + s8[4..7] of o(2j) | of o(2j+1)] */
+        w[j] = _mm256_add_ps(_mm256_permute2f128_ps(v[2 * j], v[2 * j + 1], 0x20), _mm256_permute2f128_ps(v[2 * j], v[2 * j + 1], 0x31));
+    for (int j = 0; j < 4; j++) /* [s2 of o(4j), o(4j+2) | o(4j+1), o(4j+3)] */
+        z[j] = _mm256_add_ps(_mm256_shuffle_ps(w[2 * j], w[2 * j + 1], 0x44), _mm256_shuffle_ps(w[2 * j], w[2 * j + 1], 0xee));
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (int j = 0; j < 2; j++) { /* lanes hold outputs 0 2 4 6 1 3 5 7 of this group of 8 */
+        __m256 r = _mm256_add_ps(_mm256_shuffle_ps(z[2 * j], z[2 * j + 1], 0x88), _mm256_shuffle_ps(z[2 * j], z[2 * j + 1], 0xdd));
+        r = _mm256_permutevar8x32_ps(r, order);
+        if (kind == KF8 || kind == KFP4) r = _mm256_mul_ps(r, _mm256_set1_ps(d->post));
+        _mm256_storeu_ps(y + 8 * j, r);
+    }
+}
 
 /* K % 16 tail of RN x RM outputs (zero padded, as tile256) and the final
  * reduction into y. */
@@ -473,12 +493,15 @@ T256 INL void finish256(const wd *d, const int kind, const float *x, int m, int 
             }
         }
     }
-    for (int r = 0; r < rn; r++)
-        for (int q = 0; q < rm; q++) {
+    const int n16 = rn & ~15;
+    for (int q = 0; q < rm; q++) {
+        float *yq = y + (int64_t)(m + q) * ldy + n;
+        for (int r = 0; r < n16; r += 16) finish16_256(d, kind, acc + r * ar + q * 16, ar, yq + r);
+        for (int r = n16; r < rn; r++) {
             float v = reduce16(acc + r * ar + q * 16);
-            if (kind == KF8 || kind == KFP4) v *= d->post;
-            y[(int64_t)(m + q) * ldy + n + r] = v;
+            yq[r] = kind == KF8 || kind == KFP4 ? v * d->post : v;
         }
+    }
 }
 
 /* Verify (2 .. PANEL_MIN_M - 1 activation rows): groups of VG weight rows;
@@ -517,7 +540,7 @@ T256 INL void verify256(const wd *d, const int kind, const float *x, int m0, int
                         int64_t p = pn + j < n1 ? pn + j : n1 - 1;
                         pf[j] = d->data + p * rb + pk / 16 * step;
                     }
-                    htile_any(d, kind, t, rm, row, g + r, xr, k0, k1, 0, acc + (int64_t)r * VM * 16, VM * 16, pf, step);
+                    htile_any(d, kind, t, rm, row, g + r, xr, k0, k1, 0, acc + (int64_t)r * VM * 16, VM * 16, pf, step, false);
                     r += t;
                 }
             }
@@ -535,7 +558,7 @@ enum { PN = 24, PK = 256, PM = 64, PSTR = PK + 16 };
 T256 INL void panel_block256(const wd *d, const int kind, const float *x, int m, int mm, int64_t n, int nn, float *y,
                              int64_t ldy, float *wpan, float *acc) {
     const int64_t K = d->K, Kfull = K & ~(int64_t)15;
-    memset(acc, 0, sizeof(float) * (size_t)nn * PM * 16);
+    if (Kfull == 0) memset(acc, 0, sizeof(float) * (size_t)nn * PM * 16); /* K < 16: only finish256's tail */
     const float *xr[PM];
     for (int q = 0; q < mm; q++) xr[q] = x + (int64_t)(m + q) * K;
     for (int64_t k0 = 0; k0 < Kfull; k0 += PK) {
@@ -554,7 +577,7 @@ T256 INL void panel_block256(const wd *d, const int kind, const float *x, int m,
                 const int t = nn - r < rn ? nn - r : rn;
                 const uint8_t *row[4];
                 for (int j = 0; j < t; j++) row[j] = (const uint8_t *)(wpan + (r + j) * PSTR);
-                htile_any(d, KPAN, t, rm, row, n + r, xr + q, k0, k1, k0, acc + ((int64_t)r * PM + q) * 16, PM * 16, NULL, 0);
+                htile_any(d, KPAN, t, rm, row, n + r, xr + q, k0, k1, k0, acc + ((int64_t)r * PM + q) * 16, PM * 16, NULL, 0, k0 == 0);
                 r += t;
             }
             q += rm;
