@@ -161,6 +161,7 @@ TBF INL void microbf(const int RN, const int RM, const uint16_t *wp, const uint1
 TBF INL void panelbf_block(const wd *d, const int kind, const uint16_t *xb, int64_t ldb, int m, int mm, int64_t n, int nn,
                            float *y, int64_t ldy, uint16_t *wpan, float *acc) {
     const int64_t K = d->K;
+    if (K == 0) memset(acc, 0, sizeof(float) * (size_t)PB_N * PB_M * 16); /* no slice below sets them */
     for (int64_t k0 = 0; k0 < K; k0 += PB_K) {
         const bool first = k0 == 0;
         int kk = (int)(K - k0 < PB_K ? K - k0 : PB_K);
