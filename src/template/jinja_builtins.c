@@ -115,11 +115,12 @@ static jv str_split(jctx *c, jv s, jv sep, int64_t maxsplit, bool from_right) {
             jlist *all = td_jl_new(c->a, 8);
             jv r = str_split(c, s, jv_none(), -1, false);
             all = r.l;
-            if (maxsplit < 0 || (int64_t)all->n <= maxsplit + 1) return r;
-            /* head = text up to the start of the (n - maxsplit)-th word */
-            size_t keep = all->n - (size_t)maxsplit;
-            const char *start_of = all->v[keep].s.p;
-            jv head = py_strip(c, NULL, jv_str(s.s.p, (size_t)(start_of - s.s.p)), jv_none(), 3);
+            if (maxsplit < 0 || (int64_t)all->n <= maxsplit) return r; /* every word split off */
+            /* the last maxsplit words split off; the head is the text before them, right-stripped
+               (Python keeps its leading whitespace: ' a b '.rsplit(None, 1) == [' a', 'b']) */
+            size_t keep = all->n - (size_t)maxsplit; /* >= 1 */
+            const char *end = keep < all->n ? all->v[keep].s.p : s.s.p + s.s.n;
+            jv head = py_strip(c, NULL, jv_str(s.s.p, (size_t)(end - s.s.p)), jv_none(), 2);
             td_jl_push(c->a, l, head);
             for (size_t j = keep; j < all->n; j++) td_jl_push(c->a, l, all->v[j]);
             return jv_list(l);
@@ -129,16 +130,8 @@ static jv str_split(jctx *c, jv s, jv sep, int64_t maxsplit, bool from_right) {
             while (j < s.s.n) { size_t t = j; if (!py_space(next_cp(s.s.p, s.s.n, &t))) break; j = t; }
             i = j;
             if (i >= s.s.n) break;
-            if (maxsplit >= 0 && k == maxsplit) {
-                size_t e = s.s.n;
-                while (e > i) {
-                    size_t q = e - 1;
-                    while (q > i && ((unsigned char)s.s.p[q] & 0xC0) == 0x80) q--;
-                    size_t t = q;
-                    if (!py_space(next_cp(s.s.p, s.s.n, &t))) break;
-                    e = q;
-                }
-                td_jl_push(c->a, l, jv_str(s.s.p + i, e - i));
+            if (maxsplit >= 0 && k == maxsplit) { /* the remainder, trailing whitespace kept (as Python) */
+                td_jl_push(c->a, l, jv_str(s.s.p + i, s.s.n - i));
                 break;
             }
             while (j < s.s.n) { size_t t = j; if (py_space(next_cp(s.s.p, s.s.n, &t))) break; j = t; }
@@ -641,6 +634,7 @@ jv td_jmethod(jctx *c, const jnode *n, jv obj, const char *m, jv *args, int narg
         if (!strcmp(m, "split") || !strcmp(m, "rsplit")) {
             jv sep = ARG(0, "sep", jv_none());
             jv ms = ARG(1, "maxsplit", jv_int(-1));
+            if (sep.k != V_STR && sep.k != V_NONE && sep.k != V_UNDEF) td_jfail(c, n, "split separator must be str or None");
             if (sep.k == V_STR && !sep.s.n) td_jfail(c, n, "empty separator");
             return str_split(c, obj, sep, as_int(c, n, ms, "maxsplit"), m[0] == 'r');
         }

@@ -124,6 +124,10 @@ FEATURES = [
     ("{{ 5|string }}{{ none|string }}{{ [1]|string }}{{ 'Hi'|lower }}{{ 'Hi'|upper }}{{ 'hello world'|title }}{{ 'hELLO'|capitalize }}", {}),
     ("{{ 'a-b-c'|replace('-', '+') }} {{ 'aaa'.replace('a', 'b', 2) }} {{ 'x'.upper() }} {{ 'X'.lower() }}", {}),
     ("{{ 'a,b,,c'.split(',') }} {{ ' a  b '.split() }} {{ 'a b c'.split(' ', 1) }} {{ 'a,b,c'.rsplit(',', 1) }} {{ 'x'.split('</think>')[0] }}", {}),
+    ("{{ ' a  b c '.split(None, 1) }} {{ ' a b '.rsplit(None, 1) }} {{ ' x '.rsplit(None, 0) }} {{ ' x '.split(None, 0) }} "
+     "{{ '   '.rsplit(None, 0) }} {{ ' a b c '.rsplit(None, 5) }} {{ ' x '.rsplit(None, 1) }} {{ 'a b'.rsplit(none, 0) }}", {}),
+    ("{{ 'a,b'.rsplit([','], 0) }}", {}),
+    ("{{ 'a  b'.rsplit(','|unique, 0) }}", {}),
     ("{{ s.startswith('<tool') }} {{ s.endswith('>') }} {{ s.startswith(('a', '<')) }} {{ s.find('resp') }} {{ s.count('o') }}", {"s": "<tool_response>"}),
     ("{{ l|first }} {{ l|last }} {{ l|reverse|list }} {{ l|sort }} {{ l|unique|list }} {{ l|min }} {{ l|max }} {{ l|sum }}", {"l": [3, 1, 2, 3]}),
     ("{{ l|map(attribute='n')|list }} {{ l|selectattr('n', 'gt', 1)|list }} {{ l|rejectattr('n', 'equalto', 1)|map(attribute='n')|join(',') }} {{ [1, 0, 2]|select|list }} {{ ['A', 'b']|map('lower')|list }}", {"l": [{"n": 1}, {"n": 2}]}),
