@@ -196,12 +196,7 @@ TBF INL void panelbf_block(const wd *d, const int kind, const uint16_t *xb, int6
             q += rm;
         }
     }
-    const int n16 = nn & ~15;
-    for (int q = 0; q < mm; q++) {
-        float *yq = y + (int64_t)(m + q) * ldy + n;
-        for (int r = 0; r < n16; r += 16) finish16(d, kind, acc + ((int64_t)r * PB_M + q) * 16, PB_M * 16, yq + r);
-        for (int r = n16; r < nn; r++) yq[r] = finish(d, kind, acc + ((int64_t)r * PB_M + q) * 16);
-    }
+    finish_panel512(d, kind, acc, PB_M, m, mm, n, nn, y, ldy);
 }
 
 /* Scratch on the stack: 34 KiB weight panel + 256 KiB accumulators (pool

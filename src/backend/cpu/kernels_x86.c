@@ -148,15 +148,7 @@ T512 INL void panel_block512(const wd *d, const int kind, const float *x, int m,
             }
         }
     }
-    const int n16 = nn & ~15;
-    for (int q = 0; q < mm; q++) {
-        float *yq = y + (int64_t)(m + q) * ldy + n;
-        for (int r = 0; r < n16; r += 16) finish16(d, kind, acc + ((int64_t)r * PAN_M + q) * 16, PAN_M * 16, yq + r);
-        for (int r = n16; r < nn; r++) {
-            float v = reduce16(acc + ((int64_t)r * PAN_M + q) * 16);
-            yq[r] = kind == KF8 || kind == KFP4 ? v * d->post : v;
-        }
-    }
+    finish_panel512(d, kind, acc, PAN_M, m, mm, n, nn, y, ldy);
 }
 
 /* Scratch on the stack: 32 KiB weight panel + 128 KiB accumulators (pool

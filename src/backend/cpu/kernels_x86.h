@@ -117,6 +117,22 @@ T512 INL void finish16(const wd *d, const int kind, const float *a, int64_t stri
     _mm512_storeu_ps(y, r);
 }
 
+/* A prefill panel's outputs: rows [n, n+nn) x activation rows [m, m+mm), the
+ * accumulator of (r, q) at acc + (r * pm + q) * 16; 16 rows at a time through
+ * finish16, the rest one by one with the same reduce16. */
+T512 INL void finish_panel512(const wd *d, const int kind, const float *acc, int pm, int m, int mm, int64_t n, int nn, float *y,
+                              int64_t ldy) {
+    const int n16 = nn & ~15;
+    for (int q = 0; q < mm; q++) {
+        float *yq = y + (int64_t)(m + q) * ldy + n;
+        for (int r = 0; r < n16; r += 16) finish16(d, kind, acc + ((int64_t)r * pm + q) * 16, (int64_t)pm * 16, yq + r);
+        for (int r = n16; r < nn; r++) {
+            float v = reduce16(acc + ((int64_t)r * pm + q) * 16);
+            yq[r] = kind == KF8 || kind == KFP4 ? v * d->post : v;
+        }
+    }
+}
+
 
 
 /* e4m3 byte -> f16 bits with the value scaled by 2^-8 (f16 bias 15 vs e4m3 7):
