@@ -155,6 +155,10 @@ fuzz-bins: $(FUZZ_NAMES:%=$(BUILD)/fuzz_%)
 # libFuzzer's compare tracing there gives no guidance (same coverage and
 # features in an A/B run) and took 70% of fuzz_grammar's time (tests/fuzz/README.md).
 $(FUZZ_BUILD)/src/grammar/match.o: ALL_CFLAGS += -fno-sanitize-coverage=trace-cmp
+# The CPU backend's numeric loops (matmul, attention, DeltaNet) likewise
+# compare loop counters and dimensions, never input bytes; their compare
+# tracing was 64% of fuzz_http's time (the server generates with tiny-a).
+$(FUZZ_BUILD)/src/backend/cpu/%.o: ALL_CFLAGS += -fno-sanitize-coverage=trace-cmp
 
 # TPL_FUZZ_LIMITS: smaller template memory/output/item/step limits (the same
 # checks; a hostile template fails in ~10 ms instead of ~1 s; src/template/jinja.h).

@@ -5,8 +5,10 @@
  * raw bytes on a fresh loopback connection, the write side is shut, and the
  * reply is read until the server closes, 30 ms pass without a byte, or 2 s
  * in all (then the client closes: a generation still running sees a
- * disconnect); then the harness waits for the server to free every job of
- * that connection.
+ * disconnect); an input whose byte sum is 15 modulo 16 (1 in 16)
+ * hangs up as soon as it is sent instead, so the server meets a client gone
+ * before or during its reply. Then the harness waits for the server to free
+ * every job of that connection.
  *
  * What it covers: libmicrohttpd's wire parsing is the system library's
  * (not instrumented, so libFuzzer's guidance comes from tandem code only);
@@ -35,7 +37,7 @@ static int g_port;
 
 /* FUZZ_HTTP_STATS=1: at exit, how inputs ended and the time each kind took
  * (tuning aid: the idle wait bounds the harness's speed). */
-enum { END_CLOSED, END_IDLE, END_DEADLINE, END_N };
+enum { END_CLOSED, END_IDLE, END_DEADLINE, END_HANGUP, END_N };
 static long g_ends[END_N];
 static double g_end_s[END_N], g_jobs_s;
 
@@ -49,9 +51,11 @@ static void stop_all(void) {
     td_tok_free(g_tok);
     g_srv = NULL;
     if (getenv("FUZZ_HTTP_STATS"))
-        fprintf(stderr, "fuzz_http: closed by server %ld (%.1f s), idle %ld (%.1f s), deadline %ld (%.1f s); waiting for jobs %.1f s\n",
+        fprintf(stderr,
+                "fuzz_http: closed by server %ld (%.1f s), idle %ld (%.1f s), deadline %ld (%.1f s), hung up %ld (%.1f s); "
+                "waiting for jobs %.1f s\n",
                 g_ends[END_CLOSED], g_end_s[END_CLOSED], g_ends[END_IDLE], g_end_s[END_IDLE], g_ends[END_DEADLINE],
-                g_end_s[END_DEADLINE], g_jobs_s);
+                g_end_s[END_DEADLINE], g_ends[END_HANGUP], g_end_s[END_HANGUP], g_jobs_s);
 }
 
 int LLVMFuzzerInitialize(int *argc, char ***argv) {
@@ -93,7 +97,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     double t0 = now_s(), end = t0 + 2.0;
     int how = END_DEADLINE;
     size_t off = 0;
-    bool wr_open = size > 0;
+    unsigned sum = 0;
+    for (size_t i = 0; i < size; i++) sum += data[i];
+    bool wr_open = size > 0, hang_up = size > 1 && (sum & 15) == 15;
     if (!wr_open) shutdown(fd, SHUT_WR);
     char buf[65536];
     for (;;) {
@@ -113,6 +119,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         if (wr_open && off == size) {
             shutdown(fd, SHUT_WR);
             wr_open = false;
+            if (hang_up) {
+                how = END_HANGUP;
+                break;
+            }
         }
         if (p.revents & (POLLIN | POLLHUP | POLLERR)) {
             ssize_t r = recv(fd, buf, sizeof buf, MSG_DONTWAIT);
