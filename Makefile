@@ -157,8 +157,9 @@ fuzz-bins: $(FUZZ_NAMES:%=$(BUILD)/fuzz_%)
 $(FUZZ_BUILD)/src/grammar/match.o: ALL_CFLAGS += -fno-sanitize-coverage=trace-cmp
 # The CPU backend's numeric loops (matmul, attention, DeltaNet) likewise
 # compare loop counters and dimensions, never input bytes; their compare
-# tracing was 64% of fuzz_http's time (the server generates with tiny-a).
-$(FUZZ_BUILD)/src/backend/cpu/%.o: ALL_CFLAGS += -fno-sanitize-coverage=trace-cmp
+# tracing was 64% of fuzz_http's time (the server generates with tiny-a), and
+# they are built at -O2 there (ASan and UBSan stay): 4,000 runs 7.4-8.3 s -> 5.7-6.2 s.
+$(FUZZ_BUILD)/src/backend/cpu/%.o: ALL_CFLAGS += -fno-sanitize-coverage=trace-cmp -O2
 
 # TPL_FUZZ_LIMITS: smaller template memory/output/item/step limits (the same
 # checks; a hostile template fails in ~10 ms instead of ~1 s; src/template/jinja.h).
