@@ -188,6 +188,12 @@ double td_ad_expected(const double *p, int k) {
     return e;
 }
 
+double td_ad_p_global(const td_ad_accept *g, int j) {
+    if (!g || j < 0 || j >= TD_MAX_SPEC_DEPTH || !(g->n[j] >= 0) || !(g->a[j] >= 0)) return TD_AD_P_PRIOR;
+    double p = (g->a[j] + TD_AD_GLOBAL_PRIOR_WEIGHT * TD_AD_P_PRIOR) / (g->n[j] + TD_AD_GLOBAL_PRIOR_WEIGHT);
+    return p < 0 ? 0 : p > 1 ? 1 : p;
+}
+
 void td_ad_observe(td_ad_accept *acc, int k, int a, double decay) {
     if (k > TD_MAX_SPEC_DEPTH) k = TD_MAX_SPEC_DEPTH;
     for (int j = 0; j < k && j <= a; j++) {
@@ -199,7 +205,7 @@ void td_ad_observe(td_ad_accept *acc, int k, int a, double decay) {
 void td_ad_state_init(td_ad_state *s, const td_ad_accept *global, uint64_t force_seed) {
     memset(s, 0, sizeof *s);
     for (int j = 0; j < TD_MAX_SPEC_DEPTH; j++) {
-        double p = global && global->n[j] > 0.5 ? td_ad_p(global, j) : 0.7;
+        double p = td_ad_p_global(global, j);
         s->acc.n[j] = TD_AD_PRIOR_WEIGHT;
         s->acc.a[j] = TD_AD_PRIOR_WEIGHT * p;
     }
@@ -293,7 +299,7 @@ bool td_ad_worth_tracking(td_ad_costs *c, const td_ad_accept *global, int kmax, 
     if (kmax > TD_MAX_SPEC_DEPTH) kmax = TD_MAX_SPEC_DEPTH;
     for (int i = 0; i < batch; i++) {
         r[i] = (td_ad_req){.kmax = kmax};
-        for (int j = 0; j < TD_MAX_SPEC_DEPTH; j++) r[i].p[j] = global && global->n[j] > 0.5 ? td_ad_p(global, j) : 0.7;
+        for (int j = 0; j < TD_MAX_SPEC_DEPTH; j++) r[i].p[j] = td_ad_p_global(global, j);
     }
     double base = td_ad_rate(c, r, batch, 0); /* all at k = 0 */
     double best = td_ad_choose(c, r, batch, 0);

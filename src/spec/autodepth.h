@@ -58,6 +58,8 @@
 #define TD_AD_DECAY 0.9       /* per-request weight of older outcomes, per verify */
 #define TD_AD_GLOBAL_DECAY 0.995
 #define TD_AD_PRIOR_WEIGHT 4.0 /* pseudo-observations a request starts with from the engine-wide figures */
+#define TD_AD_P_PRIOR 0.7     /* p_j before anything was measured */
+#define TD_AD_GLOBAL_PRIOR_WEIGHT 4.0 /* pseudo-observations of TD_AD_P_PRIOR in the engine-wide figures */
 #define TD_AD_COST_ALPHA 0.2  /* weight of a new measurement in rho and a calibration entry */
 /* An online cost entry is the lower third of its last TD_AD_COST_WIN
  * measurements (the 3rd smallest of 9). Step times on a shared machine are
@@ -186,18 +188,27 @@ double td_ad_mtp(td_ad_costs *c, int m);
 
 /* p_j of a, with n < 1e-9 reading 0.5. */
 double td_ad_p(const td_ad_accept *a, int j);
+/* The engine-wide p_j a new request starts from: g's rate shrunk toward
+ * TD_AD_P_PRIOR by TD_AD_GLOBAL_PRIOR_WEIGHT pseudo-observations (NULL or
+ * nothing measured: the prior). Read raw, a position seen once or twice
+ * (deeper positions are drafted rarely where auto mostly runs at 0) gave
+ * 0.00 or 1.00, and every later request planned as if it were certain: on
+ * the 27B-shaped model under 4 clients p_3 read 0.00 after one rejection,
+ * p_2 1.00 after two acceptances, and no request tracked after the first
+ * four. */
+double td_ad_p_global(const td_ad_accept *g, int j);
 /* E[accepted + 1 | k] = 1 + sum_{i=1..k} prod_{j<i+1} p_j. */
 double td_ad_expected(const double *p, int k);
 /* A verify drafted k and accepted a: updates positions 0..min(a, k-1)
  * with decay `decay`. */
 void td_ad_observe(td_ad_accept *acc, int k, int a, double decay);
 /* A new request's state: prior = the engine-wide figures at
- * TD_AD_PRIOR_WEIGHT observations per position (0.7 where none yet). */
+ * TD_AD_PRIOR_WEIGHT observations per position (td_ad_p_global). */
 void td_ad_state_init(td_ad_state *s, const td_ad_accept *global, uint64_t force_seed);
 /* Whether a new request should keep MTP tracking (and so be able to
  * draft): the depths td_ad_choose picks for `batch` requests alike (the new
  * one and those already running), with the engine-wide acceptance `global`
- * (0.7 per position where nothing was measured), are predicted at least
+ * (td_ad_p_global), are predicted at least
  * `margin` times faster than depth 0 for all of them. A request that does
  * not track runs exactly as a fixed depth-0 one (no MTP work at all): where
  * drafting does not pay (a model in cache; a batch whose verify rows cost

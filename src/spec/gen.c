@@ -324,7 +324,7 @@ static int ad_plan(td_gen **active, int n) {
         if (g->autod && g->ad.force_seed) q->k = td_ad_forced(g->ad.force_seed, g->ad.steps++, g->k);
         if (g->autod && (!g->track || g->ad.measure_only)) q->k = 0; /* not tracking: depth 0 throughout; measuring: 0 but probes */
         for (int j = 0; j < TD_MAX_SPEC_DEPTH; j++)
-            q->p[j] = td_ad_p(g->autod ? &g->ad.acc : &ae->global[td_sampler_is_greedy(&g->sm) ? 0 : 1], j);
+            q->p[j] = g->autod ? td_ad_p(&g->ad.acc, j) : td_ad_p_global(&ae->global[td_sampler_is_greedy(&g->sm) ? 0 : 1], j);
         n_auto += !q->fixed;
     }
     /* a decode-only step whose depth-0 cost was never timed: time it (see td_ad_measure_base) */
