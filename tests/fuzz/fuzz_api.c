@@ -44,7 +44,7 @@ static void check_stream(job *j, int dialect) {
     int n = 0;
     char last[64] = "";
     while (*p) {
-        const char *end = strstr(p, "\n\n");
+        const char *end = fuzz_event_end(p);
         FUZZ_ASSERT(end, "SSE event not terminated [%.40s]", p);
         if (*p == ':') { /* keep-alive comment */
             p = end + 2;

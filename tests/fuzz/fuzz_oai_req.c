@@ -48,7 +48,7 @@ static void check_output(job *j) {
             FUZZ_ASSERT(!done, "data after [DONE]");
             FUZZ_ASSERT(!strncmp(p, "data: ", 6), "SSE event does not start with data: [%.40s]", p);
             p += 6;
-            const char *end = strstr(p, "\n\n");
+            const char *end = fuzz_event_end(p);
             FUZZ_ASSERT(end, "SSE event not terminated");
             if (end - p == 6 && !strncmp(p, "[DONE]", 6)) done = true;
             else {

@@ -42,6 +42,16 @@ static inline void fuzz_file_set(fuzz_file *f, const void *data, size_t n) {
     }
 }
 
+/* The end of the SSE event at p: the first "\n\n" at or after p, or NULL.
+ * Not strstr: ASan's strstr (and strchr) interceptor takes strlen of the
+ * whole rest of the stream on every call, quadratic over a stream's events
+ * (20% of fuzz_api's time in a profile). This loop reads each byte once. */
+static inline const char *fuzz_event_end(const char *p) {
+    for (; *p; p++)
+        if (p[0] == '\n' && p[1] == '\n') return p;
+    return NULL;
+}
+
 /* A property the harness checks failed: a crash libFuzzer records. */
 #define FUZZ_ASSERT(c, ...)                                                              \
     do {                                                                                 \
