@@ -39,6 +39,15 @@ NVCC_FLAGS = -std=c++20 -O3 -g -fmad=false $(foreach a,$(CUDA_ARCHS),-gencode ar
              -gencode arch=compute_$(lastword $(CUDA_ARCHS)),code=compute_$(lastword $(CUDA_ARCHS)) \
              -Werror all-warnings -Xcompiler -Wall,-Wextra,-Werror -Iinclude -Isrc
 LDLIBS    += -L$(CUDA_HOME)/lib64 -lcudart_static -ldl -lrt -lstdc++
+else ifeq ($(CUDA),emu)
+# CUDA=emu (`make cuemu`): the same .cu files compiled as C++ by g++ against
+# tests/cuemu, which runs their kernels on the CPU (threads as fibers): the
+# kernels' logic is tested without a GPU. Never a production build.
+CXX        ?= g++
+CU_SRC     := $(sort $(wildcard src/backend/cuda/*.cu))
+CU_OBJ     := $(CU_SRC:%.cu=$(BUILD)/%.o) $(BUILD)/tests/cuemu/cuemu.o
+CUEMU_FLAGS = -std=c++20 $(OPT) -g -ffp-contract=off -DTD_CUEMU -Wall -Wextra -Werror -Wno-unknown-pragmas -Iinclude -Isrc -Itests/cuemu -MMD -MP
+LDLIBS    += -lstdc++
 else
 CU_OBJ     :=
 endif
@@ -47,14 +56,14 @@ endif
 # objects) when the nvcc flags (CUDA_ARCHS) do. Not for goals that build
 # elsewhere (asan, fuzz) or nothing.
 cfg_file = $(shell mkdir -p $(BUILD) && { [ "$$(cat $(BUILD)/$(1) 2>/dev/null)" = '$(2)' ] || echo '$(2)' > $(BUILD)/$(1); })
-ifneq ($(if $(MAKECMDGOALS),$(filter-out clean deps asan fuzz fuzz-build,$(MAKECMDGOALS)),all),)
+ifneq ($(if $(MAKECMDGOALS),$(filter-out clean deps asan fuzz fuzz-build cuemu,$(MAKECMDGOALS)),all),)
 $(call cfg_file,cuda.cfg,$(CUDA))
 ifeq ($(CUDA),1)
 $(call cfg_file,nvcc.cfg,$(NVCC_FLAGS))
 endif
 endif
 .DEFAULT_GOAL := all
-$(BUILD)/src/backend/backend.o: ALL_CFLAGS += -DTD_HAVE_CUDA=$(CUDA)
+$(BUILD)/src/backend/backend.o: ALL_CFLAGS += -DTD_HAVE_CUDA=$(if $(filter 0,$(CUDA)),0,1)
 $(BUILD)/src/backend/backend.o: $(BUILD)/cuda.cfg
 
 LIB_SRC  := $(shell find src -name '*.c' ! -path 'src/cli/*' | sort)
@@ -72,9 +81,18 @@ $(BUILD)/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -c $< -o $@
 
+ifeq ($(CUDA),emu)
+$(BUILD)/%.o: %.cu $(wildcard src/backend/cuda/*.cuh) tests/cuemu/cuemu.h
+	@mkdir -p $(dir $@)
+	$(CXX) $(CUEMU_FLAGS) -x c++ -c $< -o $@
+$(BUILD)/tests/cuemu/cuemu.o: tests/cuemu/cuemu.cpp tests/cuemu/cuemu.h
+	@mkdir -p $(dir $@)
+	$(CXX) $(CUEMU_FLAGS) -c $< -o $@
+else
 $(BUILD)/%.o: %.cu $(wildcard src/backend/cuda/*.cuh) $(BUILD)/nvcc.cfg
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVCC_FLAGS) -MMD -MP -MF $(@:.o=.d) -c $< -o $@
+endif
 
 $(BUILD)/libtandem.a: $(LIB_OBJ) $(CU_OBJ)
 	@rm -f $@
@@ -118,6 +136,13 @@ GUARD_TESTS ?=
 test-guard: all tests
 	@BUILD=$(BUILD) TANDEM_BACKEND=guard TANDEM_TESTS="$(GUARD_TESTS)" sh tests/run_all.sh
 
+# The CUDA backend's kernels run on the CPU (tests/cuemu/README.md): the op-by-op
+# test against the CPU backend, with the block's threads swept in both orders.
+cuemu:
+	$(MAKE) BUILD=build-cuemu CUDA=emu build-cuemu/tests/test_backend_cuda
+	build-cuemu/tests/test_backend_cuda
+	TD_CUEMU_ORDER=reverse build-cuemu/tests/test_backend_cuda
+
 asan:
 	$(MAKE) BUILD=build-asan CUDA=0 OPT=-O1 SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" test
 
@@ -126,9 +151,9 @@ deps:
 	sh scripts/install-deps.sh
 
 clean:
-	rm -rf build build-asan
+	rm -rf build build-asan build-cuemu
 
-.PHONY: all test test-guard tests asan deps clean
+.PHONY: all test test-guard tests asan cuemu deps clean
 -include $(LIB_OBJ:.o=.d) $(CU_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(BUILD)/tests/mutant/sampler.d $(TEST_BIN:=.d)
 
 # ---- fuzzing: libFuzzer harnesses in tests/fuzz (see tests/fuzz/README.md) ----

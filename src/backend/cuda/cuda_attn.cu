@@ -100,7 +100,7 @@ extern "C" void td_cuda_attn_prep(td_backend *b, const td_config *g, const td_ba
     a.nh = g->n_heads; a.nkv = g->n_kv_heads; a.hd = g->head_dim; a.rot = g->rot_dim;
     a.gated = g->attn_output_gate ? 1 : 0; a.shift = shift; a.eps = (float)g->rms_norm_eps;
     dim3 grid((unsigned)bt->M, (unsigned)(a.nh + a.nkv));
-    attn_prep_kernel<<<grid, PREP_THREADS, 0, td_cu(b)->stream>>>(a);
+    TD_CU_KERNEL(attn_prep_kernel, grid, PREP_THREADS, td_cu(b)->stream, a);
     TD_CU_LAUNCH("attn_prep_kernel");
 }
 
@@ -199,6 +199,6 @@ extern "C" void td_cuda_attention(td_backend *b, const td_config *g, const td_ba
     a.kv = td_cu_kv_of(kv);
     a.nh = g->n_heads; a.nkv = g->n_kv_heads; a.hd = g->head_dim; a.shift = shift;
     dim3 grid((unsigned)bt->M, (unsigned)a.nh);
-    attention_kernel<<<grid, ATTN_THREADS, 0, td_cu(b)->stream>>>(a);
+    TD_CU_KERNEL(attention_kernel, grid, ATTN_THREADS, td_cu(b)->stream, a);
     TD_CU_LAUNCH("attention_kernel");
 }

@@ -138,7 +138,7 @@ extern "C" int32_t td_cuda_sample(td_backend *b, td_sampler *s, const td_sample_
     size_t V = (size_t)s->vocab, fb = V * sizeof(float), words = (V + 31) / 32;
     if (c->kind == TD_SAMPLE_ACCEPT) { /* the penalties' count of an emitted token: stays on the device */
         if (c->token >= 0 && (size_t)c->token < V) {
-            count_token_kernel<<<1, 1, 0, cu->stream>>>(s->counts, c->token);
+            TD_CU_KERNEL(count_token_kernel, 1, 1, cu->stream, s->counts, c->token);
             TD_CU_LAUNCH("count_token_kernel");
         }
         return 0;

@@ -87,7 +87,7 @@ extern "C" void td_cuda_gdn_conv(td_backend *b, const td_config *g, const td_bat
     a.qkv = qkv;
     a.conv_out = conv_out;
     dim3 grid((unsigned)bt->n_seg, td_cu_blocks((size_t)a.conv_dim, CONV_THREADS));
-    gdn_conv_kernel<<<grid, CONV_THREADS, 0, td_cu(b)->stream>>>(a);
+    TD_CU_KERNEL(gdn_conv_kernel, grid, CONV_THREADS, td_cu(b)->stream, a);
     TD_CU_LAUNCH("gdn_conv_kernel");
 }
 
@@ -180,6 +180,6 @@ extern "C" void td_cuda_gdn_recur(td_backend *b, const td_config *g, const td_ba
     a.conv_out = (float *)conv_out;
     a.z = z; a.b_in = b_in; a.a_in = a_in; a.o = o;
     unsigned threads = (unsigned)((a.dv + 31) / 32 * 32);
-    gdn_recur_kernel<<<(unsigned)(bt->n_seg * a.nv), threads, 0, td_cu(b)->stream>>>(a);
+    TD_CU_KERNEL(gdn_recur_kernel, (unsigned)(bt->n_seg * a.nv), threads, td_cu(b)->stream, a);
     TD_CU_LAUNCH("gdn_recur_kernel");
 }

@@ -9,8 +9,12 @@
  * rest of the batch: that is the backend's batch-invariance rule. */
 #ifndef TANDEM_CUDA_INTERNAL_CUH
 #define TANDEM_CUDA_INTERNAL_CUH
+#ifdef TD_CUEMU /* the kernels run on the CPU (tests/cuemu, make cuemu) */
+#include "cuemu.h"
+#else
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
+#endif
 #include <math.h>
 #include <string.h>
 #include <stdint.h>
@@ -39,6 +43,19 @@ static inline td_cuda *td_cu(td_backend *b) { return (td_cuda *)b->impl; }
 extern "C" void td_cuda_check(cudaError_t e, const char *what, const char *file, int line);
 #define TD_CU(call) td_cuda_check((call), #call, __FILE__, __LINE__)
 #define TD_CU_LAUNCH(name) td_cuda_check(cudaGetLastError(), "launch of " name, __FILE__, __LINE__)
+
+/* Launches kernel k over grid blocks of `block` threads on stream st, with no
+ * dynamic shared memory. One macro for every launch so that the cuemu build
+ * (tests/cuemu) can run the same launches on the CPU. */
+#ifdef TD_CUEMU
+#define TD_CU_KERNEL(k, grid, block, st, ...) \
+    do {                                      \
+        (void)(st);                           \
+        td_cuemu_launch(dim3(grid), dim3(block), [&] { k(__VA_ARGS__); }); \
+    } while (0)
+#else
+#define TD_CU_KERNEL(k, grid, block, st, ...) k<<<(grid), (block), 0, (st)>>>(__VA_ARGS__)
+#endif
 
 /* Grid size for n items of `per` each, at least 1 block. */
 static inline unsigned td_cu_blocks(size_t n, unsigned per) { return n ? (unsigned)((n + per - 1) / per) : 1u; }

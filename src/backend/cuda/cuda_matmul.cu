@@ -153,12 +153,12 @@ template <int KIND> static __global__ void __launch_bounds__(TILED_THREADS) tile
 
 template <int KIND> static void launch(cudaStream_t st, const wdesc &d, const float *x, int M, float *y) {
     if (M <= GEMV_MAX_M) {
-        gemv_kernel<KIND><<<td_cu_blocks((size_t)d.N, GEMV_THREADS / 16), GEMV_THREADS, 0, st>>>(d, x, M, y);
+        TD_CU_KERNEL(gemv_kernel<KIND>, td_cu_blocks((size_t)d.N, GEMV_THREADS / 16), GEMV_THREADS, st, d, x, M, y);
         TD_CU_LAUNCH("gemv_kernel");
     } else {
         dim3 grid(td_cu_blocks((size_t)d.N, TILE), td_cu_blocks((size_t)M, TILE));
         TD_ASSERT(grid.y <= 65535);
-        tiled_kernel<KIND><<<grid, TILED_THREADS, 0, st>>>(d, x, M, y);
+        TD_CU_KERNEL(tiled_kernel<KIND>, grid, TILED_THREADS, st, d, x, M, y);
         TD_CU_LAUNCH("tiled_kernel");
     }
 }

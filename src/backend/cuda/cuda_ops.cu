@@ -23,7 +23,7 @@ static __global__ void __launch_bounds__(ROW_THREADS) rmsnorm_kernel(float *y, c
 
 extern "C" void td_cuda_rmsnorm(td_backend *b, float *y, const float *x, const float *w, int M, int n, float eps) {
     if (M <= 0 || n <= 0) return;
-    rmsnorm_kernel<<<M, ROW_THREADS, 0, td_cu(b)->stream>>>(y, x, w, n, eps);
+    TD_CU_KERNEL(rmsnorm_kernel, M, ROW_THREADS, td_cu(b)->stream, y, x, w, n, eps);
     TD_CU_LAUNCH("rmsnorm_kernel");
 }
 
@@ -51,7 +51,7 @@ static __global__ void embed_kernel(const void *E, int dtype, int64_t V, int64_t
 extern "C" void td_cuda_embed(td_backend *b, const td_tensor *E, const int32_t *tokens, int M, float *out) {
     TD_ASSERT(E->ndim == 2 && (E->dtype == TD_DTYPE_F32 || E->dtype == TD_DTYPE_BF16 || E->dtype == TD_DTYPE_F16));
     if (M <= 0) return;
-    embed_kernel<<<M, ROW_THREADS, 0, td_cu(b)->stream>>>(E->data, (int)E->dtype, E->shape[0], E->shape[1], tokens, out);
+    TD_CU_KERNEL(embed_kernel, M, ROW_THREADS, td_cu(b)->stream, E->data, (int)E->dtype, E->shape[0], E->shape[1], tokens, out);
     TD_CU_LAUNCH("embed_kernel");
 }
 
@@ -71,13 +71,13 @@ static unsigned ew_blocks(size_t n) {
 
 extern "C" void td_cuda_add(td_backend *b, float *y, const float *x, size_t n) {
     if (!n) return;
-    add_kernel<<<ew_blocks(n), ROW_THREADS, 0, td_cu(b)->stream>>>(y, x, n);
+    TD_CU_KERNEL(add_kernel, ew_blocks(n), ROW_THREADS, td_cu(b)->stream, y, x, n);
     TD_CU_LAUNCH("add_kernel");
 }
 
 extern "C" void td_cuda_silu_mul(td_backend *b, float *a, const float *u, size_t n) {
     if (!n) return;
-    silu_mul_kernel<<<ew_blocks(n), ROW_THREADS, 0, td_cu(b)->stream>>>(a, u, n);
+    TD_CU_KERNEL(silu_mul_kernel, ew_blocks(n), ROW_THREADS, td_cu(b)->stream, a, u, n);
     TD_CU_LAUNCH("silu_mul_kernel");
 }
 
@@ -116,7 +116,7 @@ static __global__ void __launch_bounds__(ROW_THREADS) argmax_kernel(const float 
 extern "C" void td_cuda_argmax(td_backend *b, const float *x, int rows, int n, int32_t *out) {
     if (rows <= 0) return;
     TD_ASSERT(n > 0);
-    argmax_kernel<<<rows, ROW_THREADS, 0, td_cu(b)->stream>>>(x, n, out);
+    TD_CU_KERNEL(argmax_kernel, rows, ROW_THREADS, td_cu(b)->stream, x, n, out);
     TD_CU_LAUNCH("argmax_kernel");
 }
 
@@ -142,13 +142,13 @@ static int kv_heads(const td_kv_view *kv) { return kv->head_dim > 0 ? kv->kv_dim
 
 extern "C" void td_cuda_kv_store(td_backend *b, const td_kv_view *kv, int row, const float *k, const float *v) {
     TD_ASSERT(kv->store != TD_KV_AUTO && kv->head_dim > 0);
-    kv_store_kernel<<<kv_heads(kv), KV_THREADS, 0, td_cu(b)->stream>>>(td_cu_kv_of(kv), (size_t)row, k, v);
+    TD_CU_KERNEL(kv_store_kernel, kv_heads(kv), KV_THREADS, td_cu(b)->stream, td_cu_kv_of(kv), (size_t)row, k, v);
     TD_CU_LAUNCH("kv_store_kernel");
 }
 
 extern "C" void td_cuda_kv_load(td_backend *b, const td_kv_view *kv, int row, int which, float *out) {
     TD_ASSERT(kv->store != TD_KV_AUTO && kv->head_dim > 0);
-    kv_load_kernel<<<kv_heads(kv), KV_THREADS, 0, td_cu(b)->stream>>>(td_cu_kv_of(kv), (size_t)row, which, out);
+    TD_CU_KERNEL(kv_load_kernel, kv_heads(kv), KV_THREADS, td_cu(b)->stream, td_cu_kv_of(kv), (size_t)row, which, out);
     TD_CU_LAUNCH("kv_load_kernel");
 }
 
@@ -180,6 +180,6 @@ extern "C" void td_cuda_fill_random(td_backend *b, void *dst, td_dtype dtype, si
     size_t items = dtype == TD_DTYPE_NVFP4 ? n / 2 : n;
     unsigned blocks = td_cu_blocks(items, 256);
     if (blocks > 65536) blocks = 65536; /* grid-stride beyond that */
-    fill_random_kernel<<<blocks, 256, 0, td_cu(b)->stream>>>(dst, (int)dtype, n, td_rand_key(seed), mode == TD_FILL_CONST, value);
+    TD_CU_KERNEL(fill_random_kernel, blocks, 256, td_cu(b)->stream, dst, (int)dtype, n, td_rand_key(seed), mode == TD_FILL_CONST, value);
     TD_CU_LAUNCH("fill_random_kernel");
 }

@@ -1,0 +1,146 @@
+/* cuemu: the subset of CUDA that src/backend/cuda uses, run on the CPU, so
+ * that the CUDA backend's kernels (their indexing, reductions, barriers,
+ * warp shuffles and arithmetic) are tested on machines without a GPU
+ * (`make cuemu`: build-cuemu/, tests/cuemu/README.md).
+ *
+ * What it is: g++ compiles the .cu files as C++ with this header in place of
+ * cuda_runtime.h / cuda_fp16.h. A kernel launch (TD_CU_KERNEL in
+ * cuda_internal.cuh) runs the grid's blocks one after another; the threads
+ * of a block are fibers on the launching thread, each run until it
+ * reaches a barrier (__syncthreads: the whole block; a warp shuffle: its 32
+ * lanes) or returns. __shared__ variables are function statics: one copy,
+ * which is the block's, since one block runs at a time. Device memory is host
+ * memory; the stream is the calling thread (every call completes before it
+ * returns). Float arithmetic is the host's IEEE single precision with no
+ * contraction (-ffp-contract=off, as nvcc -fmad=false); __fmaf_rn is fmaf.
+ *
+ * What it is not: a GPU. It says nothing of speed, of races between threads
+ * (fibers switch only at barriers, so a missing __syncthreads goes unseen
+ * unless TD_CUEMU_ORDER=reverse shows it), of the memory model, or of device
+ * libm (expf, sinf, ... are glibc's, within the ulps CUDA documents but
+ * not always the same bits). A kernel that passes here has still to run on a
+ * device (scripts/gpu-check.sh). Not thread-safe across launching threads
+ * beyond this: each OS thread has its own scheduler (thread_local). */
+#ifndef TANDEM_CUEMU_H
+#define TANDEM_CUEMU_H
+#ifndef __cplusplus
+#error "cuemu.h is C++ (the .cu files compiled by g++)"
+#endif
+#include <float.h>
+#include <limits.h>
+#include <math.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define TD_CUEMU_MAX_THREADS 1024
+
+/* ---- qualifiers ---- */
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __launch_bounds__(...)
+#define __shared__ static
+#define __constant__
+
+/* ---- types ---- */
+struct dim3 {
+    unsigned x, y, z;
+    constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+typedef enum cudaError {
+    cudaSuccess = 0,
+    cudaErrorInvalidValue = 1,
+    cudaErrorMemoryAllocation = 2,
+    cudaErrorInvalidConfiguration = 9,
+    cudaErrorNoDevice = 100,
+} cudaError_t;
+typedef enum cudaMemcpyKind {
+    cudaMemcpyHostToHost = 0,
+    cudaMemcpyHostToDevice = 1,
+    cudaMemcpyDeviceToHost = 2,
+    cudaMemcpyDeviceToDevice = 3,
+    cudaMemcpyDefault = 4,
+} cudaMemcpyKind;
+typedef struct td_cuemu_stream *cudaStream_t;
+#define cudaStreamNonBlocking 0x01
+
+struct __half {
+    uint16_t x;
+};
+
+/* ---- the executing thread ---- */
+struct td_cuemu_ids {
+    dim3 thread, block, block_dim, grid_dim;
+};
+const td_cuemu_ids *td_cuemu_self(void);
+#define threadIdx (td_cuemu_self()->thread)
+#define blockIdx (td_cuemu_self()->block)
+#define blockDim (td_cuemu_self()->block_dim)
+#define gridDim (td_cuemu_self()->grid_dim)
+
+void td_cuemu_syncthreads(void);
+#define __syncthreads() td_cuemu_syncthreads()
+/* The value of lane + delta of the lane's segment of `width` lanes (a power
+ * of two <= 32), its own when that is past the segment's end. */
+uint64_t td_cuemu_shfl_down_bits(uint64_t v, unsigned delta, int width);
+template <class T> static inline T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = 32) {
+    (void)mask; /* every caller passes the full warp */
+    static_assert(sizeof(T) <= 8, "shuffle of at most 8 bytes");
+    uint64_t b = 0;
+    memcpy(&b, &v, sizeof v);
+    b = td_cuemu_shfl_down_bits(b, delta, width);
+    T r;
+    memcpy(&r, &b, sizeof r);
+    return r;
+}
+
+/* Runs body() once per thread of the grid (see the top of this file). */
+void td_cuemu_run(dim3 grid, dim3 block, void (*fn)(void *), void *ctx);
+template <class F> static inline void td_cuemu_launch(dim3 grid, dim3 block, F body) {
+    td_cuemu_run(grid, block, [](void *c) { (*(F *)c)(); }, &body);
+}
+
+/* ---- device intrinsics ---- */
+static inline float __uint_as_float(uint32_t u) { float f; memcpy(&f, &u, 4); return f; }
+static inline uint32_t __float_as_uint(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
+static inline float __fmaf_rn(float a, float b, float c) { return fmaf(a, b, c); }
+template <class T> static inline T __ldg(const T *p) { return *p; }
+[[noreturn]] static inline void __trap(void) {
+    fprintf(stderr, "cuemu: __trap() in a kernel\n");
+    abort();
+}
+static inline __half __ushort_as_half(unsigned short u) { return __half{u}; }
+static inline float __half2float(__half h) { /* exact: every f16 is a float */
+    uint32_t s = (uint32_t)(h.x >> 15) << 31, e = (h.x >> 10) & 31, m = h.x & 1023;
+    if (e == 31) return __uint_as_float(s | 0x7f800000u | m << 13);
+    if (e == 0) {
+        float v = (float)m * 0x1p-24f;
+        return s ? -v : v;
+    }
+    return __uint_as_float(s | (e + 112) << 23 | m << 13);
+}
+
+/* ---- runtime API (host) ---- */
+cudaError_t cudaGetDeviceCount(int *n);
+cudaError_t cudaSetDevice(int dev);
+cudaError_t cudaGetLastError(void);
+const char *cudaGetErrorString(cudaError_t e);
+cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes);
+cudaError_t cudaMalloc(void **p, size_t n);
+cudaError_t cudaFree(void *p);
+cudaError_t cudaMallocHost(void **p, size_t n);
+cudaError_t cudaFreeHost(void *p);
+template <class T> static inline cudaError_t cudaMalloc(T **p, size_t n) { return cudaMalloc((void **)p, n); }
+cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind kind);
+cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind kind, cudaStream_t s);
+cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t height,
+                              cudaMemcpyKind kind, cudaStream_t s);
+cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t s);
+cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags);
+cudaError_t cudaStreamDestroy(cudaStream_t s);
+cudaError_t cudaStreamSynchronize(cudaStream_t s);
+#endif
