@@ -1,8 +1,8 @@
 /* One prefill-sized matmul on one thread: BF16 weights [N, K] times M = 512
  * activation rows, in the blocks cpu_backend.c hands its tasks (32 weight
  * rows x one activation block), through the BF16-activation path
- * (td_matmul_block_bf16, `--precision bf16`) or the f32 path on AVX-512
- * (td_matmul_block). Prints the best of REPS in GFLOP/s and an FNV-1a hash of
+ * (td_matmul_block_bf16, `--precision bf16`) or the f32 path (td_matmul_block)
+ * on the best ISA (`f32`) or on AVX2 (`f32-avx2`). Prints the best of REPS in GFLOP/s and an FNV-1a hash of
  * every output bit, so two builds can be compared for speed and checked for
  * identical results side by side.
  *   usage: prefill_matmul bf16|f32 N K [REPS] [M_BLOCK]
@@ -22,20 +22,21 @@
 static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + t.tv_nsec * 1e-9; }
 
 int main(int argc, char **argv) {
-    if (argc < 4) { fprintf(stderr, "usage: prefill_matmul bf16|f32 N K [REPS] [M_BLOCK]\n"); return 2; }
+    if (argc < 4) { fprintf(stderr, "usage: prefill_matmul bf16|f32|f32-avx2 N K [REPS] [M_BLOCK]\n"); return 2; }
     const int bf = !strcmp(argv[1], "bf16"), M = 512;
+    const td_isa isa = !strcmp(argv[1], "f32-avx2") || !td_kernels_have_isa(TD_ISA_AVX512) ? TD_ISA_AVX2 : TD_ISA_AVX512;
     const int64_t N = atoll(argv[2]), K = atoll(argv[3]);
     const int reps = argc > 4 ? atoi(argv[4]) : 3, mb = argc > 5 ? atoi(argv[5]) : bf ? TD_BF16_M_BLOCK : 64;
     if (N < 1 || N > 1 << 20 || K < 1 || K > 1 << 20 || reps < 1 || reps > 100 || mb < 1 || mb > M) return 2;
     if (bf && !td_kernels_have_bf16()) { fprintf(stderr, "this CPU has no AVX-512 BF16\n"); return 1; }
-    if (!bf && !td_kernels_have_isa(TD_ISA_AVX512)) { fprintf(stderr, "this CPU has no AVX-512\n"); return 1; }
+    if (!bf && !td_kernels_have_isa(isa)) { fprintf(stderr, "this CPU has no %s\n", td_isa_name(isa)); return 1; }
     const int64_t ldb = (K + 31) & ~(int64_t)31;
     uint16_t *w = malloc(sizeof *w * (size_t)(N * K)), *xb = malloc(sizeof *xb * (size_t)(M * ldb));
     float *x = malloc(sizeof *x * (size_t)(M * K)), *y = malloc(sizeof *y * (size_t)(M * N));
     if (!w || !xb || !x || !y) return 1;
     for (int64_t i = 0; i < N * K; i++) w[i] = (uint16_t)(0x3f80 ^ (((uint64_t)i * 2654435761u) >> 20 & 0x7f)); /* values in [0.5, 2) */
     for (int64_t i = 0; i < M * K; i++) x[i] = (float)((i * 7919) % 1000) / 1000.0f - 0.5f;
-    td_x_to_bf16(x, M, K, ldb, xb);
+    if (bf) td_x_to_bf16(x, M, K, ldb, xb);
     td_tensor W = {.dtype = TD_DTYPE_BF16, .ndim = 2, .shape = {N, K}, .data = w};
     double best = 1e30;
     for (int r = 0; r < reps; r++) {
@@ -45,7 +46,7 @@ int main(int argc, char **argv) {
                 int m1 = m0 + mb < M ? m0 + mb : M;
                 int64_t n1 = n0 + 32 < N ? n0 + 32 : N;
                 if (bf) td_matmul_block_bf16(&W, xb, ldb, m0, m1, n0, n1, y, N);
-                else td_matmul_block(TD_ISA_AVX512, &W, x, m0, m1, n0, n1, y, N);
+                else td_matmul_block(isa, &W, x, m0, m1, n0, n1, y, N);
             }
         double t = now() - t0;
         if (t < best) best = t;
@@ -56,7 +57,7 @@ int main(int argc, char **argv) {
         memcpy(&u, &y[i], 4);
         h = (h ^ u) * 1099511628211ull;
     }
-    printf("%s M %d N %lld K %lld block %d: best %.1f ms, %.1f GFLOP/s, output hash %016llx\n", bf ? "bf16" : "f32", M, (long long)N,
+    printf("%s (%s) M %d N %lld K %lld block %d: best %.1f ms, %.1f GFLOP/s, output hash %016llx\n", bf ? "bf16" : "f32", bf ? "avx512bf16" : td_isa_name(isa), M, (long long)N,
            (long long)K, mb, best * 1e3, 2.0 * M * (double)N * (double)K / best / 1e9, (unsigned long long)h);
     free(w), free(xb), free(x), free(y);
     return 0;
