@@ -273,9 +273,9 @@ T256 INL v16 w16_256(const wd *d, const int kind, const uint8_t *row, int64_t n,
 
 T256 INL void tile256(const wd *d, const int kind, const int RN, const int RM, const float *x, int m, int64_t n, float *y, int64_t ldy) {
     const int64_t K = d->K;
-    __m256 lo[4][2], hi[4][2];
+    __m256 lo[4][5], hi[4][5]; /* RN x RM <= 4 x 2, or 1 x 5 (qverify256) */
     const uint8_t *row[4];
-    const float *xr[2];
+    const float *xr[5];
     for (int r = 0; r < RN; r++) row[r] = d->data + (n + r) * d->row_bytes;
     for (int q = 0; q < RM; q++) xr[q] = x + (int64_t)(m + q) * K;
     for (int r = 0; r < RN; r++)
@@ -606,12 +606,40 @@ PANEL256(pan256_f8b, KF8B)
 PANEL256(pan256_fp4, KFP4)
 PANEL256(pan256_q8, KQ8)
 
+/* Verify with quantized weights (3 .. PANEL_MIN_M - 1 rows): one weight row x
+ * up to 5 activation rows per tile (10 accumulators), so each chunk of 16
+ * weights is dequantized once per 5 rows instead of once per 2 (the 2 x 2
+ * tiles of DRIVER256); the weight row stays in L1 for the next chunk of rows.
+ * Measured on an AVX2-only Zen 3 (q8, the 27B-proportioned model, 2 threads):
+ * bench/results/avx2-epyc-2026-12-02.md. Full 16-lane accumulators, one FMA
+ * per element in increasing k: the same bits as every other tile. */
+#define QVERIFY256(NAME, KIND, TWO)                                                                               \
+    T256 __attribute__((noinline)) static void NAME(const wd *d, const float *x, int m0, int m1, int64_t n0,        \
+                                                    int64_t n1, float *y, int64_t ldy) {                           \
+        const int M = m1 - m0, nch = (M + 4) / 5;                                                                  \
+        if (M < 3) { TWO(d, x, m0, m1, n0, n1, y, ldy); return; }                                                  \
+        for (int64_t n = n0; n < n1; n++)                                                                          \
+            for (int c = 0; c < nch; c++) {                                                                        \
+                const int cm0 = m0 + M * c / nch, rm = m0 + M * (c + 1) / nch - cm0;                               \
+                switch (rm) {                                                                                      \
+                case 3: tile256(d, KIND, 1, 3, x, cm0, n, y, ldy); break;                                          \
+                case 4: tile256(d, KIND, 1, 4, x, cm0, n, y, ldy); break;                                          \
+                default: tile256(d, KIND, 1, 5, x, cm0, n, y, ldy); break;                                         \
+                }                                                                                                  \
+            }                                                                                                      \
+    }
+QVERIFY256(qver256_f8, KF8, mm256_f8)
+QVERIFY256(qver256_f8b, KF8B, mm256_f8b)
+QVERIFY256(qver256_fp4, KFP4, mm256_fp4)
+QVERIFY256(qver256_q8, KQ8, mm256_q8)
+
 static const mm_fn tiles256[] = {mm256_f32, mm256_bf16, mm256_f16, mm256_f8, mm256_f8b, mm256_fp4, mm256_q8};
-/* The quantized formats keep the full-width tiles for verify: their
- * dequantization per 8 lanes (q8: load, widen, convert, scale) made the
- * half-lane tiles slower than tile256 at 2..4 rows (q8, 27B-shaped matrices,
- * AVX2 forced on Zen 4: M = 2 2.49 vs 1.71 ms) and only even at 5. */
-static const mm_fn verify256s[] = {ver256_f32, ver256_bf16, ver256_f16, mm256_f8, mm256_f8b, mm256_fp4, mm256_q8};
+/* The quantized formats keep full-width tiles for verify (qverify256: 1 x 3..5
+ * from 3 rows, DRIVER256's 2 x 2 at 2): their dequantization per 8 lanes
+ * (q8: load, widen, convert, scale) made the half-lane tiles slower than
+ * tile256 at 2..4 rows (q8, 27B-shaped matrices, AVX2 forced on Zen 4: M = 2
+ * 2.49 vs 1.71 ms) and only even at 5. */
+static const mm_fn verify256s[] = {ver256_f32, ver256_bf16, ver256_f16, qver256_f8, qver256_f8b, qver256_fp4, qver256_q8};
 static const mm_fn panels256[] = {pan256_f32, pan256_bf16, pan256_f16, pan256_f8, pan256_f8b, pan256_fp4, pan256_q8};
 
 void td_mm_avx2(const td_tensor *W, const float *x, int m0, int m1, int64_t n0, int64_t n1, float *y, int64_t ldy) {
