@@ -268,8 +268,9 @@ cudaError_t cudaMemGetInfo(size_t *free_b, size_t *total_b) {
 }
 cudaError_t cudaMalloc(void **p, size_t n) {
     *p = nullptr;
-    if (n > total_bytes() || used_bytes.fetch_add(n) + n > total_bytes()) {
-        if (n <= total_bytes()) used_bytes.fetch_sub(n);
+    const size_t total = total_bytes();
+    if (n > total || used_bytes.fetch_add(n) + n > total) { /* past the device's memory: as a GPU, out of memory */
+        if (n <= total) used_bytes.fetch_sub(n);           /* undo the fetch_add (not done when n > total) */
         return fail(cudaErrorMemoryAllocation);
     }
     void *b = nullptr;
