@@ -30,6 +30,10 @@ int td_backend_cuda_mem_info(td_backend *b, size_t *free_bytes, size_t *total_by
     *free_bytes = *total_bytes = 0;
     return TD_ERR_UNSUPPORTED;
 }
+uint64_t td_backend_cuda_sample_bytes(td_backend *b) {
+    (void)b;
+    return 0;
+}
 #endif
 
 void td_backend_free(td_backend *b) {

@@ -180,6 +180,10 @@ int td_backend_cuda_create(int n_threads, td_backend **out, td_err *err);
  * planner; TD_ERR_ARG when b is not a CUDA backend, TD_ERR_UNSUPPORTED in a
  * build without CUDA. */
 int td_backend_cuda_mem_info(td_backend *b, size_t *free_bytes, size_t *total_bytes);
+/* Bytes a CUDA backend's sample op has moved between host and device so far
+ * (rows, arrays and results: the traffic td_backend.counters leave out); 0
+ * for any other backend. */
+uint64_t td_backend_cuda_sample_bytes(td_backend *b);
 /* By name: "cpu", "guard" or "cuda" (a clear error when this build or
  * machine has no CUDA). */
 int td_backend_create(const char *name, int n_threads, td_backend **out, td_err *err);

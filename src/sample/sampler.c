@@ -178,6 +178,7 @@ static int32_t argmax_masked(const float *x, int n, const uint32_t *mask) {
 }
 
 int td_sampler_is_plain_greedy(const td_sampler *s) { return td_sampler_is_greedy(s) && !has_penalties(s) && !s->n_bias; }
+int td_sampler_has_penalties(const td_sampler *s) { return has_penalties(s); }
 
 static int32_t ref_greedy(td_sampler *s, const float *logits) {
     if (!has_penalties(s) && !s->n_bias && s->mask) return argmax_masked(logits, s->vocab, s->mask);
@@ -254,10 +255,13 @@ static int32_t ref_sample(td_sampler *s, const float *logits) {
     return t;
 }
 
-static int ref_accept_draft(td_sampler *s, const float *p, const float *q, int32_t d) {
-    float qd = q ? q[d] : 1.0f;
+int td_sampler_accept_test(td_sampler *s, float pd, float qd) {
     double u = td_rng_uniform(&s->rng);
-    return qd > 0 && u < (double)p[d] / qd;
+    return qd > 0 && u < (double)pd / qd;
+}
+
+static int ref_accept_draft(td_sampler *s, const float *p, const float *q, int32_t d) {
+    return td_sampler_accept_test(s, p[d], q ? q[d] : 1.0f);
 }
 
 static int32_t ref_residual(td_sampler *s, float *p, const float *q, int32_t d) {

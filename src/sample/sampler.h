@@ -59,6 +59,13 @@ int td_sampler_is_greedy(const td_sampler *s);
 /* Greedy with no penalty and no logit_bias: the token is the plain argmax of
  * the logits (what the backend's argmax op computes, ties to the lowest id). */
 int td_sampler_is_plain_greedy(const td_sampler *s);
+/* Whether a repetition, presence or frequency penalty is set. */
+int td_sampler_has_penalties(const td_sampler *s);
+/* The rejection test's arithmetic on the two values it reads (p[d], q[d];
+ * qd = 1 for a one-hot draft): true when u < pd / qd for a fresh uniform u
+ * from the sampler's RNG. td_sampler_accept_draft is this on its rows; a
+ * backend op that reads only those two values calls it. */
+int td_sampler_accept_test(td_sampler *s, float pd, float qd);
 /* Applies penalties to a copy of logits; greedy: returns the argmax. */
 int32_t td_sampler_greedy(td_sampler *s, const float *logits);
 /* Writes the final normalized distribution (after every processor) into

@@ -323,6 +323,80 @@ static void test_sample(void) {
 }
 
 
+/* ---- greedy and draft argmax on the device: ids equal to the CPU's, 4 bytes per call ----
+ * Logits on a coarse grid (ties are common, and penalties make more), a
+ * NaN or -inf now and then, vocabularies below and above one block's
+ * threads and not a multiple of 32; each sampler config runs the same calls
+ * on both backends: GREEDY, SAMPLE (greedy sampler), DRAFT_ARGMAX, with and
+ * without a mask (some allowing one token or none). */
+static void test_sample_greedy(const char *standin) {
+    static const int vocabs[] = {77, 3001};
+    for (int vi = 0; vi < 2; vi++)
+        for (int cfg = 0; cfg < 4; cfg++) {
+            const int V = vocabs[vi];
+            td_sampling p;
+            td_sampling_default(&p);
+            td_logit_bias bias[4] = {{5, 2.5f}, {V - 1, -1.0f}, {5, -0.75f}, {V / 2, 0.25f}}; /* token 5 twice: summed in order */
+            if (cfg == 1 || cfg == 3) { p.repetition_penalty = 1.3f; p.frequency_penalty = 0.25f; p.presence_penalty = 0.5f; }
+            if (cfg >= 2) { p.logit_bias = bias; p.n_logit_bias = 4; }
+            int32_t prompt[4] = {0, 3, 7, V - 2};
+            td_sampler sc, sg;
+            td_err err;
+            CHECK(td_sampler_init_backend(&sc, cpu, &p, V, prompt, 4, &err) == 0, "%s", err.msg);
+            CHECK(td_sampler_init_backend(&sg, cu, &p, V, prompt, 4, &err) == 0, "%s", err.msg);
+            float *lg = malloc(sizeof(float) * (size_t)V);
+            uint32_t *mask = calloc((size_t)(V + 31) / 32, sizeof(uint32_t));
+            float *dl = cu->ops->alloc(cu, sizeof(float) * (size_t)V), *hl = cpu->ops->alloc(cpu, sizeof(float) * (size_t)V);
+            int same = 1, calls = 0, small = 1, first_bad = -1;
+            for (int step = 0; step < 24; step++) {
+                /* every (mask mode, logits case) pair once */
+                const int mode = step % 4, lcase = step / 4; /* mode: 0 no mask, 1 random, 2 one token, 3 none */
+                memset(mask, 0, sizeof(uint32_t) * (size_t)((V + 31) / 32));
+                if (mode == 1) for (int i = 0; i < V; i++) { if (rnd() % 3) mask[i >> 5] |= 1u << (i & 31); }
+                if (mode == 2) { int t = 1 + (int)(rnd() % (V - 1)); mask[t >> 5] |= 1u << (t & 31); }
+                if (mode == 1 && lcase >= 2) mask[0] &= ~1u; /* the first allowed token is not token 0 */
+                int first = 0; /* the first token the mask allows (0 without a mask) */
+                while (mode && first < V && !td_mask_allows(mask, first)) first++;
+                for (int i = 0; i < V; i++) lg[i] = (float)(int)(rndf() * 6.0f) * 0.5f; /* 25 values: many ties */
+                if (lcase == 1) lg[rnd() % V] = NAN;
+                if (lcase == 2 && first < V) lg[first] = NAN; /* a NaN where the scan starts keeps it */
+                if (lcase == 3) for (int i = 0; i < V; i++) lg[i] = -INFINITY; /* penalize's -inf of a masked token ties */
+                if (lcase == 4) for (int i = 0; i < V; i++) lg[i] = 1.0f; /* all tied */
+                if (lcase == 5) lg[0] = NAN;
+                td_bk_upload(cu, dl, lg, sizeof(float) * (size_t)V);
+                td_bk_upload(cpu, hl, lg, sizeof(float) * (size_t)V);
+                td_sampler_set_mask(&sc, mode ? mask : NULL);
+                td_sampler_set_mask(&sg, mode ? mask : NULL);
+                uint64_t b0 = td_backend_cuda_sample_bytes(cu);
+                int32_t a = td_sampler_greedy(&sc, hl), b = td_sampler_greedy(&sg, dl);
+                int32_t a2 = td_sampler_sample(&sc, hl), b2 = td_sampler_sample(&sg, dl);
+                int32_t a3 = td_sampler_draft_argmax(&sc, hl, sc.mask), b3 = td_sampler_draft_argmax(&sg, dl, sg.mask);
+                uint64_t moved = td_backend_cuda_sample_bytes(cu) - b0;
+                calls += 3;
+                /* 4 bytes of result per call, and the bias list when there is one */
+                uint64_t want = 3 * (4 + (cfg >= 2 ? 4 * sizeof(td_logit_bias) : 0));
+                if (!standin && moved != want) small = 0;
+                if (!(a == b && a2 == b2 && a3 == b3) && first_bad < 0) first_bad = step;
+                same &= a == b && a2 == b2 && a3 == b3;
+                if (mode == 3) same &= a3 == -1 && b3 == -1;
+                td_sampler_accept(&sc, a);
+                td_sampler_accept(&sg, a);
+            }
+            CHECK(same, "V %d config %d: greedy / draft ids differ between cuda and cpu (first at step %d)", V, cfg, first_bad);
+            CHECK(small, "V %d config %d: a device greedy call moved more than its result", V, cfg);
+            td_sampler_set_mask(&sc, NULL);
+            td_sampler_set_mask(&sg, NULL);
+            td_sampler_free(&sc);
+            td_sampler_free(&sg);
+            cu->ops->free(cu, dl);
+            cpu->ops->free(cpu, hl);
+            free(lg);
+            free(mask);
+            (void)calls;
+        }
+}
+
+
 /* ---- attention and DeltaNet on a two-segment batch ----
  * Segment 0: a 5-token prompt at positions 0..4 (DeltaNet slot 0 in place);
  * segment 1: a 2-token verify at positions 3, 4 of another sequence (slot 1,
@@ -564,6 +638,7 @@ int main(void) {
     test_rows();
     test_kv();
     test_sample();
+    test_sample_greedy(standin);
     test_fill_random();
     td_config g;
     memset(&g, 0, sizeof g);

@@ -1,6 +1,7 @@
 /* CUDA backend: the td_backend_ops table on one device and one stream.
- * This file: creation, memory ops, the sample op, mem_info. The compute ops
- * live by concern in cuda_matmul.cu, cuda_ops.cu, cuda_attn.cu, cuda_gdn.cu.
+ * This file: creation, memory ops, mem_info. The compute ops live by concern
+ * in cuda_matmul.cu, cuda_ops.cu, cuda_attn.cu, cuda_gdn.cu, the sample op in
+ * cuda_sample.cu.
  *
  * Memory: alloc is cudaMalloc + an async memset on the stream (zeroed, in
  * stream order before any op that uses it); upload / download are
@@ -8,18 +9,8 @@
  * sees every op issued before it; an upload from pageable memory returns
  * once the source is staged, so the caller may reuse it); copy is a
  * device-to-device copy (overlapping ranges go through a scratch buffer);
- * weight_load is a cudaMalloc + synchronous copy of the host weights.
- *
- * sample (phase 1): the sampler is host code (td_sampler_run). The op
- * downloads the rows and sampler arrays the call reads into a pinned host
- * buffer, runs td_sampler_run there and uploads what it writes (PROBS /
- * RESIDUAL rows); ACCEPT (counting a token) runs on the device. Those bytes
- * cross inside the op: they are counted in td_cuda.sample_bytes, not in
- * td_backend.counters (which count what core code moves). */
+ * weight_load is a cudaMalloc + synchronous copy of the host weights. */
 #include "backend/cuda/cuda_internal.cuh"
-extern "C" {
-#include "sample/sampler.h"
-}
 
 extern "C" void td_cuda_check(cudaError_t e, const char *what, const char *file, int line) {
     if (e == cudaSuccess) return;
@@ -111,80 +102,6 @@ static const void *cu_weight_load(td_backend *b, const void *host, size_t bytes)
 
 static void cu_weight_free(td_backend *b, const void *dev) { cu_free(b, (void *)dev); }
 
-/* ---- sample (phase 1: on the host, rows downloaded) ---------------------- */
-
-static __global__ void count_token_kernel(uint32_t *counts, int32_t tok) { counts[tok]++; }
-
-/* Pinned host buffer of at least n bytes; waits for the stream first (an
- * upload from the old buffer may still be in flight). */
-static unsigned char *pinned(td_cuda *cu, size_t n) {
-    if (cu->pin_bytes >= n) return cu->pin;
-    TD_CU(cudaStreamSynchronize(cu->stream));
-    if (cu->pin) TD_CU(cudaFreeHost(cu->pin));
-    cu->pin = NULL;
-    cu->pin_bytes = 0;
-    TD_CU(cudaMallocHost((void **)&cu->pin, n));
-    cu->pin_bytes = n;
-    return cu->pin;
-}
-
-static void d2h(td_cuda *cu, void *dst, const void *src, size_t n) {
-    TD_CU(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, cu->stream));
-    cu->sample_bytes += n;
-}
-
-extern "C" int32_t td_cuda_sample(td_backend *b, td_sampler *s, const td_sample_call *c) {
-    td_cuda *cu = td_cu(b);
-    size_t V = (size_t)s->vocab, fb = V * sizeof(float), words = (V + 31) / 32;
-    if (c->kind == TD_SAMPLE_ACCEPT) { /* the penalties' count of an emitted token: stays on the device */
-        if (c->token >= 0 && (size_t)c->token < V) {
-            TD_CU_KERNEL(count_token_kernel, 1, 1, cu->stream, s->counts, c->token);
-            TD_CU_LAUNCH("count_token_kernel");
-        }
-        return 0;
-    }
-    /* layout: x | q | out | work | probs | idx | counts | mask | in_prompt */
-    unsigned char *p = pinned(cu, 7 * fb + words * 4 + V);
-    float *hx = (float *)p, *hq = hx + V, *hout = hq + V, *hwork = hout + V, *hprobs = hwork + V;
-    int32_t *hidx = (int32_t *)(hprobs + V);
-    uint32_t *hcounts = (uint32_t *)(hidx + V), *hmask = hcounts + V;
-    uint8_t *hin = (uint8_t *)(hmask + words);
-    td_sampler h = *s; /* the host twin: same parameters, RNG and bias, host arrays */
-    h.b = NULL;
-    h.work = hwork;
-    h.probs = hprobs;
-    h.idx = hidx;
-    h.counts = hcounts;
-    h.in_prompt = hin;
-    h.mask = NULL;
-    h.dmask = NULL;
-    bool penalties = c->kind == TD_SAMPLE_SAMPLE || c->kind == TD_SAMPLE_GREEDY || c->kind == TD_SAMPLE_PROBS;
-    if (penalties) {
-        d2h(cu, hcounts, s->counts, V * sizeof(uint32_t));
-        d2h(cu, hin, s->in_prompt, V);
-    }
-    if (s->mask) { /* a backend sampler's mask is its device copy (td_sampler_set_mask) */
-        d2h(cu, hmask, s->mask, words * sizeof(uint32_t));
-        h.mask = hmask;
-    }
-    td_sample_call hc = *c;
-    if (c->x) { d2h(cu, hx, c->x, fb); hc.x = hx; }
-    if (c->q) { d2h(cu, hq, c->q, fb); hc.q = hq; }
-    if (c->out) {
-        if (c->kind == TD_SAMPLE_RESIDUAL) d2h(cu, hout, c->out, fb); /* read, then overwritten */
-        hc.out = hout;
-    }
-    TD_CU(cudaStreamSynchronize(cu->stream));
-    int32_t r = td_sampler_run(&h, &hc);
-    s->rng = h.rng; /* the draw advanced the RNG: the host state travels with the sampler */
-    if (c->out && (c->kind == TD_SAMPLE_PROBS || c->kind == TD_SAMPLE_RESIDUAL)) {
-        /* stream-ordered before the next call's downloads into the same buffer */
-        TD_CU(cudaMemcpyAsync(c->out, hout, fb, cudaMemcpyHostToDevice, cu->stream));
-        cu->sample_bytes += fb;
-    }
-    return r;
-}
-
 /* ---- the table ----------------------------------------------------------- */
 
 static const td_backend_ops cuda_ops = {
@@ -264,3 +181,5 @@ extern "C" int td_backend_cuda_mem_info(td_backend *b, size_t *free_bytes, size_
     TD_CU(cudaSetDevice(td_cu(b)->device));
     return cudaMemGetInfo(free_bytes, total_bytes) == cudaSuccess ? TD_OK : TD_ERR_INTERNAL;
 }
+
+extern "C" uint64_t td_backend_cuda_sample_bytes(td_backend *b) { return b && b->ops == &cuda_ops ? td_cu(b)->sample_bytes : 0; }
