@@ -570,7 +570,7 @@ static void test_gdn(const td_config *g) {
     CHECK(same_bits(go1, go + 5 * vd, 2 * (size_t)vd, &at), "gdn: segment 1 alone differs at %zu", at);
     dget(gpool, dpool[1], pool);
     CHECK(same_bits(gpool, full1, pool, &at), "gdn: segment 1's state alone differs at %zu", at);
-    /* chunk > 1 on the device runs token by token (phase 1): the same bits */
+    /* chunk > 1 leaves a verify segment (checkpoints) token by token: the same bits */
     td_bk_upload(cu, dpool[1], pool0[1], pool * 4);
     cu->ops->gdn_conv(cu, g, &b1.db, 0, &dp, dqkv + 5 * C, dco);
     cu->ops->gdn_recur(cu, g, &b1.db, 0, &dp, dco, dz + 5 * vd, db + 5 * nv, da + 5 * nv, dout, 64);
@@ -587,6 +587,71 @@ static void test_gdn(const td_config *g) {
 }
 
 /* fill_random: the same bytes as the CPU op, every dtype and mode, odd sizes and a grid-stride-sized fill */
+/* ---- DeltaNet prompt chunks on the device ----
+ * One 45-token prompt segment: the device's chunked form (chunk 16: two
+ * chunks and 13 tokens one by one; chunk 64: one device chunk of 32 and 13)
+ * against the CPU's chunked form with the same chunk and against the
+ * token-by-token form, outputs and final state; it must not be the
+ * token-by-token kernel's bits (so the chunk path ran). */
+enum { CN = 45 };
+static void test_gdn_chunk(const td_config *g) {
+    int C = td_cfg_lin_conv_dim(g), Kc = g->conv_kernel, nv = g->lin_nv, vd = nv * g->lin_dv;
+    size_t pool = td_cfg_deltanet_state_floats(g);
+    float *qkv = rnd_vec((size_t)CN * C, 1.0f, 0), *z = rnd_vec((size_t)CN * vd, 1.0f, 0);
+    float *bin = rnd_vec((size_t)CN * nv, 2.0f, 0), *ain = rnd_vec((size_t)CN * nv, 2.0f, 0);
+    float *conv = rnd_vec((size_t)C * Kc, 0.5f, 0), *dtb = rnd_vec((size_t)nv, 0.5f, 0), *negA = rnd_vec((size_t)nv, 0.1f, -0.15f);
+    float *norm = rnd_vec((size_t)g->lin_dv, 0.1f, 1.0f), *pool0 = rnd_vec(pool, 0.5f, 0);
+    int32_t seg[TD_SEG_FIELDS] = {0, CN, 0, 0, 0, 0, 1}, rows[CN], toks[CN], bts[4] = {0, 1, 2, 3};
+    for (int t = 0; t < CN; t++) rows[t] = 0, toks[t] = t;
+    float *hstate[1] = {malloc(pool * 4)}, *dstate[1] = {dvec(pool0, pool)};
+    td_batch hb = {.M = CN, .n_seg = 1, .tokens = toks, .row_seg = rows, .seg = seg, .block_tables = bts, .state = hstate};
+    size_t np = sizeof(float *), nt = sizeof(int32_t) * CN;
+    unsigned char *dm = cu->ops->alloc(cu, np + 2 * nt + sizeof seg + sizeof bts);
+    td_bk_upload(cu, dm, dstate, np);
+    td_bk_upload(cu, dm + np, toks, nt);
+    td_bk_upload(cu, dm + np + nt, rows, nt);
+    td_bk_upload(cu, dm + np + 2 * nt, seg, sizeof seg);
+    td_bk_upload(cu, dm + np + 2 * nt + sizeof seg, bts, sizeof bts);
+    td_batch db = {.M = CN, .n_seg = 1, .tokens = (const int32_t *)(dm + np), .row_seg = (const int32_t *)(dm + np + nt),
+                   .seg = (const int32_t *)(dm + np + 2 * nt), .block_tables = (const int32_t *)(dm + np + 2 * nt + sizeof seg),
+                   .state = (float *const *)dm};
+    td_gdn_params hp = {conv, dtb, negA, norm};
+    td_gdn_params dp = {dvec(conv, (size_t)C * Kc), dvec(dtb, (size_t)nv), dvec(negA, (size_t)nv), dvec(norm, (size_t)g->lin_dv)};
+    float *dqkv = dvec(qkv, (size_t)CN * C), *dz = dvec(z, (size_t)CN * vd), *dbin = dvec(bin, (size_t)CN * nv);
+    float *dain = dvec(ain, (size_t)CN * nv), *dco = cu->ops->alloc(cu, (size_t)CN * C * 4), *dout = cu->ops->alloc(cu, (size_t)CN * vd * 4);
+    float *hco = malloc((size_t)CN * C * 4), *o_ref[3], *s_ref[3], *o_dev[3], *s_dev[3];
+    const int chunks[3] = {0, 16, 64};
+    for (int c = 0; c < 3; c++) {
+        o_ref[c] = malloc((size_t)CN * vd * 4); s_ref[c] = malloc(pool * 4);
+        o_dev[c] = malloc((size_t)CN * vd * 4); s_dev[c] = malloc(pool * 4);
+        memcpy(hstate[0], pool0, pool * 4);
+        cpu->ops->gdn_conv(cpu, g, &hb, 0, &hp, qkv, hco);
+        cpu->ops->gdn_recur(cpu, g, &hb, 0, &hp, hco, z, bin, ain, o_ref[c], chunks[c]);
+        memcpy(s_ref[c], hstate[0], pool * 4);
+        td_bk_upload(cu, dstate[0], pool0, pool * 4);
+        cu->ops->gdn_conv(cu, g, &db, 0, &dp, dqkv, dco);
+        cu->ops->gdn_recur(cu, g, &db, 0, &dp, dco, dz, dbin, dain, dout, chunks[c]);
+        dget(o_dev[c], dout, (size_t)CN * vd);
+        dget(s_dev[c], dstate[0], pool);
+    }
+    size_t no = (size_t)CN * vd, at;
+    for (int c = 1; c < 3; c++) {
+        double e1 = max_abs_norm(o_dev[c], o_ref[c], no), e2 = max_abs_norm(o_dev[c], o_ref[0], no);
+        double e3 = max_abs_norm(s_dev[c], s_ref[c], pool), e4 = max_abs_norm(s_dev[c], s_ref[0], pool);
+        CHECK(e1 < 1e-4 && e3 < 1e-4, "gdn chunk %d: device vs cpu chunked: outputs %g, state %g", chunks[c], e1, e3);
+        CHECK(e2 < 1e-4 && e4 < 1e-4, "gdn chunk %d: device vs token by token: outputs %g, state %g", chunks[c], e2, e4);
+        CHECK(!same_bits(o_dev[c], o_dev[0], no, &at), "gdn chunk %d: the device ran token by token (same bits)", chunks[c]);
+    }
+    for (int c = 0; c < 3; c++) { free(o_ref[c]); free(s_ref[c]); free(o_dev[c]); free(s_dev[c]); }
+    cu->ops->free(cu, dm); cu->ops->free(cu, dstate[0]);
+    cu->ops->free(cu, (void *)dp.conv); cu->ops->free(cu, (void *)dp.dt_bias); cu->ops->free(cu, (void *)dp.neg_A);
+    cu->ops->free(cu, (void *)dp.norm);
+    cu->ops->free(cu, dqkv); cu->ops->free(cu, dz); cu->ops->free(cu, dbin); cu->ops->free(cu, dain);
+    cu->ops->free(cu, dco); cu->ops->free(cu, dout);
+    free(hstate[0]); free(hco); free(pool0);
+    free(qkv); free(z); free(bin); free(ain); free(conv); free(dtb); free(negA); free(norm);
+}
+
 static void test_fill_random(void) {
     static const td_dtype dts[] = {TD_DTYPE_F32, TD_DTYPE_BF16, TD_DTYPE_F8_E4M3, TD_DTYPE_NVFP4, TD_DTYPE_Q8};
     static const size_t ns[] = {2, 1000, 65536 * 3 + 10, (size_t)256 * 65536 + 4096}; /* the last: more than one grid */
@@ -647,6 +712,7 @@ int main(void) {
     g.lin_nk = 2; g.lin_nv = 4; g.lin_dk = 16; g.lin_dv = 40; g.conv_kernel = 4;
     test_attention(&g);
     test_gdn(&g);
+    test_gdn_chunk(&g);
     printf("backend_cuda: on %s (cpu kernels: %s)\n", standin ? standin : "the device", td_isa_name((td_isa)cpu->isa));
     td_backend_free(cu);
     td_backend_free(cpu);

@@ -11,9 +11,12 @@
  * Both kernels are sequential over a segment's tokens (the recurrence) and
  * parallel over channels / value columns; each thread's arithmetic is
  * ops_gdn.c's for its channel or column, in the same order (multiply then
- * add, -fmad=false). Phase 1: chunk > 1 (the chunked WY form for prompts) is
- * not implemented on the device; the token-by-token kernel runs instead,
- * which the op's contract allows (chunked = equal up to rounding). */
+ * add, -fmad=false). With chunk > 1 a prompt segment (no checkpoints) runs
+ * in chunks of up to GDN_CMAX tokens in the chunked form of kernels.c
+ * td_gdn_chunk (each value column's arithmetic in its order; the chunk may be
+ * smaller than asked so that its arrays fit in shared memory), the rest of
+ * it token by token, as ops_gdn.c: equal to the token-by-token form up to
+ * rounding, which is the op's contract for chunk > 1. */
 #include "backend/cuda/cuda_internal.cuh"
 
 typedef struct gdn_args {
@@ -27,6 +30,7 @@ typedef struct gdn_args {
     int lin, n_lin, conv_len, conv_dim, nk, nv, dk, dv;
     size_t layer_floats, conv_floats;
     float eps;
+    int chunk;             /* recur: tokens per device chunk (chunk_tokens), 0 = token by token */
 } gdn_args;
 
 static __device__ __forceinline__ float *layer_state(const gdn_args &a, int si, int slot) {
@@ -103,8 +107,123 @@ static __device__ void l2norm(float *v, int n, float *red) {
 
 static __device__ __forceinline__ float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 
+/* Token m's q and k of head kh into shared q, k (l2-normed; q * 1/sqrt(dk)),
+ * as ops_gdn.c gdn_prep. Every thread of the block calls it. */
+static __device__ void gdn_qk(const gdn_args &a, int m, int kh, float *q, float *k, float *red) {
+    int dk = a.dk, key_dim = a.nk * dk;
+    const float *row = a.conv_out + (size_t)m * a.conv_dim;
+    for (int i = threadIdx.x; i < dk; i += blockDim.x) {
+        q[i] = row[(size_t)kh * dk + i];
+        k[i] = row[key_dim + (size_t)kh * dk + i];
+    }
+    __syncthreads();
+    l2norm(q, dk, red);
+    l2norm(k, dk, red);
+    float qscale = 1.0f / sqrtf((float)dk);
+    for (int i = threadIdx.x; i < dk; i += blockDim.x) q[i] *= qscale;
+    __syncthreads();
+}
+
+/* The gated RMSNorm of token m's outputs (thread e: column e, o its value):
+ * norm * (o * rn) * silu(z). Every thread calls it. */
+static __device__ void gdn_out(const gdn_args &a, int m, int h, float o, float *red) {
+    int e = threadIdx.x, dv = a.dv, vd = a.nv * dv;
+    float ss = td_cu_block_sum(e < dv ? o * o : 0.0f, red);
+    float rn = 1.0f / sqrtf(ss / (float)dv + a.eps);
+    if (e < dv) {
+        float zz = a.z[(size_t)m * vd + (size_t)h * dv + e];
+        a.o[(size_t)m * vd + (size_t)h * dv + e] = (a.norm[e] * (o * rn)) * td_cu_silu(zz);
+    }
+}
+
+#define GDN_CMAX 32    /* tokens per device chunk at most (the per-thread arrays below) */
+#define GDN_POOL 10400 /* shared floats: the token path's q, k (2 * TD_MAX_HEAD_DIM) or a chunk's arrays */
+
+/* Tokens per device chunk for a requested chunk and dk: the largest power of
+ * two <= min(chunk, GDN_CMAX) whose K, Q [C][dk], W1, W2 [C][C] and three
+ * [C] rows fit in GDN_POOL (dk 128: 32); 0 (token by token) below 2. */
+static int chunk_tokens(int chunk, int dk) {
+    int c = GDN_CMAX;
+    while (c > 1 && (c > chunk || 2 * c * dk + 2 * c * c + 3 * c > GDN_POOL)) c >>= 1;
+    return c >= 2 ? c : 0;
+}
+
+/* C tokens from row m0 of one (segment, head) in the chunked form (kernels.c
+ * td_gdn_chunk; cum = running sum of the log-decays):
+ *   d_t = b_t (v_t - e^{c_t} S0^T k_t - sum_{i<t} W1[t][i] d_i),  W1[t][i] = e^{c_t - c_i} (k_i.k_t)
+ *   o_t = e^{c_t} S0^T q_t + sum_{i<=t} W2[t][i] d_i,             W2[t][i] = e^{c_t - c_i} (k_i.q_t)
+ *   S   = e^{c_C} S0 + sum_t (e^{c_C - c_t} k_t) d_t^T
+ * The block computes K, Q, W1, W2 and the decays once in shared memory;
+ * thread e then runs column e (S0's column read once, u = S0^T k_t and
+ * qs = S0^T q_t for every t in one pass over i, d and o in registers), each
+ * sum in td_gdn_chunk's order. */
+static __device__ void gdn_chunk(const gdn_args &a, int h, int kh, int m0, int C, float *S, float *pool, float *red) {
+    const int dk = a.dk, dv = a.dv, nv = a.nv, key_dim = a.nk * dk, e = threadIdx.x;
+    float *K = pool, *Q = K + (size_t)C * dk, *W1 = Q + (size_t)C * dk, *W2 = W1 + C * C, *cum = W2 + C * C;
+    float *beta = cum + C, *gT = beta + C;
+    for (int u = 0; u < C; u++) gdn_qk(a, m0 + u, kh, Q + (size_t)u * dk, K + (size_t)u * dk, red);
+    if (threadIdx.x == 0) {
+        float c = 0.0f;
+        for (int u = 0; u < C; u++) {
+            int m = m0 + u;
+            beta[u] = td_cu_sigmoid(a.b_in[(size_t)m * nv + h]);
+            cum[u] = (c += a.neg_A[h] * softplus(a.a_in[(size_t)m * nv + h] + a.dt_bias[h]));
+        }
+    }
+    __syncthreads();
+    for (int p = threadIdx.x; p < C * C; p += blockDim.x) {
+        int t = p / C, i = p % C;
+        if (i > t) continue;
+        const float *ki = K + (size_t)i * dk, *kt = K + (size_t)t * dk, *qt = Q + (size_t)t * dk;
+        float kk = 0.0f, kq = 0.0f;
+        for (int x = 0; x < dk; x++) {
+            kk += ki[x] * kt[x];
+            kq += ki[x] * qt[x];
+        }
+        float r = expf(cum[t] - cum[i]);
+        W1[p] = r * kk; /* used for i < t only */
+        W2[p] = r * kq;
+    }
+    for (int t = threadIdx.x; t < C; t += blockDim.x) gT[t] = expf(cum[C - 1] - cum[t]);
+    __syncthreads();
+    float u[GDN_CMAX], qs[GDN_CMAX], d[GDN_CMAX];
+    if (e < dv) {
+        for (int t = 0; t < C; t++) u[t] = qs[t] = 0.0f;
+        for (int i = 0; i < dk; i++) {
+            float s = S[(size_t)i * dv + e];
+            for (int t = 0; t < C; t++) {
+                u[t] += s * K[(size_t)t * dk + i];
+                qs[t] += s * Q[(size_t)t * dk + i];
+            }
+        }
+    }
+    for (int t = 0; t < C; t++) {
+        int m = m0 + t;
+        float o = 0.0f;
+        if (e < dv) {
+            float gt = expf(cum[t]);
+            float dd = a.conv_out[(size_t)m * a.conv_dim + 2 * (size_t)key_dim + (size_t)h * dv + e] - gt * u[t];
+            o = gt * qs[t];
+            for (int i = 0; i < t; i++) dd -= W1[t * C + i] * d[i];
+            d[t] = dd * beta[t];
+            for (int i = 0; i <= t; i++) o += W2[t * C + i] * d[i];
+        }
+        gdn_out(a, m, h, o, red);
+    }
+    if (e < dv) {
+        float gC = expf(cum[C - 1]);
+        for (int i = 0; i < dk; i++) {
+            float s = S[(size_t)i * dv + e] * gC;
+            for (int t = 0; t < C; t++) s += (gT[t] * K[(size_t)t * dk + i]) * d[t];
+            S[(size_t)i * dv + e] = s;
+        }
+    }
+    __syncthreads(); /* the pool is rewritten by the next chunk or token */
+}
+
 /* grid (n_seg * nv): one block per (segment, value head), blockDim = dv
- * rounded up to a warp multiple. Per token, in order:
+ * rounded up to a warp multiple. A prompt segment with a.chunk runs its
+ * whole chunks with gdn_chunk; then per token, in order:
  *   q, k (l2-normed; q * 1/sqrt(dk)) into shared memory; beta = sigmoid(b);
  *   decay = expf(neg_A * softplus(a + dt_bias));
  *   thread e owns column e of S [dk, dv] (in the state slot):
@@ -115,27 +234,22 @@ static __device__ __forceinline__ float softplus(float x) { return x > 20.0f ? x
  * inside the recurrence; the block synchronizes around the shared q / k and
  * the norm's sum. */
 static __global__ void __launch_bounds__(1024) gdn_recur_kernel(gdn_args a) {
-    __shared__ float qv[TD_MAX_HEAD_DIM], kv[TD_MAX_HEAD_DIM];
+    __shared__ float pool[GDN_POOL];
     __shared__ float red[33];
+    float *qv = pool, *kv = pool + TD_MAX_HEAD_DIM;
     int si = blockIdx.x / a.nv, h = blockIdx.x % a.nv, e = threadIdx.x;
-    int dk = a.dk, dv = a.dv, nv = a.nv, vd = nv * dv, kh = h / (nv / a.nk), key_dim = a.nk * dk;
+    int dk = a.dk, dv = a.dv, nv = a.nv, kh = h / (nv / a.nk), key_dim = a.nk * dk;
     const int32_t *sg = a.seg + (size_t)si * TD_SEG_FIELDS;
     int n = sg[TD_SEG_N], row0 = sg[TD_SEG_ROW0], ck = sg[TD_SEG_CKPT];
     size_t head = a.conv_floats + (size_t)h * dk * dv;
     float *S = layer_state(a, si, sg[TD_SEG_SLOT]) + head;
-    float qscale = 1.0f / sqrtf((float)dk);
-    for (int t = 0; t < n; t++) {
+    int t = 0;
+    if (a.chunk > 1 && !ck)
+        for (; t + a.chunk <= n; t += a.chunk) gdn_chunk(a, h, kh, row0 + t, a.chunk, S, pool, red);
+    for (; t < n; t++) {
         int m = row0 + t;
         const float *row = a.conv_out + (size_t)m * a.conv_dim;
-        for (int i = threadIdx.x; i < dk; i += blockDim.x) {
-            qv[i] = row[(size_t)kh * dk + i];
-            kv[i] = row[key_dim + (size_t)kh * dk + i];
-        }
-        __syncthreads();
-        l2norm(qv, dk, red);
-        l2norm(kv, dk, red);
-        for (int i = threadIdx.x; i < dk; i += blockDim.x) qv[i] *= qscale;
-        __syncthreads();
+        gdn_qk(a, m, kh, qv, kv, red);
         float beta = td_cu_sigmoid(a.b_in[(size_t)m * nv + h]);
         float decay = expf(a.neg_A[h] * softplus(a.a_in[(size_t)m * nv + h] + a.dt_bias[h]));
         if (ck) { /* token t's state in its own slot, from the previous token's */
@@ -159,12 +273,7 @@ static __global__ void __launch_bounds__(1024) gdn_recur_kernel(gdn_args a) {
                 o += s * qv[i];
             }
         }
-        float ss = td_cu_block_sum(e < dv ? o * o : 0.0f, red);
-        float rn = 1.0f / sqrtf(ss / (float)dv + a.eps);
-        if (e < dv) {
-            float zz = a.z[(size_t)m * vd + (size_t)h * dv + e];
-            a.o[(size_t)m * vd + (size_t)h * dv + e] = (a.norm[e] * (o * rn)) * td_cu_silu(zz);
-        }
+        gdn_out(a, m, h, o, red);
         __syncthreads(); /* qv / kv are rewritten by the next token */
     }
 }
@@ -172,13 +281,13 @@ static __global__ void __launch_bounds__(1024) gdn_recur_kernel(gdn_args a) {
 extern "C" void td_cuda_gdn_recur(td_backend *b, const td_config *g, const td_batch *bt, int lin, const td_gdn_params *w,
                                   const float *conv_out, const float *z, const float *b_in, const float *a_in, float *o,
                                   int chunk) {
-    (void)chunk; /* phase 1: token by token for every segment (see the top of the file) */
     if (bt->n_seg <= 0 || bt->M <= 0) return;
     TD_ASSERT(g->lin_dk > 0 && g->lin_dk <= TD_MAX_HEAD_DIM && g->lin_dv > 0 && g->lin_dv <= 1024);
     TD_ASSERT(g->lin_nk > 0 && g->lin_nv % g->lin_nk == 0);
     gdn_args a = gdn_args_of(g, bt, lin, w);
     a.conv_out = (float *)conv_out;
     a.z = z; a.b_in = b_in; a.a_in = a_in; a.o = o;
+    a.chunk = chunk > 1 ? chunk_tokens(chunk, a.dk) : 0;
     unsigned threads = (unsigned)((a.dv + 31) / 32 * 32);
     TD_CU_KERNEL(gdn_recur_kernel, (unsigned)(bt->n_seg * a.nv), threads, td_cu(b)->stream, a);
     TD_CU_LAUNCH("gdn_recur_kernel");
