@@ -276,7 +276,7 @@ static void test_kv(void) {
 
 /* ---- sample: the same sampler calls on both backends give the same ids ---- */
 
-static void test_sample(void) {
+static void test_sample(const char *standin) {
     enum { V = 512 };
     td_sampling p;
     td_sampling_default(&p);
@@ -289,7 +289,7 @@ static void test_sample(void) {
     float lg[V], pc[V], pg[V];
     float *dl = cu->ops->alloc(cu, sizeof lg), *dp = cu->ops->alloc(cu, sizeof lg), *dq = cu->ops->alloc(cu, sizeof lg);
     float *hl = cpu->ops->alloc(cpu, sizeof lg), *hp = cpu->ops->alloc(cpu, sizeof lg), *hq = cpu->ops->alloc(cpu, sizeof lg);
-    int same = 1, probs_same = 1;
+    int same = 1, probs_same = 1, small = 1;
     for (int step = 0; step < 20; step++) {
         for (int i = 0; i < V; i++) lg[i] = rndf() * 4.0f;
         td_bk_upload(cu, dl, lg, sizeof lg);
@@ -311,11 +311,14 @@ static void test_sample(void) {
         td_sampler_probs(&sc, hq, hq);
         td_sampler_probs(&sg, dq, dq);
         int d = (int)(rnd() % V);
+        uint64_t b0 = td_backend_cuda_sample_bytes(cu);
         same &= td_sampler_accept_draft(&sc, hp, hq, d) == td_sampler_accept_draft(&sg, dp, dq, d);
+        if (!standin) small &= td_backend_cuda_sample_bytes(cu) - b0 == 8; /* p[d] and q[d] */
         same &= td_sampler_residual(&sc, hp, hq, d) == td_sampler_residual(&sg, dp, dq, d);
     }
     CHECK(same, "sampled ids or rejection tests differ between cuda and cpu");
     CHECK(probs_same, "sampler probabilities differ between cuda and cpu");
+    CHECK(small, "a rejection test moved more than p[d] and q[d]");
     td_sampler_free(&sc);
     td_sampler_free(&sg);
     cu->ops->free(cu, dl); cu->ops->free(cu, dp); cu->ops->free(cu, dq);
@@ -702,7 +705,7 @@ int main(void) {
     test_matmul();
     test_rows();
     test_kv();
-    test_sample();
+    test_sample(standin);
     test_sample_greedy(standin);
     test_fill_random();
     td_config g;
