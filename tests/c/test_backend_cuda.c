@@ -594,10 +594,10 @@ static void test_gdn(const td_config *g) {
  * One 45-token prompt segment: the device's chunked form (chunk 16: two
  * chunks and 13 tokens one by one; chunk 64: one device chunk of 32 and 13)
  * against the CPU's chunked form with the same chunk and against the
- * token-by-token form, outputs and final state; it must not be the
- * token-by-token kernel's bits (so the chunk path ran). */
+ * token-by-token form, outputs and final state; on the device it must not
+ * be the token-by-token kernel's bits (so the chunk path ran). */
 enum { CN = 45 };
-static void test_gdn_chunk(const td_config *g) {
+static void test_gdn_chunk(const td_config *g, const char *standin) {
     int C = td_cfg_lin_conv_dim(g), Kc = g->conv_kernel, nv = g->lin_nv, vd = nv * g->lin_dv;
     size_t pool = td_cfg_deltanet_state_floats(g);
     float *qkv = rnd_vec((size_t)CN * C, 1.0f, 0), *z = rnd_vec((size_t)CN * vd, 1.0f, 0);
@@ -643,7 +643,8 @@ static void test_gdn_chunk(const td_config *g) {
         double e3 = max_abs_norm(s_dev[c], s_ref[c], pool), e4 = max_abs_norm(s_dev[c], s_ref[0], pool);
         CHECK(e1 < 1e-4 && e3 < 1e-4, "gdn chunk %d: device vs cpu chunked: outputs %g, state %g", chunks[c], e1, e3);
         CHECK(e2 < 1e-4 && e4 < 1e-4, "gdn chunk %d: device vs token by token: outputs %g, state %g", chunks[c], e2, e4);
-        CHECK(!same_bits(o_dev[c], o_dev[0], no, &at), "gdn chunk %d: the device ran token by token (same bits)", chunks[c]);
+        /* (a stand-in runs the CPU op, whose chunk 64 leaves 45 tokens token by token) */
+        CHECK(standin || !same_bits(o_dev[c], o_dev[0], no, &at), "gdn chunk %d: the device ran token by token (same bits)", chunks[c]);
     }
     for (int c = 0; c < 3; c++) { free(o_ref[c]); free(s_ref[c]); free(o_dev[c]); free(s_dev[c]); }
     cu->ops->free(cu, dm); cu->ops->free(cu, dstate[0]);
@@ -715,7 +716,7 @@ int main(void) {
     g.lin_nk = 2; g.lin_nv = 4; g.lin_dk = 16; g.lin_dv = 40; g.conv_kernel = 4;
     test_attention(&g);
     test_gdn(&g);
-    test_gdn_chunk(&g);
+    test_gdn_chunk(&g, standin);
     printf("backend_cuda: on %s (cpu kernels: %s)\n", standin ? standin : "the device", td_isa_name((td_isa)cpu->isa));
     td_backend_free(cu);
     td_backend_free(cpu);
