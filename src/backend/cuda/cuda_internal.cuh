@@ -118,6 +118,12 @@ static __device__ __forceinline__ float td_cu_warp_max(float v) {
     for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_down_sync(0xffffffffu, v, o));
     return v;
 }
+/* Argmax step: (bv, bi) takes (v, i) when v is larger, or equal with a lower
+ * index. NaNs never win; combining partial results this way picks the
+ * lowest index of the largest value in any order (argmax, sample). */
+static __device__ __forceinline__ void td_cu_argmax_take(float &bv, int &bi, float v, int i) {
+    if (v > bv || (v == bv && i < bi)) { bv = v; bi = i; }
+}
 static __device__ __forceinline__ float td_cu_block_sum(float v, float *red) {
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5, nw = blockDim.x >> 5;
     v = td_cu_warp_sum(v);

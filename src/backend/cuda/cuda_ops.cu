@@ -84,11 +84,8 @@ extern "C" void td_cuda_silu_mul(td_backend *b, float *a, const float *u, size_t
 /* out[r] = the first maximum of row r, as the CPU's sequential
  * `if (v[i] > v[best]) best = i` from best = 0: NaNs never win, and a NaN
  * at index 0 keeps 0. Each thread scans i = t, t+256, ...; pairs (value,
- * index) are combined by "larger value, else lower index", which picks the
- * same element in any order. */
-static __device__ __forceinline__ void am_take(float &bv, int &bi, float v, int i) {
-    if (v > bv || (v == bv && i < bi)) { bv = v; bi = i; }
-}
+ * index) are combined by td_cu_argmax_take ("larger value, else lower
+ * index"), which picks the same element in any order. */
 
 static __global__ void __launch_bounds__(ROW_THREADS) argmax_kernel(const float *x, int n, int32_t *out) {
     __shared__ float sv[ROW_THREADS / 32];
@@ -96,17 +93,17 @@ static __global__ void __launch_bounds__(ROW_THREADS) argmax_kernel(const float 
     const float *v = x + (size_t)blockIdx.x * n;
     float bv = -INFINITY;
     int bi = INT_MAX;
-    for (int i = threadIdx.x; i < n; i += ROW_THREADS) am_take(bv, bi, v[i], i);
+    for (int i = threadIdx.x; i < n; i += ROW_THREADS) td_cu_argmax_take(bv, bi, v[i], i);
     for (int o = 16; o > 0; o >>= 1) {
         float ov = __shfl_down_sync(0xffffffffu, bv, o);
         int oi = __shfl_down_sync(0xffffffffu, bi, o);
-        am_take(bv, bi, ov, oi);
+        td_cu_argmax_take(bv, bi, ov, oi);
     }
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
     if (lane == 0) { sv[w] = bv; si[w] = bi; }
     __syncthreads();
     if (threadIdx.x == 0) {
-        for (int k = 1; k < ROW_THREADS / 32; k++) am_take(bv, bi, sv[k], si[k]);
+        for (int k = 1; k < ROW_THREADS / 32; k++) td_cu_argmax_take(bv, bi, sv[k], si[k]);
         /* v[0] NaN: the CPU's comparisons against it all fail; all NaN: 0 too */
         if (bi == INT_MAX || v[0] != v[0]) bi = 0;
         out[blockIdx.x] = bi;

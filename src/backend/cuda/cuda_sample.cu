@@ -126,16 +126,12 @@ static __device__ __forceinline__ float pick_value(const pick_args &a, int i, bo
     return x;
 }
 
-static __device__ __forceinline__ void pick_take(float &bv, int &bi, float v, int i) {
-    if (v > bv || (v == bv && i < bi)) { bv = v; bi = i; }
-}
-
 /* One block. sampler.c scans up from the first token that takes part (f)
  * and moves to a later one only when it is strictly greater: the result is
  * the lowest index of the largest value; a NaN never wins, and a NaN at f
  * keeps f (every comparison with it fails); -1 when nothing takes part. The
- * (value, index) pairs are combined by "larger value, else lower index",
- * which picks that element in any order; f is the minimum index taking part. */
+ * (value, index) pairs are combined by td_cu_argmax_take, which picks that
+ * element in any order; f is the minimum index taking part. */
 static __global__ void __launch_bounds__(PICK_THREADS) pick_kernel(pick_args a) {
     __shared__ float sv[PICK_THREADS / 32];
     __shared__ int si[PICK_THREADS / 32], sf[PICK_THREADS / 32];
@@ -146,13 +142,13 @@ static __global__ void __launch_bounds__(PICK_THREADS) pick_kernel(pick_args a) 
         float v = pick_value(a, i, part);
         if (!part) continue;
         if (i < f) f = i;
-        pick_take(bv, bi, v, i);
+        td_cu_argmax_take(bv, bi, v, i);
     }
     for (int o = 16; o > 0; o >>= 1) {
         float ov = __shfl_down_sync(0xffffffffu, bv, o);
         int oi = __shfl_down_sync(0xffffffffu, bi, o);
         int of = __shfl_down_sync(0xffffffffu, f, o);
-        pick_take(bv, bi, ov, oi);
+        td_cu_argmax_take(bv, bi, ov, oi);
         if (of < f) f = of;
     }
     int lane = threadIdx.x & 31, w = threadIdx.x >> 5;
@@ -160,7 +156,7 @@ static __global__ void __launch_bounds__(PICK_THREADS) pick_kernel(pick_args a) 
     __syncthreads();
     if (threadIdx.x == 0) {
         for (int k = 1; k < PICK_THREADS / 32; k++) {
-            pick_take(bv, bi, sv[k], si[k]);
+            td_cu_argmax_take(bv, bi, sv[k], si[k]);
             if (sf[k] < f) f = sf[k];
         }
         int32_t r = -1;
