@@ -354,7 +354,13 @@ jv td_jfilter(jctx *c, jframe *f, const jnode *n, jv v, jv *args, int nargs, con
         jlist *l = dictsort ? items_of(c, n, v).l : td_jiter(c, n, v);
         bool rev = td_jv_truthy(ARG(dictsort ? 2 : 0, "reverse", jv_bool(false)));
         jv at = dictsort ? jv_int(0) : ARG(2, "attribute", jv_none());
-        if (dictsort && !strcmp("value", ARG(1, "by", jv_str("key", 3)).s.p)) at = jv_int(1);
+        if (dictsort) { /* by: 'key' or 'value' (jinja2 raises FilterArgumentError for anything else) */
+            jv by = ARG(1, "by", jv_str("key", 3));
+            bool key = by.k == V_STR && by.s.n == 3 && !memcmp(by.s.p, "key", 3);
+            bool value = by.k == V_STR && by.s.n == 5 && !memcmp(by.s.p, "value", 5);
+            if (!key && !value) td_jfail(c, n, "dictsort: You can only sort by either 'key' or 'value'");
+            if (value) at = jv_int(1);
+        }
         jlist *o = td_jl_new(c->a, l->n + 1);
         for (size_t i = 0; i < l->n; i++) td_jl_push(c->a, o, l->v[i]);
         /* insertion sort keeps Python's stability */

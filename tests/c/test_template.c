@@ -124,6 +124,25 @@ static void error_positions(void) {
     if (rc == 0) rc = td_tpl_render(t, NULL, &out, &len, &err);
     CHECK(rc != 0 && strstr(err.msg, "line 2") && strstr(err.msg, "bogus"), "unknown filter: %s", err.msg);
     td_tpl_free(t);
+    /* dictsort's `by` (found by fuzz_template: a non-string `by` was read as a string pointer, NULL or
+       garbage); outputs and errors as jinja2 3.1.6 gives them */
+    const char *cases[][2] = {{"{{ {'b':1,'a':2}|dictsort(false,'value') }}", "[('b', 1), ('a', 2)]"},
+                              {"{{ {'b':1,'a':2}|dictsort(by='key') }}", "[('a', 2), ('b', 1)]"},
+                              {"{{ {'a':1}|dictsort(false, 0) }}", NULL},
+                              {"{{ {'a':1}|dictsort(false, 7) }}", NULL},
+                              {"{{ {'a':1}|dictsort(false, 'values') }}", NULL}};
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        t = NULL;
+        out = NULL;
+        rc = td_tpl_parse(cases[i][0], strlen(cases[i][0]), &t, &err);
+        if (rc == 0) rc = td_tpl_render(t, NULL, &out, &len, &err);
+        if (cases[i][1])
+            CHECK(rc == 0 && len == strlen(cases[i][1]) && !memcmp(out, cases[i][1], len), "%s: %s", cases[i][0], rc ? err.msg : out);
+        else
+            CHECK(rc != 0 && strstr(err.msg, "only sort by either 'key' or 'value'"), "%s: %s", cases[i][0], rc ? err.msg : "no error");
+        if (rc == 0) free(out);
+        td_tpl_free(t);
+    }
 }
 
 int main(void) {
