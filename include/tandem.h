@@ -83,6 +83,9 @@ typedef struct td_engine_opts {
     const char *backend; /* "cpu" (NULL: $TANDEM_BACKEND, else cpu) or "guard" (tests: the CPU ops with all
                             backend memory inaccessible to host code; see src/backend/README.md) */
     td_precision precision; /* matmul activations (TD_ERR_UNSUPPORTED when the backend cannot) */
+    bool enforce_eager;  /* CUDA: issue every op of every forward (no CUDA graphs; as vLLM's --enforce-eager).
+                            Default false: decode, draft and verify forwards are captured once per shape and
+                            replayed. Same results either way; the CPU has no graphs. */
 } td_engine_opts;
 
 /* KV cache figures (caller-owned copy). */

@@ -11,7 +11,9 @@
 #   4. a short decode / verify / prefill timing of the demo model on the GPU;
 #   5. the same rows at the full Qwen3.6-27B config in BF16, FP8 and NVFP4, the
 #      weights generated on the GPU (--random-config: no weight files), each
-#      bounded (60 s each).
+#      bounded (60 s each);
+#   6. NVFP4 decode / verify again with --enforce-eager (graphs vs eager), and
+#      test_cuda_graphs' graph count, nodes and the bytes their instantiation took.
 # The whole script stays under BUDGET seconds (default 460, under 8 minutes): each
 # step's timeout is its own cap or what is left of the budget, whichever is smaller,
 # and a step with under 10 s left is skipped (and counts as failed).
@@ -40,7 +42,7 @@ tail -n 25 "$BUILD/gpu-ops.log"
 
 echo "== 2. the C tests on the cuda backend"
 # The engine-core tests (as .ci/run runs on the guard); FULL=1 runs all of them.
-TESTS="test_backend_cuda test_golden test_demo test_spec test_kv test_kv_pressure test_gdn_chunk test_quant \
+TESTS="test_backend_cuda test_cuda_graphs test_golden test_demo test_spec test_kv test_kv_pressure test_gdn_chunk test_quant \
 test_quant_load test_real_ckpt test_sched test_preempt test_logit_bias test_constraint test_autodepth test_random_model"
 [ "${FULL:-0}" = 1 ] && TESTS=""
 BUILD="$BUILD" TANDEM_BACKEND=cuda TANDEM_SKIP_PY=1 TANDEM_TESTS="$TESTS" run 150 sh tests/run_all.sh \
@@ -62,6 +64,11 @@ for dt in bf16 fp8 nvfp4; do
     --probe-mb 16 --mm-mb 0 --reps 1 --prefill 512,4096 --max-k 4 > "$BUILD/gpu-27b-$dt.log" 2>&1 || fail=1
   grep -v "^$" "$BUILD/gpu-27b-$dt.log" | tail -n 14
 done
+echo "== 5. CUDA graphs vs eager: the 27B config in nvfp4, decode and verify without graphs"
+run 45 "$BUILD/tandem" kernels --random-config tests/data/configs/qwen3.6-27b.config.json --device cuda --dtype nvfp4 \
+  --probe-mb 16 --mm-mb 0 --reps 1 --prefill 0 --max-k 4 --enforce-eager > "$BUILD/gpu-27b-eager.log" 2>&1 || fail=1
+grep -v "^$" "$BUILD/gpu-27b-eager.log" | tail -n 8
+grep -h "cuda graphs:" "$BUILD/gpu-suite.log" | head -n 2
 
 [ $fail = 0 ] && echo "gpu-check: all steps passed" || echo "gpu-check: FAILED (logs in $BUILD/gpu-*.log)"
 exit $fail

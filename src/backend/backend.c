@@ -34,6 +34,12 @@ uint64_t td_backend_cuda_sample_bytes(td_backend *b) {
     (void)b;
     return 0;
 }
+int td_backend_cuda_graph_info(td_backend *b, int *graphs, size_t *nodes, size_t *bytes) {
+    (void)b;
+    *graphs = 0;
+    *nodes = *bytes = 0;
+    return TD_ERR_UNSUPPORTED;
+}
 #endif
 
 void td_backend_free(td_backend *b) {

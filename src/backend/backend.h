@@ -17,6 +17,7 @@
  * speculative decoding is lossless by construction, not by tolerance. */
 #ifndef TANDEM_BACKEND_H
 #define TANDEM_BACKEND_H
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include "model/config.h"
@@ -79,6 +80,8 @@ typedef struct td_gdn_params {
 typedef struct td_backend_counters {
     uint64_t uploads, upload_bytes;     /* host -> backend */
     uint64_t downloads, download_bytes; /* backend -> host */
+    uint64_t graph_captures, graph_replays, graph_evictions; /* graph_run: captured (and run once), launched again, dropped */
+    uint64_t graph_eager;               /* td_bk_graph calls that ran fn directly (no graph_run, or eager) */
 } td_backend_counters;
 
 /* fill_random: what each element is. */
@@ -154,6 +157,15 @@ typedef struct td_backend_ops {
     /* CPU backends only (NULL on a device): fn(ctx, i) for i in [0, n) on the backend's
      * threads, on host memory (the kernels benchmark's bandwidth probe). */
     void (*parallel_for)(td_backend *b, int n, void (*fn)(void *ctx, int i), void *ctx);
+    /* Optional (NULL: td_bk_graph calls fn(ctx) itself). Runs fn(ctx) as a replayed graph:
+     * the first time this exact key (key_len bytes, compared whole) is seen, the ops fn issues
+     * are captured instead of run, and the graph is then launched; later calls with the same
+     * key launch the graph again and do not call fn. So fn must issue only compute ops and
+     * copies (no alloc, free, upload, download, sync or sample) whose host arguments, buffer
+     * pointers included, are a pure function of the key: every per-step value (tokens,
+     * positions, block tables, state slots) is read by the kernels from backend memory.
+     * TD_ERR_UNSUPPORTED when a capture fails (the caller then runs fn eagerly). */
+    int (*graph_run)(td_backend *b, const void *key, size_t key_len, void (*fn)(void *ctx), void *ctx, td_err *err);
 } td_backend_ops;
 
 struct td_backend {
@@ -184,6 +196,10 @@ int td_backend_cuda_mem_info(td_backend *b, size_t *free_bytes, size_t *total_by
  * (rows, arrays and results: the traffic td_backend.counters leave out); 0
  * for any other backend. */
 uint64_t td_backend_cuda_sample_bytes(td_backend *b);
+/* The CUDA backend's graph cache (graph_run): graphs held, their nodes, and
+ * the device memory their instantiations took (cudaMemGetInfo before and
+ * after each). TD_ERR_ARG for another backend, TD_ERR_UNSUPPORTED without CUDA. */
+int td_backend_cuda_graph_info(td_backend *b, int *graphs, size_t *nodes, size_t *bytes);
 /* By name: "cpu", "guard" or "cuda" (a clear error when this build or
  * machine has no CUDA). */
 int td_backend_create(const char *name, int n_threads, td_backend **out, td_err *err);
@@ -206,6 +222,19 @@ static inline int32_t td_bk_sample(td_backend *b, struct td_sampler *s, const st
     b->counters.downloads++;
     b->counters.download_bytes += 4;
     return b->ops->sample(b, s, c);
+}
+
+/* Runs fn(ctx) through the backend's graph_run when it has one and `eager`
+ * is false, else directly (the CPU, the guard, --enforce-eager). A failed
+ * capture falls back to running fn. */
+static inline int td_bk_graph(td_backend *b, bool eager, const void *key, size_t key_len, void (*fn)(void *ctx), void *ctx, td_err *err) {
+    if (!eager && b->ops->graph_run) {
+        int rc = b->ops->graph_run(b, key, key_len, fn, ctx, err);
+        if (rc != TD_ERR_UNSUPPORTED) return rc;
+    }
+    b->counters.graph_eager++;
+    fn(ctx);
+    return TD_OK;
 }
 
 /* Bytes of a weight tensor's data and of its scale array (0 when none). */

@@ -122,6 +122,7 @@ static int bench_model(const kbench_opts *o, double bw, FILE *out) {
     td_engine_opts eo = {.n_threads = o->threads, .max_context = maxp + 512, .spec_depth = o->max_k, .no_prefix_caching = true, .max_seqs = 1,
                           .quantize = o->quantize, .isa = o->isa, .precision = o->precision};
     eo.backend = o->backend;
+    eo.enforce_eager = o->enforce_eager;
     td_engine *eng;
     double tgen = td_bench_now();
     if (o->random_config) {

@@ -21,6 +21,7 @@ typedef struct kbench_opts {
     int isa;                /* td_engine_opts.isa for the model runs (0 = best) */
     td_precision precision; /* td_engine_opts.precision for the model runs */
     const char *backend;    /* td_engine_opts.backend for the model runs (NULL: cpu / $TANDEM_BACKEND) */
+    bool enforce_eager;     /* td_engine_opts.enforce_eager (CUDA: no graphs) */
     /* Instead of model_dir: a model generated in backend memory from this config
      * (td_engine_load_random), weights in random_dtype ("bf16", "f32", "fp8", "nvfp4"). */
     const char *random_config;

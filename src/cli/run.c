@@ -126,6 +126,9 @@ int td_cmd_run(int argc, char **argv) {
     if (mrc) { td_tok_free(tok); return 1; }
     td_engine *eng = NULL;
     if (td_engine_load(o.model, &eo, &eng, &err)) { td_cli_error("tandem", &err); td_tok_free(tok); return 1; }
+    char graphs[256];
+    if (td_engine_capture_graphs(eng, eo.spec_depth, graphs, sizeof graphs, &err)) { td_cli_error("tandem", &err); td_engine_free(eng); td_tok_free(tok); return 1; }
+    if (graphs[0] && verbose) fprintf(stderr, "tandem run: %s\n", graphs);
     bool autod = o.spec_auto && eo.spec_depth > 0;
     if (autod && td_engine_calibrate_spec(eng, eo.spec_depth, 1, 3, &err)) { td_cli_error("tandem", &err); td_engine_free(eng); td_tok_free(tok); return 1; }
     td_cli_print_sampling("tandem run", &o); /* after the load: a failed start stays one line */

@@ -284,6 +284,9 @@ int td_cmd_serve(int argc, char **argv) {
     char kv_summary[512] = "";
     if (td_cli_engine_opts(&o, so.max_num_seqs, so.max_batch_tokens, &eo, stderr, kv_summary, sizeof kv_summary)) goto out;
     if (td_engine_load(o.model, &eo, &eng, &err)) { td_cli_error("tandem serve", &err); goto out; }
+    char graphs[256];
+    if (td_engine_capture_graphs(eng, eo.spec_depth, graphs, sizeof graphs, &err)) { td_cli_error("tandem serve", &err); goto out; }
+    if (graphs[0]) fprintf(stderr, "tandem serve: %s\n", graphs);
     if (cfg.spec_auto && td_engine_calibrate_spec(eng, eo.spec_depth, so.max_num_seqs, 3, &err)) { td_cli_error("tandem serve", &err); goto out; }
     td_cli_print_sampling("tandem serve", &o);
     fprintf(stderr, "%s\n", kv_summary);

@@ -73,6 +73,7 @@ static int finish_load(td_engine *e, td_err *err) {
         goto fail;
     }
     td_fwd_set_deltanet_chunk(e->fwd, e->opts.deltanet_chunk);
+    td_fwd_set_eager(e->fwd, e->opts.enforce_eager);
     int maxc = e->opts.max_context;
     if (maxc <= 0) maxc = e->model->cfg.max_position_embeddings < 32768 ? e->model->cfg.max_position_embeddings : 32768;
     if (maxc > e->model->cfg.max_position_embeddings) maxc = e->model->cfg.max_position_embeddings;

@@ -34,6 +34,8 @@ struct td_fwd_ctx {
     int cap_lg;
     int *layer_slot;  /* layer -> index among full-attn or among DeltaNet layers */
     int gdn_chunk;    /* td_fwd_set_deltanet_chunk */
+    bool eager;       /* td_fwd_set_eager: never through td_bk_graph's graphs */
+    uint32_t gen;     /* bumped whenever a buffer the ops read or write is reallocated (part of every graph key) */
     /* batch description: built in host memory, one upload into bd */
     unsigned char *bh;
     void *bd;
@@ -236,6 +238,7 @@ static int ensure_scratch(td_fwd_ctx *c, int M, td_err *err) {
         if (!*bufs[i]) { c->cap_M = 0; return TD_FAIL(err, TD_ERR_NOMEM, "out of memory for %d-row scratch", M); }
     }
     c->cap_M = M;
+    c->gen++;
     return TD_OK;
 }
 
@@ -266,6 +269,7 @@ static int build_batch(td_fwd_ctx *c, const seg_src *ss, const int32_t *const *t
         c->bd = b->ops->alloc(b, bytes);
         c->bh = malloc(bytes);
         c->cap_bd = c->bd && c->bh ? bytes : 0;
+        c->gen++;
         if (!c->cap_bd) return TD_FAIL(err, TD_ERR_NOMEM, "out of memory for a batch of %d rows", M);
     }
     float **st = (float **)c->bh;
@@ -310,6 +314,7 @@ typedef struct pass {
     const td_batch *bt;
     td_kv *kv;        /* the sequences' KV cache (one per engine) */
     int shift;        /* position p lives at KV slot p + shift (1 for the MTP layer) */
+    int n_fa;         /* the MTP layer's KV layer (after the trunk's full-attention layers) */
 } pass;
 
 /* x += o_proj(attn(xn)) for a full-attention layer; xn holds norm1(x). */
@@ -378,46 +383,140 @@ typedef struct out_req {
     float *logits_d;                   /* backend, optional */
 } out_req;
 
-/* Final norm into xn; copies hidden rows and computes the requested logits. */
-static int emit_outputs(td_fwd_ctx *c, const float *normw, int M, const out_req *o, int n_items, td_err *err) {
+/* Rows of every item's logits, and the logits buffers grown to them (before
+ * the device part: no allocation may happen inside a graph region). */
+static int prepare_outputs(td_fwd_ctx *c, const out_req *o, int n_items, int *R_out, bool *argmax_out, td_err *err) {
+    td_backend *b = c->b;
+    int R = 0;
+    bool am = false;
+    for (int i = 0; i < n_items; i++) {
+        R += o[i].logits_rows;
+        am |= o[i].logits_rows && (o[i].argmax || o[i].argmax_d);
+    }
+    if (R > c->cap_lg) {
+        b->ops->free(b, c->lg);
+        b->ops->free(b, c->am);
+        c->lg = b->ops->alloc(b, (size_t)R * c->m->cfg.vocab_size * sizeof(float));
+        c->am = b->ops->alloc(b, (size_t)R * sizeof(int32_t));
+        c->cap_lg = c->lg && c->am ? R : 0;
+        c->gen++;
+        if (!c->cap_lg) return TD_FAIL(err, TD_ERR_NOMEM, "out of memory for %d logits rows", R);
+    }
+    *R_out = R;
+    *argmax_out = am;
+    return TD_OK;
+}
+
+/* The device part of the outputs: final norm into xn, the rows that need
+ * logits gathered into t0, one lm_head matmul for all R of them into lg and,
+ * when any item wants ids, the argmax of every row into am. Its ops depend
+ * only on M, R and each item's (n, logits_rows): what the graph key holds. */
+static void emit_device(td_fwd_ctx *c, const float *normw, int M, const out_req *o, int n_items, int R, bool want_argmax) {
     const td_model *m = c->m;
     td_backend *b = c->b;
     int H = m->cfg.hidden_size, V = m->cfg.vocab_size;
     b->ops->rmsnorm(b, c->xn, c->x, normw, M, H, (float)m->cfg.rms_norm_eps);
-    /* Gather the rows that need logits, one matmul for all of them. */
-    int R = 0;
-    for (int i = 0; i < n_items; i++) {
+    if (!R) return;
+    for (int i = 0, r = 0; i < n_items; r += o[i].logits_rows, i++) {
+        int first = o[i].row0 + o[i].n - o[i].logits_rows;
+        if (o[i].logits_rows)
+            b->ops->copy(b, c->t0 + (size_t)r * H, c->xn + (size_t)first * H, (size_t)o[i].logits_rows * H * sizeof(float));
+    }
+    b->ops->matmul(b, &c->w.lm_head, c->t0, R, c->lg);
+    if (want_argmax) b->ops->argmax(b, c->lg, R, V, c->am);
+}
+
+/* What each item asked for, from xn, lg and am (after the device part). */
+static void emit_transfers(td_fwd_ctx *c, const out_req *o, int n_items) {
+    td_backend *b = c->b;
+    int H = c->m->cfg.hidden_size, V = c->m->cfg.vocab_size;
+    for (int i = 0, R = 0; i < n_items; R += o[i].logits_rows, i++) {
         size_t hb = (size_t)o[i].n * H * sizeof(float);
         if (o[i].hidden) td_bk_download(b, o[i].hidden, c->xn + (size_t)o[i].row0 * H, hb);
         if (o[i].hidden_d) b->ops->copy(b, o[i].hidden_d, c->xn + (size_t)o[i].row0 * H, hb);
-        int first = o[i].row0 + o[i].n - o[i].logits_rows;
-        if (o[i].logits_rows)
-            b->ops->copy(b, c->t0 + (size_t)R * H, c->xn + (size_t)first * H, (size_t)o[i].logits_rows * H * sizeof(float));
-        R += o[i].logits_rows;
-    }
-    if (!R) return TD_OK;
-    if (R > c->cap_lg) {
-        b->ops->free(b, c->lg);
-        b->ops->free(b, c->am);
-        c->lg = b->ops->alloc(b, (size_t)R * V * sizeof(float));
-        c->am = b->ops->alloc(b, (size_t)R * sizeof(int32_t));
-        c->cap_lg = c->lg && c->am ? R : 0;
-        if (!c->cap_lg) return TD_FAIL(err, TD_ERR_NOMEM, "out of memory for %d logits rows", R);
-    }
-    b->ops->matmul(b, &c->w.lm_head, c->t0, R, c->lg);
-    R = 0;
-    for (int i = 0; i < n_items; i++) {
         int n = o[i].logits_rows;
-        if (o[i].logits && n) td_bk_download(b, o[i].logits, c->lg + (size_t)R * V, (size_t)n * V * sizeof(float));
-        if (o[i].logits_d && n) b->ops->copy(b, o[i].logits_d, c->lg + (size_t)R * V, (size_t)n * V * sizeof(float));
-        if ((o[i].argmax || o[i].argmax_d) && n) {
-            int32_t *am = o[i].argmax_d ? o[i].argmax_d : c->am + R;
-            b->ops->argmax(b, c->lg + (size_t)R * V, n, V, am);
-            if (o[i].argmax) td_bk_download(b, o[i].argmax, am, (size_t)n * sizeof(int32_t));
-        }
-        R += n;
+        if (!n) continue;
+        if (o[i].logits) td_bk_download(b, o[i].logits, c->lg + (size_t)R * V, (size_t)n * V * sizeof(float));
+        if (o[i].logits_d) b->ops->copy(b, o[i].logits_d, c->lg + (size_t)R * V, (size_t)n * V * sizeof(float));
+        if (o[i].argmax_d) b->ops->copy(b, o[i].argmax_d, c->am + R, (size_t)n * sizeof(int32_t));
+        if (o[i].argmax) td_bk_download(b, o[i].argmax, c->am + R, (size_t)n * sizeof(int32_t));
     }
-    return TD_OK;
+}
+
+/* ---- graph regions ---------------------------------------------------------- */
+
+/* One forward's device work between the batch upload and the output
+ * transfers: what a device backend captures as a graph (td_bk_graph). */
+typedef struct region {
+    td_fwd_ctx *c;
+    const pass *ps;
+    bool mtp;
+    int M, n_items, R;
+    bool want_argmax;
+    const out_req *o;
+} region;
+
+static void decoder_layer(td_fwd_ctx *c, const td_layer_weights *lw, int slot, const pass *ps);
+
+static void run_region(void *p) {
+    const region *r = p;
+    td_fwd_ctx *c = r->c;
+    td_backend *b = c->b;
+    const td_config *g = &c->m->cfg;
+    const td_batch *bt = r->ps->bt;
+    int M = r->M, H = g->hidden_size;
+    if (!r->mtp) {
+        b->ops->embed(b, &c->w.embed, bt->tokens, M, c->x);
+        for (int l = 0; l < g->n_layers; l++) decoder_layer(c, &c->w.layers[l], c->layer_slot[l], r->ps);
+        emit_device(c, c->w.final_norm1, M, r->o, r->n_items, r->R, r->want_argmax);
+        return;
+    }
+    const td_mtp_weights *w = &c->w.mtp;
+    float eps = (float)g->rms_norm_eps;
+    /* u = fc(concat(norm_e(embed(x_{t+1})), norm_h(h_t))); t0 holds the concat ([M, 2H] fits its width) */
+    b->ops->embed(b, &c->w.embed, bt->tokens, M, c->x);
+    b->ops->rmsnorm(b, c->xn, c->x, w->pre_fc_norm_embedding1, M, H, eps);
+    b->ops->rmsnorm(b, c->x, c->t5, w->pre_fc_norm_hidden1, M, H, eps);
+    b->ops->copy_rows(b, c->t0, 2 * (size_t)H, c->xn, (size_t)H, (size_t)H, M);
+    b->ops->copy_rows(b, c->t0 + H, 2 * (size_t)H, c->x, (size_t)H, (size_t)H, M);
+    b->ops->matmul(b, &w->fc, c->t0, M, c->x);
+    decoder_layer(c, &w->layer, r->ps->n_fa, r->ps);
+    emit_device(c, w->norm1, M, r->o, r->n_items, r->R, r->want_argmax);
+}
+
+/* Graphs are for the small, repeating shapes of decode, draft and verify
+ * (every item at most this many tokens, at most GRAPH_MAX_ROWS rows in all);
+ * prompt chunks run eagerly, as vLLM's prefill does. */
+enum { GRAPH_MAX_ITEM_TOKENS = 16, GRAPH_MAX_ROWS = 128 };
+
+/* Runs the region, through a graph when the shape qualifies. The key holds
+ * every host value the region's ops take: the forward kind, rows, items,
+ * each item's (n, logits_rows), the argmax flag, the DeltaNet chunk, the
+ * buffer generation (every scratch, batch and logits pointer is fixed
+ * between reallocations) and the KV cache (its layer views). */
+static int run_forward_region(td_fwd_ctx *c, const region *r, td_err *err) {
+    bool small = r->M <= GRAPH_MAX_ROWS;
+    for (int i = 0; small && i < r->n_items; i++) small = r->o[i].n <= GRAPH_MAX_ITEM_TOKENS;
+    int32_t key[10 + 2 * GRAPH_MAX_ROWS];
+    size_t nk = 0;
+    if (small) {
+        uintptr_t kv = (uintptr_t)r->ps->kv;
+        key[nk++] = 0x74640001; /* layout version of this key */
+        key[nk++] = r->mtp;
+        key[nk++] = r->M;
+        key[nk++] = r->n_items;
+        key[nk++] = r->R;
+        key[nk++] = r->want_argmax;
+        key[nk++] = c->gdn_chunk;
+        key[nk++] = (int32_t)c->gen;
+        key[nk++] = (int32_t)(uint32_t)kv;
+        key[nk++] = (int32_t)(uint32_t)((uint64_t)kv >> 32);
+        for (int i = 0; i < r->n_items; i++) {
+            key[nk++] = r->o[i].n;
+            key[nk++] = r->o[i].logits_rows;
+        }
+    }
+    return td_bk_graph(c->b, c->eager || !small, key, nk * sizeof key[0], run_region, (void *)r, err);
 }
 
 #define MAX_ITEMS 256
@@ -455,12 +554,15 @@ int td_forward(td_fwd_ctx *c, td_fwd_item *items, int n_items, td_err *err) {
                           .argmax = it->argmax, .argmax_d = it->argmax_d, .logits_d = it->logits_d};
         row += it->n;
     }
+    int R;
+    bool want_argmax;
+    if ((rc = prepare_outputs(c, o, n_items, &R, &want_argmax, err))) return rc;
     td_batch bt;
     if ((rc = build_batch(c, ss, tk, n_items, M, &bt, err))) return rc;
     pass ps = {.bt = &bt, .kv = items[0].seq->kv, .shift = 0};
-    c->b->ops->embed(c->b, &c->w.embed, bt.tokens, M, c->x);
-    for (int l = 0; l < g->n_layers; l++) decoder_layer(c, &c->w.layers[l], c->layer_slot[l], &ps);
-    rc = emit_outputs(c, c->w.final_norm1, M, o, n_items, err);
+    region rg = {.c = c, .ps = &ps, .mtp = false, .M = M, .n_items = n_items, .R = R, .want_argmax = want_argmax, .o = o};
+    if ((rc = run_forward_region(c, &rg, err))) return rc;
+    emit_transfers(c, o, n_items);
     for (int i = 0; i < n_items; i++) {
         td_seq *s = items[i].seq;
         int nh = host_tokens(items[i].tokens_d, items[i].n_host, items[i].n);
@@ -516,22 +618,19 @@ int td_mtp_forward(td_fwd_ctx *c, td_mtp_item *items, int n_items, td_err *err) 
         else td_bk_upload(b, c->t5 + (size_t)row * H, it->hidden, hb);
         row += it->n;
     }
+    int R;
+    bool want_argmax;
+    if ((rc = prepare_outputs(c, o, n_items, &R, &want_argmax, err))) return rc;
     td_batch bt;
     if ((rc = build_batch(c, ss, tk, n_items, M, &bt, err))) return rc;
-    pass ps = {.bt = &bt, .kv = items[0].seq->kv, .shift = 1};
-    const td_mtp_weights *w = &c->w.mtp;
-    float eps = (float)g->rms_norm_eps;
-    /* u = fc(concat(norm_e(embed(x_{t+1})), norm_h(h_t))); t0 holds the concat ([M, 2H] fits its width) */
-    b->ops->embed(b, &c->w.embed, bt.tokens, M, c->x);
-    b->ops->rmsnorm(b, c->xn, c->x, w->pre_fc_norm_embedding1, M, H, eps);
-    b->ops->rmsnorm(b, c->x, c->t5, w->pre_fc_norm_hidden1, M, H, eps);
-    b->ops->copy_rows(b, c->t0, 2 * (size_t)H, c->xn, (size_t)H, (size_t)H, M);
-    b->ops->copy_rows(b, c->t0 + H, 2 * (size_t)H, c->x, (size_t)H, (size_t)H, M);
-    b->ops->matmul(b, &w->fc, c->t0, M, c->x);
-    decoder_layer(c, &w->layer, items[0].seq->n_fa, &ps);
-    rc = emit_outputs(c, w->norm1, M, o, n_items, err);
+    pass ps = {.bt = &bt, .kv = items[0].seq->kv, .shift = 1, .n_fa = items[0].seq->n_fa};
+    region rg = {.c = c, .ps = &ps, .mtp = true, .M = M, .n_items = n_items, .R = R, .want_argmax = want_argmax, .o = o};
+    if ((rc = run_forward_region(c, &rg, err))) return rc;
+    emit_transfers(c, o, n_items);
     for (int i = 0; i < n_items; i++) items[i].seq->mtp_n = items[i].pos0 + items[i].n;
-    return rc;
+    return TD_OK;
 }
 
 void td_fwd_set_deltanet_chunk(td_fwd_ctx *c, int tokens) { c->gdn_chunk = tokens > 1 ? tokens : 0; }
+
+void td_fwd_set_eager(td_fwd_ctx *c, bool eager) { c->eager = eager; }

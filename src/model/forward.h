@@ -61,6 +61,11 @@ int td_fwd_ctx_new(const td_model *m, td_backend *b, td_fwd_ctx **out, td_err *e
  * up to rounding, so off (0) by default, where prefix-cache hits and chunked
  * prefill are bit-exact. */
 void td_fwd_set_deltanet_chunk(td_fwd_ctx *c, int tokens);
+/* eager: every forward issues its ops directly. Otherwise, on a backend with
+ * graphs (CUDA), the device part of each decode / draft / verify forward
+ * (items of at most 16 tokens, at most 128 rows) is captured once per shape
+ * and replayed (td_bk_graph). Default false; the CPU has no graphs. */
+void td_fwd_set_eager(td_fwd_ctx *c, bool eager);
 void td_fwd_ctx_free(td_fwd_ctx *c);
 /* Bytes of the forward scratch for a batch of `rows` tokens of which
  * `logits_rows` need logits (what ensure_scratch and the logits buffer

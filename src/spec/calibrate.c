@@ -1,9 +1,11 @@
 /* Start-up calibration of the adaptive-depth cost table. */
 #include "spec/calibrate.h"
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 #include "engine/engine.h"
+#include "spec/gen.h"
 #include "util/err.h"
 
 static double now_s(void) {
@@ -118,5 +120,51 @@ int td_engine_calibrate_spec(td_engine *e, int max_k, int rows, int reps, td_err
 out:
     free(logits); free(hid); free(hout); free(toks); free(times);
     td_session_free(s);
+    return rc;
+}
+
+static int discard(void *user, int32_t token, const float *logits) {
+    (void)user, (void)token, (void)logits;
+    return 0;
+}
+
+int td_engine_capture_graphs(td_engine *e, int max_depth, char *summary, size_t cap, td_err *err) {
+    td_backend *b = td_engine_backend(e);
+    if (cap) summary[0] = 0;
+    if (!b->ops->graph_run || td_engine_options(e)->enforce_eager) return TD_OK;
+    if (max_depth > td_engine_options(e)->spec_depth) max_depth = td_engine_options(e)->spec_depth;
+    if (!td_engine_model(e)->has_mtp || max_depth < 0) max_depth = 0;
+    uint64_t c0 = b->counters.graph_captures;
+    const td_config *c = td_engine_cfg(e);
+    int32_t prompt[4];
+    for (int i = 0; i < 4; i++) prompt[i] = (int32_t)((i * 131 + 7) % c->vocab_size);
+    int rc = TD_OK;
+    for (int sampled = 0; sampled < 2 && !rc; sampled++)
+        for (int d = 0; d <= max_depth && !rc; d++) {
+            /* enough tokens for a few steady steps at this depth, within the window */
+            int n = 3 * (d + 1) + 2;
+            if (4 + n + d + 2 >= td_engine_max_ctx(e)) continue;
+            td_session *s = NULL;
+            if ((rc = td_session_new(e, &s, err))) break;
+            td_sampling sp;
+            td_sampling_default(&sp);
+            sp.temperature = sampled ? 1.0f : 0.0f;
+            sp.seed = 1;
+            td_gen_opts go = {.max_tokens = n, .spec_depth = d, .ignore_eos = true};
+            td_gen *g = NULL;
+            rc = td_gen_begin(s, prompt, 4, &sp, &go, discard, NULL, &g, err);
+            while (!rc && !td_gen_done(g)) {
+                if (!(rc = td_gen_reserve_step(g, 64, err))) rc = td_gen_step(&g, 1, 64, err);
+            }
+            if (g) td_gen_end(g);
+            td_session_free(s);
+        }
+    int held = 0;
+    size_t nodes = 0, bytes = 0;
+    (void)td_backend_cuda_graph_info(b, &held, &nodes, &bytes);
+    if (cap)
+        snprintf(summary, cap, "CUDA graphs: %llu captured at start-up for one request at depths 0..%d (%d held, %zu nodes, %.1f MiB "
+                 "of device memory; others are captured when first seen; --enforce-eager turns them off)",
+                 (unsigned long long)(b->counters.graph_captures - c0), max_depth, held, nodes, (double)bytes / 1048576.0);
     return rc;
 }

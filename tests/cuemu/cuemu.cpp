@@ -14,6 +14,8 @@
  * stale value. */
 #include "cuemu.h"
 #include <atomic>
+#include <new>
+#include <vector>
 #include <sys/mman.h>
 #if !defined(__x86_64__)
 #include <ucontext.h>
@@ -238,6 +240,30 @@ cudaError_t fail(cudaError_t e) {
     S.last = e;
     return e;
 }
+/* Streams of this thread capturing in a mode that refuses cudaMalloc / cudaFree. */
+thread_local int strict_captures = 0;
+} /* namespace */
+
+struct td_cuemu_stream {
+    bool capturing = false, invalidated = false;
+    cudaStreamCaptureMode mode = cudaStreamCaptureModeGlobal;
+    std::vector<std::function<void()>> record;
+};
+struct td_cuemu_graph {
+    std::vector<std::function<void()>> ops;
+};
+struct td_cuemu_graph_exec {
+    std::vector<std::function<void()>> ops;
+};
+
+namespace {
+/* What CUDA does with an operation a capture cannot hold: refuse it and
+ * invalidate the capture (its end then fails). */
+cudaError_t capture_refuses(cudaStream_t s) {
+    s->invalidated = true;
+    s->record.clear();
+    return fail(cudaErrorStreamCaptureUnsupported);
+}
 } /* namespace */
 
 cudaError_t cudaGetDeviceCount(int *n) {
@@ -257,6 +283,9 @@ const char *cudaGetErrorString(cudaError_t e) {
     case cudaErrorMemoryAllocation: return "out of memory";
     case cudaErrorInvalidConfiguration: return "invalid configuration argument";
     case cudaErrorNoDevice: return "no CUDA-capable device is detected";
+    case cudaErrorIllegalState: return "the operation cannot be performed in the present state";
+    case cudaErrorStreamCaptureUnsupported: return "operation not permitted when stream is capturing";
+    case cudaErrorStreamCaptureInvalidated: return "operation failed due to a previous error during capture";
     }
     return "unknown error";
 }
@@ -268,6 +297,7 @@ cudaError_t cudaMemGetInfo(size_t *free_b, size_t *total_b) {
 }
 cudaError_t cudaMalloc(void **p, size_t n) {
     *p = nullptr;
+    if (strict_captures > 0) return fail(cudaErrorStreamCaptureUnsupported); /* not while a stream captures */
     const size_t total = total_bytes();
     if (n > total || used_bytes.fetch_add(n) + n > total) { /* past the device's memory: as a GPU, out of memory */
         if (n <= total) used_bytes.fetch_sub(n);           /* undo the fetch_add (not done when n > total) */
@@ -284,6 +314,7 @@ cudaError_t cudaMalloc(void **p, size_t n) {
     return cudaSuccess;
 }
 cudaError_t cudaFree(void *p) {
+    if (strict_captures > 0) return fail(cudaErrorStreamCaptureUnsupported);
     if (!p) return cudaSuccess;
     char *b = (char *)p - HEADER;
     size_t n;
@@ -306,31 +337,103 @@ cudaError_t cudaMemcpy(void *dst, const void *src, size_t n, cudaMemcpyKind kind
     return cudaSuccess;
 }
 cudaError_t cudaMemcpyAsync(void *dst, const void *src, size_t n, cudaMemcpyKind kind, cudaStream_t s) {
-    (void)s;
+    if (td_cuemu_capturing(s)) {
+        if (kind != cudaMemcpyDeviceToDevice) return capture_refuses(s); /* host memory in a graph */
+        td_cuemu_record(s, [=] { if (n) memmove(dst, src, n); });
+        return cudaSuccess;
+    }
     return cudaMemcpy(dst, src, n, kind);
 }
 cudaError_t cudaMemcpy2DAsync(void *dst, size_t dpitch, const void *src, size_t spitch, size_t width, size_t height,
                               cudaMemcpyKind kind, cudaStream_t s) {
-    (void)kind, (void)s;
     if (width > dpitch || width > spitch) return fail(cudaErrorInvalidValue);
-    for (size_t r = 0; r < height; r++) memmove((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
+    auto op = [=] {
+        for (size_t r = 0; r < height; r++) memmove((char *)dst + r * dpitch, (const char *)src + r * spitch, width);
+    };
+    if (td_cuemu_capturing(s)) {
+        if (kind != cudaMemcpyDeviceToDevice) return capture_refuses(s);
+        td_cuemu_record(s, op);
+        return cudaSuccess;
+    }
+    op();
     return cudaSuccess;
 }
 cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t s) {
-    (void)s;
+    if (td_cuemu_capturing(s)) {
+        td_cuemu_record(s, [=] { if (n) memset(p, v, n); });
+        return cudaSuccess;
+    }
     if (n) memset(p, v, n);
     return cudaSuccess;
 }
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags) {
     (void)flags;
-    *s = (cudaStream_t)malloc(1);
+    *s = new (std::nothrow) td_cuemu_stream();
     return *s ? cudaSuccess : fail(cudaErrorMemoryAllocation);
 }
 cudaError_t cudaStreamDestroy(cudaStream_t s) {
-    free(s);
+    if (s && s->capturing) strict_captures--;
+    delete s;
     return cudaSuccess;
 }
 cudaError_t cudaStreamSynchronize(cudaStream_t s) {
-    (void)s;
+    if (td_cuemu_capturing(s)) return capture_refuses(s);
+    return cudaSuccess;
+}
+
+/* ---- stream capture and graphs ---- */
+
+bool td_cuemu_capturing(cudaStream_t s) { return s && s->capturing; }
+void td_cuemu_record(cudaStream_t s, std::function<void()> op) {
+    if (!s->invalidated) s->record.push_back(std::move(op));
+}
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, enum cudaStreamCaptureMode mode) {
+    if (!s || s->capturing) return fail(cudaErrorIllegalState);
+    s->capturing = true;
+    s->invalidated = false;
+    s->mode = mode;
+    s->record.clear();
+    if (mode != cudaStreamCaptureModeRelaxed) strict_captures++;
+    return cudaSuccess;
+}
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *graph) {
+    *graph = nullptr;
+    if (!s || !s->capturing) return fail(cudaErrorIllegalState);
+    s->capturing = false;
+    if (s->mode != cudaStreamCaptureModeRelaxed) strict_captures--;
+    if (s->invalidated) {
+        s->record.clear();
+        return fail(cudaErrorStreamCaptureInvalidated);
+    }
+    *graph = new td_cuemu_graph{std::move(s->record)};
+    s->record.clear();
+    return cudaSuccess;
+}
+cudaError_t cudaGraphGetNodes(cudaGraph_t g, cudaGraphNode_t *nodes, size_t *n) {
+    if (!g || nodes) return fail(cudaErrorInvalidValue); /* only the count is emulated */
+    *n = g->ops.size();
+    return cudaSuccess;
+}
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_t g, unsigned long long flags) {
+    (void)flags;
+    if (!g) return fail(cudaErrorInvalidValue);
+    *exec = new td_cuemu_graph_exec{g->ops};
+    return cudaSuccess;
+}
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s) {
+    if (!exec) return fail(cudaErrorInvalidValue);
+    if (td_cuemu_capturing(s)) { /* a graph launched into a capture: its ops join the record */
+        for (auto &op : exec->ops) td_cuemu_record(s, op);
+        return cudaSuccess;
+    }
+    for (auto &op : exec->ops) op();
+    return S.last; /* a launch error inside the graph */
+}
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
+    delete exec;
+    return cudaSuccess;
+}
+cudaError_t cudaGraphDestroy(cudaGraph_t g) {
+    delete g;
     return cudaSuccess;
 }

@@ -34,6 +34,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <functional>
 
 #define TD_CUEMU_MAX_THREADS 1024
 
@@ -57,6 +58,9 @@ typedef enum cudaError {
     cudaErrorMemoryAllocation = 2,
     cudaErrorInvalidConfiguration = 9,
     cudaErrorNoDevice = 100,
+    cudaErrorIllegalState = 401,
+    cudaErrorStreamCaptureUnsupported = 900,
+    cudaErrorStreamCaptureInvalidated = 901,
 } cudaError_t;
 typedef enum cudaMemcpyKind {
     cudaMemcpyHostToHost = 0,
@@ -67,6 +71,23 @@ typedef enum cudaMemcpyKind {
 } cudaMemcpyKind;
 typedef struct td_cuemu_stream *cudaStream_t;
 #define cudaStreamNonBlocking 0x01
+
+/* Stream capture and graphs: while a stream captures, what is issued on it
+ * (launches, device-to-device copies, memsets) is recorded, not run, and a
+ * graph launch runs the record in order. As CUDA does, a capture refuses
+ * (cudaErrorStreamCaptureUnsupported, and the capture is invalidated) a
+ * synchronize of the stream, a copy from or to host memory on it, and
+ * cudaMalloc / cudaFree while it captures in a mode other than relaxed. */
+enum cudaStreamCaptureMode {
+    cudaStreamCaptureModeGlobal = 0,
+    cudaStreamCaptureModeThreadLocal = 1,
+    cudaStreamCaptureModeRelaxed = 2,
+};
+typedef struct td_cuemu_graph *cudaGraph_t;
+typedef struct td_cuemu_graph_exec *cudaGraphExec_t;
+typedef struct td_cuemu_graph_node *cudaGraphNode_t;
+bool td_cuemu_capturing(cudaStream_t s);
+void td_cuemu_record(cudaStream_t s, std::function<void()> op);
 
 struct __half {
     uint16_t x;
@@ -98,9 +119,15 @@ template <class T> static inline T __shfl_down_sync(unsigned mask, T v, unsigned
     return r;
 }
 
-/* Runs body() once per thread of the grid (see the top of this file). */
+/* Runs body() once per thread of the grid (see the top of this file), or,
+ * while stream s captures, records that launch (body holds the kernel's
+ * arguments by value). */
 void td_cuemu_run(dim3 grid, dim3 block, void (*fn)(void *), void *ctx);
-template <class F> static inline void td_cuemu_launch(dim3 grid, dim3 block, F body) {
+template <class F> static inline void td_cuemu_launch(cudaStream_t s, dim3 grid, dim3 block, F body) {
+    if (td_cuemu_capturing(s)) {
+        td_cuemu_record(s, [=]() mutable { td_cuemu_run(grid, block, [](void *c) { (*(F *)c)(); }, &body); });
+        return;
+    }
     td_cuemu_run(grid, block, [](void *c) { (*(F *)c)(); }, &body);
 }
 
@@ -143,4 +170,11 @@ cudaError_t cudaMemsetAsync(void *p, int v, size_t n, cudaStream_t s);
 cudaError_t cudaStreamCreateWithFlags(cudaStream_t *s, unsigned flags);
 cudaError_t cudaStreamDestroy(cudaStream_t s);
 cudaError_t cudaStreamSynchronize(cudaStream_t s);
+cudaError_t cudaStreamBeginCapture(cudaStream_t s, enum cudaStreamCaptureMode mode);
+cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *graph);
+cudaError_t cudaGraphGetNodes(cudaGraph_t g, cudaGraphNode_t *nodes, size_t *n);
+cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_t g, unsigned long long flags = 0);
+cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s);
+cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec);
+cudaError_t cudaGraphDestroy(cudaGraph_t g);
 #endif

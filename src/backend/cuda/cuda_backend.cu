@@ -21,6 +21,7 @@ extern "C" void td_cuda_check(cudaError_t e, const char *what, const char *file,
 /* ---- memory -------------------------------------------------------------- */
 
 static void *cu_alloc(td_backend *b, size_t bytes) {
+    TD_CU_NOT_CAPTURING(td_cu(b), "alloc");
     void *p = NULL;
     size_t n = bytes ? bytes : 1;
     cudaError_t e = cudaMalloc(&p, n);
@@ -34,17 +35,19 @@ static void *cu_alloc(td_backend *b, size_t bytes) {
 }
 
 static void cu_free(td_backend *b, void *p) {
-    (void)b;
+    TD_CU_NOT_CAPTURING(td_cu(b), "free");
     if (p) TD_CU(cudaFree(p)); /* cudaFree waits for the device to finish using it */
 }
 
 static void cu_upload(td_backend *b, void *dst, const void *src, size_t n) {
+    TD_CU_NOT_CAPTURING(td_cu(b), "upload");
     if (n) TD_CU(cudaMemcpyAsync(dst, src, n, cudaMemcpyHostToDevice, td_cu(b)->stream));
 }
 
 static void cu_download(td_backend *b, void *dst, const void *src, size_t n) {
-    if (!n) return;
     td_cuda *cu = td_cu(b);
+    TD_CU_NOT_CAPTURING(cu, "download");
+    if (!n) return;
     TD_CU(cudaMemcpyAsync(dst, src, n, cudaMemcpyDeviceToHost, cu->stream));
     TD_CU(cudaStreamSynchronize(cu->stream));
 }
@@ -52,6 +55,7 @@ static void cu_download(td_backend *b, void *dst, const void *src, size_t n) {
 /* Scratch device buffer of at least n bytes (grown; stream-ordered use only). */
 static void *scratch(td_cuda *cu, size_t n) {
     if (cu->scratch_bytes >= n) return cu->scratch;
+    TD_CU_NOT_CAPTURING(cu, "an overlapping copy (its scratch buffer grows)");
     if (cu->scratch) TD_CU(cudaFree(cu->scratch));
     cu->scratch = NULL;
     cu->scratch_bytes = 0;
@@ -83,7 +87,10 @@ static void cu_copy_rows(td_backend *b, float *dst, size_t dst_ld, const float *
                             cudaMemcpyDeviceToDevice, td_cu(b)->stream));
 }
 
-static void cu_sync(td_backend *b) { TD_CU(cudaStreamSynchronize(td_cu(b)->stream)); }
+static void cu_sync(td_backend *b) {
+    TD_CU_NOT_CAPTURING(td_cu(b), "sync");
+    TD_CU(cudaStreamSynchronize(td_cu(b)->stream));
+}
 
 static const void *cu_weight_load(td_backend *b, const void *host, size_t bytes) {
     void *p = NULL;
@@ -131,6 +138,7 @@ static const td_backend_ops cuda_ops = {
     .argmax = td_cuda_argmax,
     .sample = td_cuda_sample,
     .parallel_for = NULL, /* a device has no host thread pool */
+    .graph_run = td_cuda_graph_run,
 };
 
 static void cuda_destroy(td_backend *b) {
@@ -139,6 +147,7 @@ static void cuda_destroy(td_backend *b) {
     /* teardown: report but do not abort (the process may be exiting after a device error) */
     cudaError_t e = cudaStreamSynchronize(cu->stream);
     if (e != cudaSuccess) fprintf(stderr, "cuda backend: at teardown: %s\n", cudaGetErrorString(e));
+    td_cuda_graphs_free(cu);
     if (cu->scratch) (void)cudaFree(cu->scratch);
     if (cu->pin) (void)cudaFreeHost(cu->pin);
     (void)cudaStreamDestroy(cu->stream);

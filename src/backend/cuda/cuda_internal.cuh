@@ -23,6 +23,18 @@ extern "C" {
 #include "util/err.h"
 }
 
+/* One captured graph of the cache (cuda_graph.cu): its key bytes and the
+ * instantiated executable. */
+typedef struct td_cu_graph {
+    unsigned char *key;
+    size_t key_len;
+    cudaGraphExec_t exec;
+    uint64_t last_use;     /* graph clock at its last launch (least recently used is evicted) */
+    size_t nodes;          /* kernel, copy and memset nodes */
+    size_t bytes;          /* device memory cudaMemGetInfo lost across its instantiation */
+} td_cu_graph;
+enum { TD_CU_MAX_GRAPHS = 64 };
+
 /* Everything the backend owns: no process-wide state. Ops run on the
  * engine's thread (as on the CPU and guard backends). */
 typedef struct td_cuda {
@@ -33,7 +45,16 @@ typedef struct td_cuda {
     unsigned char *pin;      /* pinned host buffer of the sample op (phase 1: rows cross) */
     size_t pin_bytes;
     uint64_t sample_bytes;   /* bytes the sample op moved (not in td_backend.counters) */
+    bool capturing;          /* inside graph_run's capture: ops that cannot be captured abort */
+    td_cu_graph graphs[TD_CU_MAX_GRAPHS];
+    int n_graphs;
+    uint64_t graph_clock;
 } td_cuda;
+
+/* A broken invariant: an op that a graph cannot hold (alloc, free, a host
+ * transfer, sync, sample) was issued inside graph_run's region. */
+#define TD_CU_NOT_CAPTURING(cu, what) \
+    do { if ((cu)->capturing) { fprintf(stderr, "%s:%d: %s inside a graph capture\n", __FILE__, __LINE__, what); abort(); } } while (0)
 
 static inline td_cuda *td_cu(td_backend *b) { return (td_cuda *)b->impl; }
 
@@ -50,8 +71,7 @@ extern "C" void td_cuda_check(cudaError_t e, const char *what, const char *file,
 #ifdef TD_CUEMU
 #define TD_CU_KERNEL(k, grid, block, st, ...) \
     do {                                      \
-        (void)(st);                           \
-        td_cuemu_launch(dim3(grid), dim3(block), [&] { k(__VA_ARGS__); }); \
+        td_cuemu_launch((st), dim3(grid), dim3(block), [=] { k(__VA_ARGS__); }); \
     } while (0)
 #else
 #define TD_CU_KERNEL(k, grid, block, st, ...) k<<<(grid), (block), 0, (st)>>>(__VA_ARGS__)
@@ -228,5 +248,7 @@ void td_cuda_gdn_recur(td_backend *b, const td_config *g, const td_batch *bt, in
                        const float *conv_out, const float *z, const float *b_in, const float *a_in, float *o, int chunk);
 int32_t td_cuda_sample(td_backend *b, struct td_sampler *s, const struct td_sample_call *c);
 void td_cuda_fill_random(td_backend *b, void *dst, td_dtype dtype, size_t n, uint64_t seed, td_fill_mode mode, float value);
+int td_cuda_graph_run(td_backend *b, const void *key, size_t key_len, void (*fn)(void *ctx), void *ctx, td_err *err);
+void td_cuda_graphs_free(td_cuda *cu);
 }
 #endif

@@ -219,6 +219,7 @@ static int32_t device_pick(td_cuda *cu, td_sampler *s, const float *x, int draft
 
 extern "C" int32_t td_cuda_sample(td_backend *b, td_sampler *s, const td_sample_call *c) {
     td_cuda *cu = td_cu(b);
+    TD_CU_NOT_CAPTURING(cu, "sample");
     const size_t V = (size_t)s->vocab;
     switch (c->kind) {
     case TD_SAMPLE_ACCEPT: /* the penalties' count of an emitted token */
