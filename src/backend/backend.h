@@ -224,6 +224,10 @@ static inline int32_t td_bk_sample(td_backend *b, struct td_sampler *s, const st
     return b->ops->sample(b, s, c);
 }
 
+/* Graphs a backend's graph_run keeps at most (the CUDA cache; the planner
+ * counts this many). */
+#define TD_GRAPH_CACHE_MAX 64
+
 /* Runs fn(ctx) through the backend's graph_run when it has one and `eager`
  * is false, else directly (the CPU, the guard, --enforce-eager). A failed
  * capture falls back to running fn. */

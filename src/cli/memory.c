@@ -126,6 +126,7 @@ int td_cli_engine_opts(const common_opts *o, int max_seqs, int batch_tokens, td_
         /* the engine's buffers are device memory; its prefix-cache checkpoints stay in
          * host memory; the pool takes what is left, as vLLM's does; KV bf16 unless asked */
         po.runtime_bytes = runtime;
+        po.cuda_graphs = !o->enforce_eager; /* the graph cache's device memory (plan_cpu.c) */
         po.prefix_checkpoints = 0;
         po.kv_pool_windows = 0;
         if (po.kv_dtype == TD_KV_AUTO) po.kv_dtype = TD_KV_BF16;
@@ -149,14 +150,16 @@ int td_cli_engine_opts(const common_opts *o, int max_seqs, int batch_tokens, td_
             snprintf(fix, sizeof fix, "--gpu-memory-utilization %.3f (of %.2f GiB) would make it fit", used / (double)total, (double)total / GIB);
         else snprintf(fix, sizeof fix, "--memory-budget %.2fGiB would make it fit", used / GIB + 0.005);
         int64_t pool = p.available_kv_bytes;
+        char graphs_msg[64] = "";
+        if (p.graph_bytes) snprintf(graphs_msg, sizeof graphs_msg, " - CUDA graphs %.2f GiB", (double)p.graph_bytes / GIB);
         fprintf(log,
                 "tandem: to serve one request of the model's max seq len (%lld tokens) at spec depth %d%s, %.2f GiB of KV cache and "
                 "%.2f GiB of DeltaNet state (x%d sequences) are needed, but %.2f GiB are available for the KV cache "
-                "(budget %.2f GiB - weights %.2f GiB - activations %.2f GiB - DeltaNet state). The largest window that fits at depth %d "
+                "(budget %.2f GiB - weights %.2f GiB - activations %.2f GiB%s - DeltaNet state). The largest window that fits at depth %d "
                 "is %lld tokens; %s; %s.\n",
                 (long long)want, d, cuda ? " on the CUDA device" : "", (double)p.request_bytes / GIB, (double)p.linear_state_bytes / max_seqs / GIB, max_seqs,
                 (pool > 0 ? (double)pool : 0.0) / GIB, (double)p.budget_bytes / GIB, (double)(p.weights_bytes + p.runtime_bytes) / GIB,
-                (double)p.activation_bytes / GIB, d, (long long)p.max_len_at_depth, depth_msg, fix);
+                (double)p.activation_bytes / GIB, graphs_msg, d, (long long)p.max_len_at_depth, depth_msg, fix);
         return 1;
     }
     eo->max_context = (int)want;

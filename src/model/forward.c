@@ -223,6 +223,24 @@ size_t td_fwd_scratch_bytes_for(const td_config *g, int rows, int logits_rows) {
     return ((size_t)rows * scratch_floats_per_row(g) + (size_t)logits_rows * (size_t)g->vocab_size) * sizeof(float);
 }
 
+/* Ops of decoder_layer: input norm, the mixer (attention: q/k/v, prep,
+ * attention, o_proj, add; DeltaNet: 4 projections, conv, recurrence,
+ * out_proj, add) and the MLP (norm, gate, up, silu_mul, down, add). */
+static int layer_ops(bool full_attn) { return 1 + (full_attn ? 7 : 8) + 6; }
+
+int td_fwd_region_ops_for(const td_config *c, bool mtp, int n_items, int logits_items, bool argmax) {
+    int n = 0;
+    if (!mtp) {
+        n = 1; /* embed */
+        for (int l = 0; l < c->n_layers; l++) n += layer_ops(c->full_attn[l]);
+    } else
+        n = 6 + layer_ops(true); /* embed, 2 norms, 2 copy_rows, fc; the MTP layer is full attention */
+    n += 1; /* final norm */
+    if (logits_items > 0) n += logits_items + 1 + (argmax ? 1 : 0); /* gathers, lm_head, argmax */
+    (void)n_items;
+    return n;
+}
+
 size_t td_fwd_scratch_bytes(const td_fwd_ctx *c) { return td_fwd_scratch_bytes_for(&c->m->cfg, c->cap_M, c->cap_lg); }
 
 /* Scratch for M rows. */

@@ -9,6 +9,11 @@
  *   prefix      prefix_checkpoints x td_kv_ckpt_bytes_for(window)
  *   runtime     o->runtime_bytes: 0 on the CPU; on a CUDA device what the
  *               context and libraries hold (cli/memory.c measures it)
+ *   graphs      CUDA graphs (o->cuda_graphs): the cache's TD_GRAPH_CACHE_MAX
+ *               graphs x td_fwd_region_ops_for (nodes of a trunk forward of
+ *               max_num_seqs items) x GRAPH_NODE_BYTES. The per-node figure
+ *               is an estimate until a device measures it (gpu-check prints
+ *               td_backend_cuda_graph_info's bytes and nodes).
  * The CUDA backend allocates the same buffers in device memory, so
  * `serve --device cuda` plans with this mode too (prefix checkpoints stay in
  * host memory there: the caller passes 0 of them).
@@ -23,8 +28,12 @@
 #include "util/err.h"
 
 typedef struct cpu_parts {
-    uint64_t weights, owned, scratch, sessions, state, ckpt, runtime;
+    uint64_t weights, owned, scratch, sessions, state, ckpt, runtime, graphs;
 } cpu_parts;
+
+/* Device memory per instantiated graph node (kernel parameters and the
+ * driver's node state): an estimate, not yet measured on a GPU. */
+#define GRAPH_NODE_BYTES 4096ull
 
 /* Blocks one request of len tokens takes: its tokens, the MTP entry of the
  * last one and one spare slot (cli/memory.c's rule since the paged cache). */
@@ -46,10 +55,12 @@ static void parts_at(const td_config *c, const td_plan_opts *o, int depth, int64
     td_kv_shape ks = shape_of(c, o);
     p->ckpt = (uint64_t)o->prefix_checkpoints * td_kv_ckpt_bytes_for(&ks, (int)(len > 0 ? len : 0));
     p->runtime = o->runtime_bytes;
+    if (o->cuda_graphs)
+        p->graphs = (uint64_t)TD_GRAPH_CACHE_MAX * (uint64_t)td_fwd_region_ops_for(c, false, (int)S, (int)S, true) * GRAPH_NODE_BYTES;
 }
 
 static uint64_t parts_sum(const cpu_parts *p) {
-    return p->weights + p->owned + p->scratch + p->sessions + p->state + p->ckpt + p->runtime;
+    return p->weights + p->owned + p->scratch + p->sessions + p->state + p->ckpt + p->runtime + p->graphs;
 }
 
 static uint64_t budget_of(const td_plan_opts *o) { return (uint64_t)((double)o->device_bytes * o->gpu_util); }
@@ -119,6 +130,8 @@ int td_plan_compute_cpu(const td_config *c, const td_plan_opts *o, td_plan *p, t
     p->linear_state_slot_bytes = td_seq_state_bytes_for(c, 0);
     p->linear_state_bytes = pt.state;
     p->prefix_ckpt_bytes = pt.ckpt;
+    p->graph_bytes = pt.graphs;
+    p->n_graphs = o->cuda_graphs ? TD_GRAPH_CACHE_MAX : 0;
     int64_t room = room_at(c, o, d, len);
     p->available_kv_bytes = room;
     int64_t need_blocks = len > 0 ? blocks_for(len, o->block_size) : 0;

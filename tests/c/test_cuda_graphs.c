@@ -21,6 +21,7 @@
 #include <unistd.h>
 #include "check.h"
 #include "engine/engine.h"
+#include "model/forward.h"
 #include "spec/calibrate.h"
 #include "spec/gen.h"
 
@@ -227,6 +228,58 @@ static void test_startup(void) {
     td_engine_free(e);
 }
 
+/* The planner's node count per graph (td_fwd_region_ops_for) against the
+ * nodes a capture really holds: a decode forward (argmax), a verify forward
+ * (logits of 3 rows), an MTP draft pass. */
+static size_t nodes_now(td_backend *b) {
+    int g = 0;
+    size_t n = 0, by = 0;
+    td_backend_cuda_graph_info(b, &g, &n, &by);
+    return n;
+}
+
+static void test_nodes(void) {
+    td_engine *e = load(false, 1);
+    if (!e) return;
+    td_backend *b = td_engine_backend(e);
+    const td_config *c = td_engine_cfg(e);
+    td_err err = {0};
+    td_session *s = NULL;
+    CHECK(td_session_new(e, &s, &err) == 0, "%s", err.msg);
+    td_seq *q = td_session_seq(s);
+    int32_t toks[20], am[3];
+    for (int i = 0; i < 20; i++) toks[i] = (int32_t)((i * 13 + 5) % c->vocab_size);
+    float *hid = malloc(sizeof(float) * 20 * (size_t)c->hidden_size), *lg = malloc(sizeof(float) * 3 * (size_t)c->vocab_size);
+    CHECK(td_seq_reserve(q, 40, &err) == 0, "%s", err.msg);
+    td_fwd_item pf = {.seq = q, .tokens = toks, .n = 20, .logits_rows = 1, .argmax = am, .hidden = hid}; /* 20 tokens: eager */
+    CHECK(td_forward(td_engine_fwd(e), &pf, 1, &err) == 0, "%s", err.msg);
+    size_t n0 = nodes_now(b);
+    CHECK(n0 == 0, "a 20-token prompt ran eagerly (%zu nodes held)", n0);
+    td_fwd_item dec = {.seq = q, .tokens = toks, .n = 1, .logits_rows = 1, .argmax = am};
+    CHECK(td_forward(td_engine_fwd(e), &dec, 1, &err) == 0, "%s", err.msg);
+    size_t n1 = nodes_now(b);
+    CHECK(n1 - n0 == (size_t)td_fwd_region_ops_for(c, false, 1, 1, true), "decode graph: %zu nodes, planner %d", n1 - n0,
+          td_fwd_region_ops_for(c, false, 1, 1, true));
+    td_fwd_item ver = {.seq = q, .tokens = toks, .n = 3, .logits_rows = 3, .logits = lg};
+    CHECK(td_forward(td_engine_fwd(e), &ver, 1, &err) == 0, "%s", err.msg);
+    size_t n2 = nodes_now(b);
+    CHECK(n2 - n1 == (size_t)td_fwd_region_ops_for(c, false, 1, 1, false), "verify graph: %zu nodes, planner %d", n2 - n1,
+          td_fwd_region_ops_for(c, false, 1, 1, false));
+    if (td_engine_model(e)->has_mtp) {
+        td_mtp_item mp = {.seq = q, .tokens = toks + 1, .hidden = hid, .pos0 = 0, .n = 19}; /* eager: 19 tokens */
+        CHECK(td_mtp_forward(td_engine_fwd(e), &mp, 1, &err) == 0, "%s", err.msg);
+        td_mtp_item m1 = {.seq = q, .tokens = toks, .hidden = hid, .pos0 = 19, .n = 1, .logits_rows = 1, .argmax = am};
+        CHECK(td_mtp_forward(td_engine_fwd(e), &m1, 1, &err) == 0, "%s", err.msg);
+        size_t n3 = nodes_now(b);
+        CHECK(n3 - n2 == (size_t)td_fwd_region_ops_for(c, true, 1, 1, true), "MTP graph: %zu nodes, planner %d", n3 - n2,
+              td_fwd_region_ops_for(c, true, 1, 1, true));
+    }
+    free(hid);
+    free(lg);
+    td_session_free(s);
+    td_engine_free(e);
+}
+
 static void test_engine(void) {
     td_engine *gr = load(false, 2), *ea = load(true, 2);
     if (!gr || !ea) return;
@@ -297,6 +350,7 @@ int main(void) {
     }
     test_cache(b);
     td_backend_free(b);
+    test_nodes();
     test_startup();
     test_engine();
     TEST_MAIN_END("cuda_graphs");

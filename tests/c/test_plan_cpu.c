@@ -58,6 +58,14 @@ static void check_model(const char *dir, int S, int depth, int T, int64_t window
     CHECK(td_plan_compute(&cfg, &pr, &q, &err) == 0 && q.available_kv_bytes == p.available_kv_bytes - (int64_t)pr.runtime_bytes &&
               q.needed_bytes == p.needed_bytes + pr.runtime_bytes && q.runtime_bytes == p.runtime_bytes + pr.runtime_bytes,
           "%s: a 100 MiB runtime reserve: available %lld -> %lld", dir, (long long)p.available_kv_bytes, (long long)q.available_kv_bytes);
+    /* CUDA graphs (serve --device cuda without --enforce-eager): the graph cache's bytes come off the pool */
+    td_plan_opts pg = po;
+    pg.cuda_graphs = true;
+    CHECK(td_plan_compute(&cfg, &pg, &q, &err) == 0 && q.graph_bytes > 0 && q.n_graphs == TD_GRAPH_CACHE_MAX &&
+              q.available_kv_bytes == p.available_kv_bytes - (int64_t)q.graph_bytes && q.needed_bytes == p.needed_bytes + q.graph_bytes &&
+              p.graph_bytes == 0,
+          "%s: CUDA graphs %llu bytes: available %lld -> %lld", dir, (unsigned long long)q.graph_bytes, (long long)p.available_kv_bytes,
+          (long long)q.available_kv_bytes);
     td_engine_opts eo = {.n_threads = 0, .max_context = (int)window, .spec_depth = depth, .max_seqs = S,
                          .kv_cache_bytes = (size_t)p.kv_blocks * p.kv_bytes_per_block, .kv_cache_dtype = kv_dtype,
                          .no_prefix_caching = true, .max_prefill_chunk = T};

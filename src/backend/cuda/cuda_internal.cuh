@@ -33,7 +33,7 @@ typedef struct td_cu_graph {
     size_t nodes;          /* kernel, copy and memset nodes */
     size_t bytes;          /* device memory cudaMemGetInfo lost across its instantiation */
 } td_cu_graph;
-enum { TD_CU_MAX_GRAPHS = 64 };
+enum { TD_CU_MAX_GRAPHS = TD_GRAPH_CACHE_MAX };
 
 /* Everything the backend owns: no process-wide state. Ops run on the
  * engine's thread (as on the CPU and guard backends). */
