@@ -228,7 +228,7 @@ size_t td_fwd_scratch_bytes_for(const td_config *g, int rows, int logits_rows) {
  * out_proj, add) and the MLP (norm, gate, up, silu_mul, down, add). */
 static int layer_ops(bool full_attn) { return 1 + (full_attn ? 7 : 8) + 6; }
 
-int td_fwd_region_ops_for(const td_config *c, bool mtp, int n_items, int logits_items, bool argmax) {
+int td_fwd_region_ops_for(const td_config *c, bool mtp, int logits_items, bool argmax) {
     int n = 0;
     if (!mtp) {
         n = 1; /* embed */
@@ -237,7 +237,6 @@ int td_fwd_region_ops_for(const td_config *c, bool mtp, int n_items, int logits_
         n = 6 + layer_ops(true); /* embed, 2 norms, 2 copy_rows, fc; the MTP layer is full attention */
     n += 1; /* final norm */
     if (logits_items > 0) n += logits_items + 1 + (argmax ? 1 : 0); /* gathers, lm_head, argmax */
-    (void)n_items;
     return n;
 }
 
@@ -473,8 +472,6 @@ typedef struct region {
     bool want_argmax;
     const out_req *o;
 } region;
-
-static void decoder_layer(td_fwd_ctx *c, const td_layer_weights *lw, int slot, const pass *ps);
 
 static void run_region(void *p) {
     const region *r = p;

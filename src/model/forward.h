@@ -73,10 +73,9 @@ void td_fwd_ctx_free(td_fwd_ctx *c);
 size_t td_fwd_scratch_bytes_for(const td_config *c, int rows, int logits_rows);
 size_t td_fwd_scratch_bytes(const td_fwd_ctx *c);
 /* Backend ops (graph nodes on CUDA: one kernel or copy each) in the graph
- * region of one forward of n_items items, logits_items of them wanting
- * logits: the trunk (mtp false) or the MTP head. What the planner counts
- * per graph. */
-int td_fwd_region_ops_for(const td_config *c, bool mtp, int n_items, int logits_items, bool argmax);
+ * region of one forward whose items include logits_items wanting logits:
+ * the trunk (mtp false) or the MTP head. What the planner counts per graph. */
+int td_fwd_region_ops_for(const td_config *c, bool mtp, int logits_items, bool argmax);
 
 /* Runs the target model; advances each seq->n_past by its item's n. */
 int td_forward(td_fwd_ctx *c, td_fwd_item *items, int n_items, td_err *err);

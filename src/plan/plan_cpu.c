@@ -56,7 +56,7 @@ static void parts_at(const td_config *c, const td_plan_opts *o, int depth, int64
     p->ckpt = (uint64_t)o->prefix_checkpoints * td_kv_ckpt_bytes_for(&ks, (int)(len > 0 ? len : 0));
     p->runtime = o->runtime_bytes;
     if (o->cuda_graphs)
-        p->graphs = (uint64_t)TD_GRAPH_CACHE_MAX * (uint64_t)td_fwd_region_ops_for(c, false, (int)S, (int)S, true) * GRAPH_NODE_BYTES;
+        p->graphs = (uint64_t)TD_GRAPH_CACHE_MAX * (uint64_t)td_fwd_region_ops_for(c, false, (int)S, true) * GRAPH_NODE_BYTES;
 }
 
 static uint64_t parts_sum(const cpu_parts *p) {

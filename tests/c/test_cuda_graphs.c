@@ -258,21 +258,21 @@ static void test_nodes(void) {
     td_fwd_item dec = {.seq = q, .tokens = toks, .n = 1, .logits_rows = 1, .argmax = am};
     CHECK(td_forward(td_engine_fwd(e), &dec, 1, &err) == 0, "%s", err.msg);
     size_t n1 = nodes_now(b);
-    CHECK(n1 - n0 == (size_t)td_fwd_region_ops_for(c, false, 1, 1, true), "decode graph: %zu nodes, planner %d", n1 - n0,
-          td_fwd_region_ops_for(c, false, 1, 1, true));
+    CHECK(n1 - n0 == (size_t)td_fwd_region_ops_for(c, false, 1, true), "decode graph: %zu nodes, planner %d", n1 - n0,
+          td_fwd_region_ops_for(c, false, 1, true));
     td_fwd_item ver = {.seq = q, .tokens = toks, .n = 3, .logits_rows = 3, .logits = lg};
     CHECK(td_forward(td_engine_fwd(e), &ver, 1, &err) == 0, "%s", err.msg);
     size_t n2 = nodes_now(b);
-    CHECK(n2 - n1 == (size_t)td_fwd_region_ops_for(c, false, 1, 1, false), "verify graph: %zu nodes, planner %d", n2 - n1,
-          td_fwd_region_ops_for(c, false, 1, 1, false));
+    CHECK(n2 - n1 == (size_t)td_fwd_region_ops_for(c, false, 1, false), "verify graph: %zu nodes, planner %d", n2 - n1,
+          td_fwd_region_ops_for(c, false, 1, false));
     if (td_engine_model(e)->has_mtp) {
         td_mtp_item mp = {.seq = q, .tokens = toks + 1, .hidden = hid, .pos0 = 0, .n = 19}; /* eager: 19 tokens */
         CHECK(td_mtp_forward(td_engine_fwd(e), &mp, 1, &err) == 0, "%s", err.msg);
         td_mtp_item m1 = {.seq = q, .tokens = toks, .hidden = hid, .pos0 = 19, .n = 1, .logits_rows = 1, .argmax = am};
         CHECK(td_mtp_forward(td_engine_fwd(e), &m1, 1, &err) == 0, "%s", err.msg);
         size_t n3 = nodes_now(b);
-        CHECK(n3 - n2 == (size_t)td_fwd_region_ops_for(c, true, 1, 1, true), "MTP graph: %zu nodes, planner %d", n3 - n2,
-              td_fwd_region_ops_for(c, true, 1, 1, true));
+        CHECK(n3 - n2 == (size_t)td_fwd_region_ops_for(c, true, 1, true), "MTP graph: %zu nodes, planner %d", n3 - n2,
+              td_fwd_region_ops_for(c, true, 1, true));
     }
     free(hid);
     free(lg);

@@ -1,8 +1,8 @@
 /* CUDA graphs for the backend's graph_run op (backend.h): the device part of
  * a decode, draft or verify forward is captured once per key and replayed,
- * so a step costs one graph launch instead of one launch per op (a 27B
- * qwen3_5 forward issues ~1,000 kernels; their launch overhead, not the
- * GPU, bounds an eager decode step).
+ * so a forward costs one graph launch instead of one launch per op (a 27B
+ * qwen3_5 trunk forward issues ~950 kernels and copies; their launch
+ * overhead, not the GPU, bounds an eager decode step).
  *
  * The cache: up to TD_CU_MAX_GRAPHS graphs, looked up by the whole key
  * (bytes compared, no hash: a collision would replay the wrong launches);
