@@ -139,12 +139,15 @@ test-guard: all tests
 # The CUDA backend's kernels run on the CPU (tests/cuemu/README.md): the op-by-op
 # test against the CPU backend, with the block's threads swept in both orders.
 # Then CUDA graphs (test_cuda_graphs: the capture cache, and the engine's decode,
-# draft and verify forwards replayed from graphs against enforce_eager, ~2-3 min).
+# draft and verify forwards replayed from graphs against enforce_eager, ~2-3 min),
+# and the fast mode's cuBLAS prefill against the CPU and the batch-invariant mode
+# (test_cuda_fast, on the emulator's cuBLAS).
 cuemu:
-	$(MAKE) BUILD=build-cuemu CUDA=emu build-cuemu/tests/test_backend_cuda build-cuemu/tests/test_cuda_graphs
+	$(MAKE) BUILD=build-cuemu CUDA=emu build-cuemu/tests/test_backend_cuda build-cuemu/tests/test_cuda_graphs build-cuemu/tests/test_cuda_fast
 	build-cuemu/tests/test_backend_cuda
 	TD_CUEMU_ORDER=reverse build-cuemu/tests/test_backend_cuda
 	build-cuemu/tests/test_cuda_graphs
+	build-cuemu/tests/test_cuda_fast
 
 asan:
 	$(MAKE) BUILD=build-asan CUDA=0 OPT=-O1 SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" test

@@ -13,7 +13,9 @@
 #      weights generated on the GPU (--random-config: no weight files), each
 #      bounded (60 s each);
 #   6. NVFP4 decode / verify again with --enforce-eager (graphs vs eager), and
-#      test_cuda_graphs' graph count, nodes and the bytes their instantiation took.
+#      test_cuda_graphs' graph count, nodes and the bytes their instantiation took;
+#   7. NVFP4 prefill 512 with --batch-invariant (exact kernels) against step 5's
+#      fast rows (cuBLAS BF16 GEMM), and test_cuda_fast (fast vs CPU tolerance).
 # The whole script stays under BUDGET seconds (default 460, under 8 minutes): each
 # step's timeout is its own cap or what is left of the budget, whichever is smaller,
 # and a step with under 10 s left is skipped (and counts as failed).
@@ -45,10 +47,16 @@ echo "== 2. the C tests on the cuda backend"
 TESTS="test_backend_cuda test_cuda_graphs test_golden test_demo test_spec test_kv test_kv_pressure test_gdn_chunk test_quant \
 test_quant_load test_real_ckpt test_sched test_preempt test_logit_bias test_constraint test_autodepth test_random_model"
 [ "${FULL:-0}" = 1 ] && TESTS=""
-BUILD="$BUILD" TANDEM_BACKEND=cuda TANDEM_SKIP_PY=1 TANDEM_TESTS="$TESTS" run 150 sh tests/run_all.sh \
+# TANDEM_BATCH_INVARIANT=1: these tests check exact figures (golden logits to 1e-5, depth k = depth 0),
+# so they run the batch-invariant kernels. test_cuda_fast sets each engine's mode itself and needs the
+# env unset (else its fast engine is exact too): it runs on its own below.
+BUILD="$BUILD" TANDEM_BATCH_INVARIANT=1 TANDEM_BACKEND=cuda TANDEM_SKIP_PY=1 TANDEM_TESTS="$TESTS" run 150 sh tests/run_all.sh \
   > "$BUILD/gpu-suite.log" 2>&1 || fail=1
 grep -E '^FAIL|exited with|: [0-9]+ passed, [1-9][0-9]* failed' "$BUILD/gpu-suite.log" | head -n 20
 echo "cuda suite: $(tail -n 1 "$BUILD/gpu-suite.log")"
+echo "== 2b. the fast mode (cuBLAS prefill) against the CPU and the batch-invariant mode"
+run 60 "$BUILD/tests/test_cuda_fast" > "$BUILD/gpu-fast.log" 2>&1 || fail=1
+tail -n 3 "$BUILD/gpu-fast.log"
 
 echo "== 3. timing: demo model, decode / verify t(k+1)/t(1) / prefill on cuda"
 # `tandem kernels` opens its model rows through td_engine_load, which takes
@@ -69,6 +77,10 @@ run 45 "$BUILD/tandem" kernels --random-config tests/data/configs/qwen3.6-27b.co
   --probe-mb 16 --mm-mb 0 --reps 1 --prefill 0 --max-k 4 --enforce-eager > "$BUILD/gpu-27b-eager.log" 2>&1 || fail=1
 grep -v "^$" "$BUILD/gpu-27b-eager.log" | tail -n 8
 grep -h "cuda graphs:" "$BUILD/gpu-suite.log" | head -n 2
+echo "== 6. prefill in the batch-invariant mode (exact kernels, no tensor cores) vs the fast rows of step 4"
+run 45 "$BUILD/tandem" kernels --random-config tests/data/configs/qwen3.6-27b.config.json --device cuda --dtype nvfp4 \
+  --probe-mb 16 --mm-mb 0 --reps 1 --prefill 512 --max-k 1 --batch-invariant > "$BUILD/gpu-27b-exact.log" 2>&1 || fail=1
+grep -v "^$" "$BUILD/gpu-27b-exact.log" | tail -n 6
 
 [ $fail = 0 ] && echo "gpu-check: all steps passed" || echo "gpu-check: FAILED (logs in $BUILD/gpu-*.log)"
 exit $fail

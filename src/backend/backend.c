@@ -40,6 +40,16 @@ int td_backend_cuda_graph_info(td_backend *b, int *graphs, size_t *nodes, size_t
     *nodes = *bytes = 0;
     return TD_ERR_UNSUPPORTED;
 }
+int td_backend_cuda_gemm_info(td_backend *b, int *on, uint64_t *calls) {
+    (void)b;
+    *on = 0;
+    *calls = 0;
+    return TD_ERR_UNSUPPORTED;
+}
+int td_backend_cuda_gemm_caps(td_backend *b, size_t w_bytes, size_t x_bytes) {
+    (void)b; (void)w_bytes; (void)x_bytes;
+    return TD_ERR_UNSUPPORTED;
+}
 #endif
 
 void td_backend_free(td_backend *b) {

@@ -175,6 +175,9 @@ struct td_backend {
     int isa; /* CPU: the td_isa its matmul kernels use (backend/cpu/kernels.h); the best the CPU has at
                 creation, and one the CPU has whoever sets it (td_kernels_have_isa) */
     int precision; /* td_precision (tandem.h): the matmul activations; CPU BF16 needs AVX-512 BF16 */
+    bool batch_invariant; /* CUDA: every kernel keeps its fixed reduction order (td_engine_opts.batch_invariant);
+                             false (the default) lets prefill matmuls use tensor cores. Set before the first
+                             alloc. The CPU and guard backends are batch-invariant whatever it says. */
     td_backend_counters counters;
     void (*destroy)(td_backend *b);
 };
@@ -200,6 +203,22 @@ uint64_t td_backend_cuda_sample_bytes(td_backend *b);
  * the device memory their instantiations took (cudaMemGetInfo before and
  * after each). TD_ERR_ARG for another backend, TD_ERR_UNSUPPORTED without CUDA. */
 int td_backend_cuda_graph_info(td_backend *b, int *graphs, size_t *nodes, size_t *bytes);
+/* The CUDA fast mode's GEMM (batch_invariant false): matmuls of more than 16
+ * rows go to cuBLAS (BF16 tensor cores, f32 accumulation) through staging
+ * buffers of these sizes, made once (backend/cuda/cuda_blas.cu). The planner
+ * counts TD_CUDA_GEMM_BYTES on a CUDA device in that mode. */
+#define TD_CUDA_GEMM_WS_BYTES (32ull << 20) /* cuBLAS workspace */
+#define TD_CUDA_GEMM_W_BYTES (64ull << 20)  /* one chunk of weight rows, dequantized to BF16 */
+#define TD_CUDA_GEMM_X_BYTES (32ull << 20)  /* one chunk of activation rows, rounded to BF16 */
+#define TD_CUDA_GEMM_BYTES (TD_CUDA_GEMM_WS_BYTES + TD_CUDA_GEMM_W_BYTES + TD_CUDA_GEMM_X_BYTES)
+/* Whether a CUDA backend's fast GEMM is set up (*on: cuBLAS loaded, buffers
+ * made) and how many cuBLAS GEMM calls it has issued. TD_ERR_ARG for another
+ * backend, TD_ERR_UNSUPPORTED without CUDA. */
+int td_backend_cuda_gemm_info(td_backend *b, int *on, uint64_t *calls);
+/* Tests: the fast GEMM uses at most w_bytes / x_bytes of its weight and
+ * activation buffers (0: all of them), so that small matrices take several
+ * chunks. TD_ERR_ARG for another backend or a size over the buffer's. */
+int td_backend_cuda_gemm_caps(td_backend *b, size_t w_bytes, size_t x_bytes);
 /* By name: "cpu", "guard" or "cuda" (a clear error when this build or
  * machine has no CUDA). */
 int td_backend_create(const char *name, int n_threads, td_backend **out, td_err *err);

@@ -123,6 +123,7 @@ static int bench_model(const kbench_opts *o, double bw, FILE *out) {
                           .quantize = o->quantize, .isa = o->isa, .precision = o->precision};
     eo.backend = o->backend;
     eo.enforce_eager = o->enforce_eager;
+    eo.batch_invariant = o->batch_invariant;
     td_engine *eng;
     double tgen = td_bench_now();
     if (o->random_config) {
@@ -193,6 +194,13 @@ static int bench_model(const kbench_opts *o, double bw, FILE *out) {
         fprintf(out, "| %d | %.2f | %.1f |\n", o->prefill[i], dt, o->prefill[i] / dt);
     }
 done:
+    int gemm_on = 0;
+    uint64_t gemm_calls = 0;
+    if (td_backend_cuda_gemm_info(eng->backend, &gemm_on, &gemm_calls) == 0)
+        fprintf(out, "\ncuda: %s; %llu cuBLAS GEMM calls in these rows\n",
+                gemm_on ? "fast mode (matmuls of > 16 rows on cuBLAS, BF16)" : o->batch_invariant ? "batch-invariant (exact kernels only)"
+                                                                                : "fast mode, but cuBLAS is unavailable (exact kernels)",
+                (unsigned long long)gemm_calls);
     free(toks); free(lg);
     td_session_free(s);
     td_engine_free(eng);

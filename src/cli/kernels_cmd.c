@@ -9,7 +9,7 @@
 static int usage(void) {
     printf("usage: tandem kernels [-m DIR] [-t THREADS] [--reps N] [--probe-mb MB] [--mm-mb MB] [--mm-k K]\n"
            "                      [--dtype bf16|f32|f16|fp8|nvfp4] [--prefill 512,4096] [--max-k 8] [--isa c|avx2|avx512]\n"
-           "                      [--quantize none|q8] [--precision f32|bf16] [--device cpu|guard|cuda] [--enforce-eager]\n"
+           "                      [--quantize none|q8] [--precision f32|bf16] [--device cpu|guard|cuda] [--enforce-eager] [--batch-invariant]\n"
            "                      [--random-config FILE [--mtp-mix F] [--hidden N] [--layers N] [--vocab N]]\n"
            "  bandwidth probe, matmul GB/s per ISA and M = 1..16 on a synthetic weight (--mm-mb 0 skips it),\n"
            "  and with -m or --random-config: decode tokens/s (depth 0), verify cost t(k+1)/t(1), prefill tokens/s\n"
@@ -22,6 +22,7 @@ static int usage(void) {
            "  --hidden N, --layers N, --vocab N  with it: the config scaled down as make_random_model.py (default: as is)\n"
            "  --device, --backend cpu|guard|cuda  backend of the model rows (default cpu; the probe and matmul table run on the CPU)\n"
            "  --enforce-eager     cuda: time the model rows without CUDA graphs (default: decode and verify replay graphs)\n"
+           "  --batch-invariant   cuda: exact kernels only (default: matmuls of > 16 rows, prefill, on cuBLAS BF16)\n"
            "  -t, --threads N     threads, 0..1024 (default 0 = all cores)\n"
            "  --reps N            repetitions per timing, 1..64 (default 5)\n"
            "  --probe-mb MB       bandwidth probe buffer, 16..65536 MB (default 1024)\n"
@@ -58,6 +59,7 @@ int td_cmd_kernels(int argc, char **argv) {
         if (td_cli_is_help(a)) return usage();
         if (td_cli_is_verbose(a)) { td_cli_verbose = true; continue; }
         if (!strcmp(a, "--enforce-eager")) { o.enforce_eager = true; continue; }
+        if (!strcmp(a, "--batch-invariant")) { o.batch_invariant = true; continue; }
         static const char *const valued[] = {"-m", "--model", "-t", "--threads", "--reps", "--probe-mb", "--mm-mb", "--mm-k",
                                              "--dtype", "--isa", "--max-k", "--quantize", "--prefill", "--precision",
                                              "--random-config", "--mtp-mix", "--hidden", "--layers", "--vocab", "--device", "--backend"};

@@ -89,6 +89,7 @@ int td_cli_engine_opts(const common_opts *o, int max_seqs, int batch_tokens, td_
     eo->precision = o->precision;
     eo->deltanet_chunk = o->deltanet_chunk;
     eo->enforce_eager = o->enforce_eager;
+    eo->batch_invariant = o->batch_invariant;
     eo->backend = o->backend;
     eo->max_prefill_chunk = batch_tokens; /* one chunk may use the whole step budget */
     if (o->quantize) {
@@ -127,6 +128,7 @@ int td_cli_engine_opts(const common_opts *o, int max_seqs, int batch_tokens, td_
          * host memory; the pool takes what is left, as vLLM's does; KV bf16 unless asked */
         po.runtime_bytes = runtime;
         po.cuda_graphs = !o->enforce_eager; /* the graph cache's device memory (plan_cpu.c) */
+        po.cuda_gemm = !o->batch_invariant;  /* the fast GEMM's staging buffers (TD_CUDA_GEMM_BYTES) */
         po.prefix_checkpoints = 0;
         po.kv_pool_windows = 0;
         if (po.kv_dtype == TD_KV_AUTO) po.kv_dtype = TD_KV_BF16;

@@ -137,6 +137,7 @@ int td_common_opts_parse(common_opts *o, int argc, char **argv, int *i) {
     if (!strcmp(a, "--gpu-memory-utilization")) { if (num(a, val, 0.01, 1, false, NULL, &v)) return -1; o->mem_util = v; TAKE(); return 1; }
     if (!strcmp(a, "--no-prefix-caching") || !strcmp(a, "--no-enable-prefix-caching")) { o->prefix_caching = false; return 1; }
     if (!strcmp(a, "--enforce-eager")) { o->enforce_eager = true; return 1; }
+    if (!strcmp(a, "--batch-invariant")) { o->batch_invariant = true; return 1; }
     if (!strcmp(a, "--enable-prefix-caching")) { o->prefix_caching = true; return 1; }
     if (!strcmp(a, "--spec-depth")) {
         if (val && !strcmp(val, "auto")) { o->spec_auto = true; o->spec_depth = o->spec_depth_max; TAKE(); return 1; }
@@ -180,6 +181,9 @@ const char *td_common_opts_help(void) {
            "                            engine memory unreadable by host code, for tests (slow); cuda = --device cuda\n"
            "  --enforce-eager           cuda: no CUDA graphs (default: decode, draft and verify forwards are captured\n"
            "                            once per shape and replayed; the same tokens either way)\n"
+           "  --batch-invariant         cuda: every kernel in its fixed reduction order whatever the batch (greedy output at\n"
+           "                            any draft depth equals depth 0 bit for bit; the CPU always is); default: prefill\n"
+           "                            matmuls of > 16 rows on BF16 tensor cores (cuBLAS), within a stated tolerance\n"
            "  --deltanet-chunk N        prompt DeltaNet in chunks of N tokens, 0..256 (default 0 = off: token by token,\n"
            "                            bit-exact across chunkings and prefix-cache hits)\n"
            "  --kv-cache-memory BYTES   KV cache size (e.g. 2GiB); default: what the budget leaves\n"

@@ -48,6 +48,8 @@ typedef struct td_plan_opts {
     uint64_t kv_cache_bytes;      /* fixed KV pool size (0 = what the budget leaves) */
     int kv_pool_windows;          /* cap the pool at this many full windows per sequence (0 = no cap) */
     int prefix_checkpoints;       /* prefix-cache checkpoints the engine keeps (0 = caching off) */
+    bool cuda_gemm;               /* on a CUDA device without --batch-invariant: the fast GEMM's staging
+                                     buffers (TD_CUDA_GEMM_BYTES), counted in runtime_bytes */
 } td_plan_opts;
 
 /* Defaults: NVFP4, auto KV, a 32 GB RTX 5090 (32,607 MiB as the driver

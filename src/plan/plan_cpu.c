@@ -8,7 +8,9 @@
  *   sessions    td_session_bytes_for(depth) per sequence
  *   prefix      prefix_checkpoints x td_kv_ckpt_bytes_for(window)
  *   runtime     o->runtime_bytes: 0 on the CPU; on a CUDA device what the
- *               context and libraries hold (cli/memory.c measures it)
+ *               context and libraries hold (cli/memory.c measures it), plus
+ *               TD_CUDA_GEMM_BYTES in the fast mode (o->cuda_gemm: cuBLAS's
+ *               workspace and the BF16 staging buffers, backend/cuda/cuda_blas.cu)
  *   graphs      CUDA graphs (o->cuda_graphs): the cache's TD_GRAPH_CACHE_MAX
  *               graphs x td_fwd_region_ops_for (nodes of a trunk forward of
  *               max_num_seqs items) x GRAPH_NODE_BYTES. The per-node figure
@@ -54,7 +56,7 @@ static void parts_at(const td_config *c, const td_plan_opts *o, int depth, int64
     p->state = S * td_seq_state_bytes_for(c, depth + 1);
     td_kv_shape ks = shape_of(c, o);
     p->ckpt = (uint64_t)o->prefix_checkpoints * td_kv_ckpt_bytes_for(&ks, (int)(len > 0 ? len : 0));
-    p->runtime = o->runtime_bytes;
+    p->runtime = o->runtime_bytes + (o->cuda_gemm ? TD_CUDA_GEMM_BYTES : 0);
     if (o->cuda_graphs)
         p->graphs = (uint64_t)TD_GRAPH_CACHE_MAX * (uint64_t)td_fwd_region_ops_for(c, false, (int)S, true) * GRAPH_NODE_BYTES;
 }

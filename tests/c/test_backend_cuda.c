@@ -142,6 +142,91 @@ static void test_matmul(void) {
     }
 }
 
+/* The fast mode (batch_invariant false): M > 16 goes to cuBLAS with BF16
+ * activations and weights. Bound: |y - ref| <= 2^-6 sum_k |x_k w_k| + 1e-6
+ * (each product carries at most ~2^-8 + 2^-8 of BF16 rounding; 2^-6 leaves
+ * room for the f32 sums; a wrong layout or scale is off by O(sum |x w|)).
+ * With the staging buffers capped, the rows and the weight rows take several
+ * chunks. M <= 16 keeps the exact kernels' bits. */
+static void test_matmul_fast(void) {
+    const int Ms[] = {17, 33, 70};
+    const int MMAX = 70;
+    cu->batch_invariant = false;
+    int on = 0;
+    uint64_t calls0 = 0, calls = 0;
+    for (int caps = 0; caps < 2; caps++) {
+        /* caps 1: 16 weight rows of K = 96 (3 KiB) and 24 activation rows per chunk */
+        CHECK(td_backend_cuda_gemm_caps(cu, caps ? 16 * 96 * 2 : 0, caps ? 24 * 96 * 2 : 0) == 0, "gemm caps");
+        for (int kind = 0; kind < 8; kind++) {
+            int64_t N = 37, K = 96;
+            weight w = make_weight(kind, N, K);
+            float *x = malloc(sizeof(float) * (size_t)(MMAX * K));
+            for (int64_t i = 0; i < MMAX * K; i++) x[i] = rndf();
+            float *ref = malloc(sizeof(float) * (size_t)(MMAX * N)), *got = malloc(sizeof(float) * (size_t)(MMAX * N));
+            float *exact = malloc(sizeof(float) * (size_t)(16 * N));
+            cpu->ops->matmul(cpu, &w.W, x, MMAX, ref);
+            /* sum |x w| per output, from the CPU's dequantized weights (the matmul of |x| and |W|
+               would need |W| in every dtype: take the rows one unit vector at a time instead) */
+            float *wf = malloc(sizeof(float) * (size_t)(N * K)), *e = calloc((size_t)K, sizeof(float));
+            for (int64_t k = 0; k < K; k++) {
+                e[k] = 1.0f;
+                float *col = malloc(sizeof(float) * (size_t)N);
+                cpu->ops->matmul(cpu, &w.W, e, 1, col);
+                for (int64_t n = 0; n < N; n++) wf[n * K + k] = col[n];
+                free(col);
+                e[k] = 0.0f;
+            }
+            td_tensor Wd;
+            td_err err;
+            CHECK(td_bk_tensor_load(cu, &w.W, &Wd, &err) == 0, "%s: load: %s", w.name, err.msg);
+            float *dx = dev_copy(x, sizeof(float) * (size_t)(MMAX * K));
+            float *dy = cu->ops->alloc(cu, sizeof(float) * (size_t)(MMAX * N));
+            CHECK(td_backend_cuda_gemm_info(cu, &on, &calls0) == 0 && on, "%s: the fast GEMM is set up", w.name);
+            for (size_t mi = 0; mi < sizeof Ms / sizeof *Ms; mi++) {
+                int M = Ms[mi];
+                cu->ops->fill0(cu, dy, sizeof(float) * (size_t)(MMAX * N));
+                cu->ops->matmul(cu, &Wd, dx, M, dy);
+                td_bk_download(cu, got, dy, sizeof(float) * (size_t)(M * N));
+                double worst = 0;
+                int64_t at = 0;
+                for (int64_t m = 0; m < M; m++)
+                    for (int64_t n = 0; n < N; n++) {
+                        double mag = 0;
+                        for (int64_t k = 0; k < K; k++) mag += fabs((double)x[m * K + k] * wf[n * K + k]);
+                        double r = fabs((double)got[m * N + n] - ref[m * N + n]) / (mag * 0x1p-6 + 1e-6);
+                        if (!(r <= worst)) { worst = r; at = m * N + n; }
+                    }
+                CHECK(worst <= 1.0, "%s fast M=%d caps %d: %.9g vs cpu %.9g at %lld (%.3g of the bound)", w.name, M, caps, got[at], ref[at],
+                      (long long)at, worst);
+            }
+            td_backend_cuda_gemm_info(cu, &on, &calls);
+            /* one call per (row chunk, weight chunk); BF16 weights are read in place in one chunk */
+            uint64_t want = 0;
+            for (size_t mi = 0; mi < sizeof Ms / sizeof *Ms; mi++) {
+                int64_t mch = caps ? (Ms[mi] + 23) / 24 : 1, nch = caps && kind != 1 ? (N + 15) / 16 : 1;
+                want += (uint64_t)(mch * nch);
+            }
+            CHECK(calls - calls0 == want, "%s caps %d: %llu cuBLAS calls, %llu expected", w.name, caps,
+                  (unsigned long long)(calls - calls0), (unsigned long long)want);
+            /* decode / verify rows keep the exact kernels */
+            cu->ops->matmul(cu, &Wd, dx, 16, dy);
+            td_bk_download(cu, exact, dy, sizeof(float) * (size_t)(16 * N));
+            size_t bad = 0;
+            if (cpu->isa != TD_ISA_C)
+                CHECK(same_bits(exact, ref, (size_t)(16 * N), &bad), "%s fast mode, M=16: cuda %.9g vs cpu %.9g at %zu", w.name, exact[bad],
+                      ref[bad], bad);
+            td_backend_cuda_gemm_info(cu, &on, &calls0);
+            CHECK(calls0 == calls, "%s: M=16 issued no cuBLAS call", w.name);
+            td_bk_tensor_free(cu, &Wd);
+            cu->ops->free(cu, dx);
+            cu->ops->free(cu, dy);
+            free(x); free(ref); free(got); free(exact); free(wf); free(e); free(w.data); free(w.scales);
+        }
+    }
+    CHECK(td_backend_cuda_gemm_caps(cu, 0, 0) == 0 && td_backend_cuda_gemm_caps(cpu, 0, 0) == TD_ERR_ARG, "caps reset; a CPU backend refused");
+    cu->batch_invariant = true;
+}
+
 /* ---- elementwise and row ops ---- */
 
 static void test_rows(void) {
@@ -701,7 +786,10 @@ int main(void) {
     }
     CHECK(td_backend_create("cpu", 2, &cpu, &err) == 0, "%s", err.msg);
     CHECK(td_backend_cuda_mem_info(cpu, &fr, &tot) != 0, "mem_info refuses a CPU backend");
+    cu->batch_invariant = true; /* the exact kernels' bits first (no cuBLAS set-up at the first alloc) */
     test_matmul();
+    if (!standin) test_matmul_fast(); /* cuBLAS: the CUDA backend's own (a stand-in has none) */
+    else printf("backend_cuda: the fast GEMM is CUDA's: not checked on the stand-in\n");
     test_rows();
     test_kv();
     test_sample(standin);

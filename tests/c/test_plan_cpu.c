@@ -66,6 +66,13 @@ static void check_model(const char *dir, int S, int depth, int T, int64_t window
               p.graph_bytes == 0,
           "%s: CUDA graphs %llu bytes: available %lld -> %lld", dir, (unsigned long long)q.graph_bytes, (long long)p.available_kv_bytes,
           (long long)q.available_kv_bytes);
+    /* the CUDA fast mode's GEMM buffers (serve --device cuda without --batch-invariant): runtime, off the pool */
+    td_plan_opts pq = po;
+    pq.cuda_gemm = true;
+    CHECK(td_plan_compute(&cfg, &pq, &q, &err) == 0 && q.available_kv_bytes == p.available_kv_bytes - (int64_t)TD_CUDA_GEMM_BYTES &&
+              q.runtime_bytes == p.runtime_bytes + TD_CUDA_GEMM_BYTES && q.needed_bytes == p.needed_bytes + TD_CUDA_GEMM_BYTES,
+          "%s: the fast GEMM's %llu MiB: available %lld -> %lld", dir, TD_CUDA_GEMM_BYTES >> 20, (long long)p.available_kv_bytes,
+          (long long)q.available_kv_bytes);
     td_engine_opts eo = {.n_threads = 0, .max_context = (int)window, .spec_depth = depth, .max_seqs = S,
                          .kv_cache_bytes = (size_t)p.kv_blocks * p.kv_bytes_per_block, .kv_cache_dtype = kv_dtype,
                          .no_prefix_caching = true, .max_prefill_chunk = T};

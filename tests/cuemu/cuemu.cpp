@@ -437,3 +437,63 @@ cudaError_t cudaGraphDestroy(cudaGraph_t g) {
     delete g;
     return cudaSuccess;
 }
+
+/* ---- cuBLAS subset (cuemu.h) ---- */
+
+struct td_cuemu_blas {
+    cudaStream_t stream;
+    void *ws;
+    size_t ws_bytes;
+};
+cublasStatus_t cublasCreate_v2(cublasHandle_t *h) {
+    *h = new (std::nothrow) td_cuemu_blas();
+    return *h ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_NOT_INITIALIZED;
+}
+cublasStatus_t cublasDestroy_v2(cublasHandle_t h) {
+    delete h;
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasSetStream_v2(cublasHandle_t h, cudaStream_t s) {
+    h->stream = s;
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasSetWorkspace_v2(cublasHandle_t h, void *ws, size_t bytes) {
+    h->ws = ws;
+    h->ws_bytes = bytes;
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasSetMathMode(cublasHandle_t h, cublasMath_t mode) {
+    (void)h;
+    return mode == CUBLAS_DEFAULT_MATH ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_NOT_SUPPORTED;
+}
+static float bf16_val(uint16_t v) { return __uint_as_float((uint32_t)v << 16); }
+cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const void *alpha,
+                            const void *A, cudaDataType at, int lda, const void *B, cudaDataType bt, int ldb, const void *beta,
+                            void *C, cudaDataType ct, int ldc, cublasComputeType_t compute, cublasGemmAlgo_t algo) {
+    (void)algo;
+    if (!h) return CUBLAS_STATUS_NOT_INITIALIZED;
+    if (ta != CUBLAS_OP_T || tb != CUBLAS_OP_N || at != CUDA_R_16BF || bt != CUDA_R_16BF || ct != CUDA_R_32F ||
+        compute != CUBLAS_COMPUTE_32F || *(const float *)beta != 0.0f)
+        return CUBLAS_STATUS_NOT_SUPPORTED;
+    if (m < 0 || n < 0 || k < 0 || lda < k || ldb < k || ldc < m) return CUBLAS_STATUS_INVALID_VALUE;
+    const float al = *(const float *)alpha;
+    const uint16_t *a = (const uint16_t *)A, *b = (const uint16_t *)B;
+    float *c = (float *)C;
+    /* C[i + j ldc] = alpha sum_l A[l + i lda] B[l + j ldb] (op(A) = A^T: column i of A is row i of op(A)) */
+    auto op = [=] {
+        for (int j = 0; j < n; j++)
+            for (int i = 0; i < m; i++) {
+                float acc = 0.0f;
+                for (int l0 = 0; l0 < k; l0 += 16) {
+                    double part = 0.0;
+                    for (int l = l0; l < l0 + 16 && l < k; l++)
+                        part += (double)bf16_val(a[(size_t)i * lda + l]) * (double)bf16_val(b[(size_t)j * ldb + l]);
+                    acc += (float)part;
+                }
+                c[(size_t)i + (size_t)j * ldc] = al * acc;
+            }
+    };
+    if (td_cuemu_capturing(h->stream)) td_cuemu_record(h->stream, op);
+    else op();
+    return CUBLAS_STATUS_SUCCESS;
+}

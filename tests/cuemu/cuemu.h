@@ -177,4 +177,30 @@ cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_t g, unsigned 
 cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s);
 cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec);
 cudaError_t cudaGraphDestroy(cudaGraph_t g);
+
+/* ---- cuBLAS: the subset the fast GEMM uses (cuda_blas.cu, cuda_matmul.cu) ----
+ * cublasGemmEx takes only what the backend issues: A transposed, B not, both
+ * BF16, C f32 with beta 0, compute 32F; anything else is
+ * CUBLAS_STATUS_NOT_SUPPORTED. Its arithmetic is not the CPU's order (as a
+ * tensor core's is not): each run of 16 products along k (one BF16 MMA's k)
+ * is summed exactly (in double) and rounded to float, and those partial sums
+ * are added in increasing k in float; then alpha times the sum. So a test
+ * that expects the exact kernels' bits from the fast path fails here as it
+ * would on a GPU. Recorded, not run, while the stream captures. */
+typedef struct td_cuemu_blas *cublasHandle_t;
+typedef enum { CUBLAS_STATUS_SUCCESS = 0, CUBLAS_STATUS_NOT_INITIALIZED = 1, CUBLAS_STATUS_INVALID_VALUE = 7,
+               CUBLAS_STATUS_NOT_SUPPORTED = 15 } cublasStatus_t;
+typedef enum { CUBLAS_OP_N = 0, CUBLAS_OP_T = 1, CUBLAS_OP_C = 2 } cublasOperation_t;
+typedef enum { CUBLAS_DEFAULT_MATH = 0 } cublasMath_t;
+typedef enum { CUDA_R_32F = 0, CUDA_R_16F = 2, CUDA_R_16BF = 14 } cudaDataType;
+typedef enum { CUBLAS_COMPUTE_32F = 68 } cublasComputeType_t;
+typedef enum { CUBLAS_GEMM_DEFAULT = -1 } cublasGemmAlgo_t;
+cublasStatus_t cublasCreate_v2(cublasHandle_t *h);
+cublasStatus_t cublasDestroy_v2(cublasHandle_t h);
+cublasStatus_t cublasSetStream_v2(cublasHandle_t h, cudaStream_t s);
+cublasStatus_t cublasSetWorkspace_v2(cublasHandle_t h, void *ws, size_t bytes);
+cublasStatus_t cublasSetMathMode(cublasHandle_t h, cublasMath_t mode);
+cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const void *alpha,
+                            const void *A, cudaDataType at, int lda, const void *B, cudaDataType bt, int ldb, const void *beta,
+                            void *C, cudaDataType ct, int ldc, cublasComputeType_t compute, cublasGemmAlgo_t algo);
 #endif

@@ -22,6 +22,7 @@ extern "C" void td_cuda_check(cudaError_t e, const char *what, const char *file,
 
 static void *cu_alloc(td_backend *b, size_t bytes) {
     TD_CU_NOT_CAPTURING(td_cu(b), "alloc");
+    td_cuda_gemm_prepare(b); /* once: the fast mode's buffers before the engine's (never inside a capture) */
     void *p = NULL;
     size_t n = bytes ? bytes : 1;
     cudaError_t e = cudaMalloc(&p, n);
@@ -93,6 +94,7 @@ static void cu_sync(td_backend *b) {
 }
 
 static const void *cu_weight_load(td_backend *b, const void *host, size_t bytes) {
+    td_cuda_gemm_prepare(b);
     void *p = NULL;
     size_t n = bytes ? bytes : 1;
     cudaError_t e = cudaMalloc(&p, n);
@@ -148,6 +150,7 @@ static void cuda_destroy(td_backend *b) {
     cudaError_t e = cudaStreamSynchronize(cu->stream);
     if (e != cudaSuccess) fprintf(stderr, "cuda backend: at teardown: %s\n", cudaGetErrorString(e));
     td_cuda_graphs_free(cu);
+    td_cuda_gemm_free(cu);
     if (cu->scratch) (void)cudaFree(cu->scratch);
     if (cu->pin) (void)cudaFreeHost(cu->pin);
     (void)cudaStreamDestroy(cu->stream);

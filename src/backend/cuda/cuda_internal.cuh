@@ -12,6 +12,7 @@
 #ifdef TD_CUEMU /* the kernels run on the CPU (tests/cuemu, make cuemu) */
 #include "cuemu.h"
 #else
+#include <cublas_v2.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #endif
@@ -35,6 +36,22 @@ typedef struct td_cu_graph {
 } td_cu_graph;
 enum { TD_CU_MAX_GRAPHS = TD_GRAPH_CACHE_MAX };
 
+/* The cuBLAS entry points the fast GEMM uses (cuda_blas.cu: dlopen'd, or
+ * cuemu's own under TD_CUEMU). */
+typedef struct td_cu_blas {
+    void *lib;
+    cublasStatus_t (*create)(cublasHandle_t *h);
+    cublasStatus_t (*destroy)(cublasHandle_t h);
+    cublasStatus_t (*set_stream)(cublasHandle_t h, cudaStream_t s);
+    cublasStatus_t (*set_workspace)(cublasHandle_t h, void *ws, size_t bytes);
+    cublasStatus_t (*set_math_mode)(cublasHandle_t h, cublasMath_t mode);
+    cublasStatus_t (*gemm_ex)(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k,
+                              const void *alpha, const void *A, cudaDataType at, int lda, const void *B, cudaDataType bt,
+                              int ldb, const void *beta, void *C, cudaDataType ct, int ldc, cublasComputeType_t compute,
+                              cublasGemmAlgo_t algo);
+} td_cu_blas;
+enum { TD_CU_GEMM_UNTRIED, TD_CU_GEMM_ON, TD_CU_GEMM_OFF };
+
 /* Everything the backend owns: no process-wide state. Ops run on the
  * engine's thread (as on the CPU and guard backends). */
 typedef struct td_cuda {
@@ -49,6 +66,12 @@ typedef struct td_cuda {
     td_cu_graph graphs[TD_CU_MAX_GRAPHS];
     int n_graphs;
     uint64_t graph_clock;
+    int gemm_state;          /* TD_CU_GEMM_*: the fast mode's cuBLAS GEMM (cuda_blas.cu) */
+    td_cu_blas blas;
+    cublasHandle_t blas_handle;
+    void *gemm_ws, *gemm_w, *gemm_x; /* workspace, BF16 weight chunk, BF16 activation chunk */
+    uint64_t gemm_calls;     /* cublasGemmEx calls issued */
+    size_t gemm_w_cap, gemm_x_cap; /* bytes of gemm_w / gemm_x used (tests shrink them) */
 } td_cuda;
 
 /* A broken invariant: an op that a graph cannot hold (alloc, free, a host
@@ -250,5 +273,7 @@ int32_t td_cuda_sample(td_backend *b, struct td_sampler *s, const struct td_samp
 void td_cuda_fill_random(td_backend *b, void *dst, td_dtype dtype, size_t n, uint64_t seed, td_fill_mode mode, float value);
 int td_cuda_graph_run(td_backend *b, const void *key, size_t key_len, void (*fn)(void *ctx), void *ctx, td_err *err);
 void td_cuda_graphs_free(td_cuda *cu);
+void td_cuda_gemm_prepare(td_backend *b);
+void td_cuda_gemm_free(td_cuda *cu);
 }
 #endif

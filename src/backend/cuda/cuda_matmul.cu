@@ -26,8 +26,16 @@
  *  - tiled_kernel (M > 16: prefill): 32 x 32 output tiles, K in steps of
  *    16 staged through shared memory (x rows and dequantized weight rows);
  *    thread (group g, lane j) keeps the lane-j accumulators of an 8 x 8
- *    sub-tile. Phase 1: simple tiling, no tensor cores (those would change
- *    the reduction order). */
+ *    sub-tile, no tensor cores (those would change the reduction order).
+ *
+ * The fast mode (td_backend.batch_invariant false, the default) gives up that
+ * invariance for prefill only: a matmul of more than 16 rows goes to cuBLAS
+ * (gemm_fast below: BF16 tensor cores, f32 accumulation in cuBLAS's order).
+ * The activations are rounded to BF16, and the weights too where BF16 does
+ * not hold them exactly (FP8 per-tensor and NVFP4 values are exact in BF16,
+ * their multiplier is the GEMM's alpha; FP8 with block scales, Q8, F16 and F32
+ * round). Decode and verify rows (<= 16) stay on gemv_kernel, so a k-token
+ * verify still equals k decode steps whenever the batch has <= 16 rows. */
 #include "backend/cuda/cuda_internal.cuh"
 extern "C" {
 #include "backend/cpu/kernels.h"
@@ -151,7 +159,79 @@ template <int KIND> static __global__ void __launch_bounds__(TILED_THREADS) tile
         }
 }
 
-template <int KIND> static void launch(cudaStream_t st, const wdesc &d, const float *x, int M, float *y) {
+/* ---- the fast mode's prefill GEMM ---- */
+
+#define CONV_THREADS 256
+
+/* out[r, i] = bf16(w_at(n0 + r, i)) for r < rows: one chunk of weight rows. */
+template <int KIND> static __global__ void __launch_bounds__(CONV_THREADS) dequant_bf16_kernel(wdesc d, int64_t n0, int64_t rows,
+                                                                                                 uint16_t *out) {
+    int64_t e = (int64_t)blockIdx.x * CONV_THREADS + threadIdx.x;
+    if (e >= rows * d.K) return;
+    int64_t r = e / d.K, i = e % d.K;
+    out[e] = td_cu_f32_to_bf16(w_at<KIND>(d, n0 + r, i));
+}
+
+static __global__ void __launch_bounds__(CONV_THREADS) f32_to_bf16_kernel(const float *x, int64_t n, uint16_t *out) {
+    int64_t e = (int64_t)blockIdx.x * CONV_THREADS + threadIdx.x;
+    if (e < n) out[e] = td_cu_f32_to_bf16(x[e]);
+}
+
+static void gemm_check(cublasStatus_t s, int m, int n, int k) {
+    if (s == CUBLAS_STATUS_SUCCESS) return;
+    fprintf(stderr, "%s:%d: cublasGemmEx (%d x %d x %d) failed: status %d\n", __FILE__, __LINE__, m, n, k, (int)s);
+    abort(); /* as a failed kernel: the stream's work is lost */
+}
+
+/* y = x W^T through cuBLAS when the fast mode is on and M > 16 (false: the
+ * caller runs the exact kernels). Row-major y[M,N] is column-major y^T
+ * (N x M, ld N) = W (op T of the column-major K x N array W^T) times x^T
+ * (column-major K x M, ld K). Activations in chunks of the staging buffer's
+ * rows, each rounded to BF16 once; for each, the weight rows in chunks
+ * dequantized to BF16 (BF16 weights are read in place, in one call). */
+template <int KIND> static bool gemm_fast(td_backend *b, const wdesc &d, const float *x, int M, float *y) {
+    td_cuda *cu = td_cu(b);
+    if (b->batch_invariant || M <= GEMV_MAX_M) return false;
+    if (cu->gemm_state == TD_CU_GEMM_UNTRIED) {
+        if (cu->capturing) return false; /* never happens in the engine: its allocs came first (cu_alloc) */
+        td_cuda_gemm_prepare(b);
+    }
+    if (cu->gemm_state != TD_CU_GEMM_ON || d.K > 1 << 24 || d.N > INT32_MAX) return false;
+    const int64_t N = d.N, K = d.K;
+    int64_t mc = (int64_t)(cu->gemm_x_cap / 2) / K;
+    int64_t nc = KIND == KBF16 ? N : ((int64_t)(cu->gemm_w_cap / 2) / K) / 16 * 16; /* keeps y + n0 64-byte aligned */
+    if (mc < 1 || nc < 1) return false;
+    if (mc > M) mc = M;
+    if (nc > N) nc = N;
+    cudaStream_t st = cu->stream;
+    const float alpha = (KIND == KF8 || KIND == KFP4) ? d.post : 1.0f, beta = 0.0f;
+    uint16_t *xb = (uint16_t *)cu->gemm_x, *wb = (uint16_t *)cu->gemm_w;
+    for (int64_t m0 = 0; m0 < M; m0 += mc) {
+        int64_t rows = M - m0 < mc ? M - m0 : mc;
+        TD_CU_KERNEL(f32_to_bf16_kernel, td_cu_blocks((size_t)(rows * K), CONV_THREADS), CONV_THREADS, st, x + m0 * K, rows * K, xb);
+        TD_CU_LAUNCH("f32_to_bf16_kernel");
+        for (int64_t n0 = 0; n0 < N; n0 += nc) {
+            int64_t nr = N - n0 < nc ? N - n0 : nc;
+            const void *A;
+            if (KIND == KBF16) A = d.data; /* one chunk of all N rows: n0 = 0 */
+            else {
+                TD_CU_KERNEL(dequant_bf16_kernel<KIND>, td_cu_blocks((size_t)(nr * K), CONV_THREADS), CONV_THREADS, st, d, n0, nr, wb);
+                TD_CU_LAUNCH("dequant_bf16_kernel");
+                A = wb;
+            }
+            gemm_check(cu->blas.gemm_ex(cu->blas_handle, CUBLAS_OP_T, CUBLAS_OP_N, (int)nr, (int)rows, (int)K, &alpha, A, CUDA_R_16BF,
+                                        (int)K, xb, CUDA_R_16BF, (int)K, &beta, y + m0 * N + n0, CUDA_R_32F, (int)N, CUBLAS_COMPUTE_32F,
+                                        CUBLAS_GEMM_DEFAULT),
+                       (int)nr, (int)rows, (int)K);
+            cu->gemm_calls++;
+        }
+    }
+    return true;
+}
+
+template <int KIND> static void launch(td_backend *b, const wdesc &d, const float *x, int M, float *y) {
+    if (gemm_fast<KIND>(b, d, x, M, y)) return;
+    cudaStream_t st = td_cu(b)->stream;
     if (M <= GEMV_MAX_M) {
         TD_CU_KERNEL(gemv_kernel<KIND>, td_cu_blocks((size_t)d.N, GEMV_THREADS / 16), GEMV_THREADS, st, d, x, M, y);
         TD_CU_LAUNCH("gemv_kernel");
@@ -178,24 +258,23 @@ extern "C" void td_cuda_matmul(td_backend *b, const td_tensor *W, const float *x
     d.N = W->shape[0];
     d.K = W->shape[1];
     d.post = 1.0f;
-    cudaStream_t st = td_cu(b)->stream;
     switch (W->dtype) {
-    case TD_DTYPE_F32: launch<KF32>(st, d, x, M, y); break;
-    case TD_DTYPE_BF16: launch<KBF16>(st, d, x, M, y); break;
-    case TD_DTYPE_F16: launch<KF16>(st, d, x, M, y); break;
+    case TD_DTYPE_F32: launch<KF32>(b, d, x, M, y); break;
+    case TD_DTYPE_BF16: launch<KBF16>(b, d, x, M, y); break;
+    case TD_DTYPE_F16: launch<KF16>(b, d, x, M, y); break;
     case TD_DTYPE_F8_E4M3:
         if (!W->scales) {
             d.post = W->scale_f * 256.0f;
-            launch<KF8>(st, d, x, M, y);
+            launch<KF8>(b, d, x, M, y);
         } else {
             d.bn = W->scale_block[0];
             d.bk = W->scale_block[1];
             d.sc = (d.K + d.bk - 1) / d.bk;
-            launch<KF8B>(st, d, x, M, y);
+            launch<KF8B>(b, d, x, M, y);
         }
         break;
-    case TD_DTYPE_Q8: launch<KQ8>(st, d, x, M, y); break;
-    case TD_DTYPE_NVFP4: d.post = W->scale_f; launch<KFP4>(st, d, x, M, y); break;
+    case TD_DTYPE_Q8: launch<KQ8>(b, d, x, M, y); break;
+    case TD_DTYPE_NVFP4: d.post = W->scale_f; launch<KFP4>(b, d, x, M, y); break;
     default: TD_ASSERT(!"matmul: unsupported weight dtype");
     }
 }
