@@ -411,6 +411,101 @@ static void test_sample(const char *standin) {
 }
 
 
+/* ---- T > 0 on the device: the same ids and distributions as the CPU, 8 bytes per call ----
+ * Each config runs SAMPLE, PROBS (into another row and in place), FROM and
+ * RESIDUAL (against a distribution and one-hot) on both backends: ids equal,
+ * probabilities within 1e-5 relative (same operations; the device adds its
+ * double sums in a tree), and what crossed: 8 bytes (+ a bias list) when the
+ * device took the call. A flat distribution with top-p 0.99 and no top-k
+ * needs more than 1024 tokens: that call goes to the host (and must still
+ * agree), and the test checks it did. */
+static void test_sample_dist(const char *standin) {
+    typedef struct { float t; int k; float p, minp; int pen, bias, mask, flat; int host; } cfg_t;
+    static const cfg_t cfgs[] = {
+        {0.7f, 0, 1.0f, 0.0f, 0, 0, 0, 0, 0}, {1.0f, 5, 1.0f, 0.0f, 0, 0, 0, 0, 0},   {0.9f, 2000, 0.8f, 0.0f, 0, 0, 0, 0, 0},
+        {0.8f, 0, 0.9f, 0.0f, 0, 0, 0, 0, 0}, {1.3f, 0, 1.0f, 0.1f, 0, 0, 0, 0, 0},   {0.8f, 40, 0.95f, 0.05f, 1, 1, 1, 0, 0},
+        {1.0f, 0, 0.99f, 0.0f, 0, 0, 0, 1, 1}, {1.0f, 3000, 1.0f, 0.0f, 1, 0, 1, 1, 0},
+    };
+    static const int vocabs[] = {77, 3001};
+    for (int vi = 0; vi < 2; vi++)
+        for (size_t ci = 0; ci < sizeof cfgs / sizeof *cfgs; ci++) {
+            const cfg_t *cf = &cfgs[ci];
+            const int V = vocabs[vi];
+            td_sampling p;
+            td_sampling_default(&p);
+            p.temperature = cf->t; p.top_k = cf->k; p.top_p = cf->p; p.min_p = cf->minp; p.seed = 7 + ci;
+            td_logit_bias bias[3] = {{3, 4.0f}, {V - 1, 2.5f}, {3, -1.0f}};
+            if (cf->pen) { p.repetition_penalty = 1.3f; p.frequency_penalty = 0.2f; p.presence_penalty = 0.4f; }
+            if (cf->bias) { p.logit_bias = bias; p.n_logit_bias = 3; }
+            int32_t prompt[3] = {0, 5, V - 3};
+            td_sampler sc, sg;
+            td_err err;
+            CHECK(td_sampler_init_backend(&sc, cpu, &p, V, prompt, 3, &err) == 0, "%s", err.msg);
+            CHECK(td_sampler_init_backend(&sg, cu, &p, V, prompt, 3, &err) == 0, "%s", err.msg);
+            size_t fb = sizeof(float) * (size_t)V;
+            float *lg = malloc(fb), *pc = malloc(fb), *pg = malloc(fb);
+            uint32_t *mask = calloc((size_t)(V + 31) / 32, sizeof(uint32_t));
+            for (int i = 0; i < V; i++) if (rnd() % 4) mask[i >> 5] |= 1u << (i & 31);
+            float *dl = cu->ops->alloc(cu, fb), *dp = cu->ops->alloc(cu, fb), *dq = cu->ops->alloc(cu, fb);
+            float *hl = cpu->ops->alloc(cpu, fb), *hp = cpu->ops->alloc(cpu, fb), *hq = cpu->ops->alloc(cpu, fb);
+            int same = 1, device = 1, host = 1, first_bad = -1;
+            double worst = 0;
+            const uint64_t extra = cf->bias ? 3 * sizeof(td_logit_bias) : 0;
+            for (int step = 0; step < 12; step++) {
+                for (int i = 0; i < V; i++) lg[i] = cf->flat ? rndf() * 0.05f : rndf() * 6.0f;
+                td_bk_upload(cu, dl, lg, fb);
+                td_bk_upload(cpu, hl, lg, fb);
+                td_sampler_set_mask(&sc, cf->mask ? mask : NULL);
+                td_sampler_set_mask(&sg, cf->mask ? mask : NULL);
+                uint64_t b0 = td_backend_cuda_sample_bytes(cu);
+                int32_t a = td_sampler_sample(&sc, hl), b = td_sampler_sample(&sg, dl);
+                uint64_t moved = td_backend_cuda_sample_bytes(cu) - b0;
+                if (!standin) { if (moved == 8 + extra) host = 0; else device = 0; }
+                int ok = a == b;
+                td_sampler_accept(&sc, a);
+                td_sampler_accept(&sg, a);
+                td_sampler_probs(&sc, hl, hp);
+                td_sampler_probs(&sg, dl, dp);
+                td_bk_download(cu, pg, dp, fb);
+                double r = max_rel(pg, hp, (size_t)V);
+                if (!(r <= worst)) worst = r;
+                /* in place, as the spec path does for the draft rows */
+                td_bk_upload(cu, dq, lg, fb);
+                td_bk_upload(cpu, hq, lg, fb);
+                td_sampler_probs(&sc, hq, hq);
+                td_sampler_probs(&sg, dq, dq);
+                td_bk_download(cu, pc, dq, fb);
+                r = max_rel(pc, hq, (size_t)V);
+                if (!(r <= worst)) worst = r;
+                td_sampler_set_mask(&sc, NULL);
+                td_sampler_set_mask(&sg, NULL);
+                ok &= td_sample_from(&sc, hp) == td_sample_from(&sg, dp);
+                int d = (int)(rnd() % V);
+                b0 = td_backend_cuda_sample_bytes(cu);
+                ok &= td_sampler_residual(&sc, hp, step & 1 ? hq : NULL, d) == td_sampler_residual(&sg, dp, step & 1 ? dq : NULL, d);
+                if (!standin && td_backend_cuda_sample_bytes(cu) - b0 != 8) device = 0; /* residual: always on the device */
+                td_bk_download(cu, pg, dp, fb);
+                r = max_rel(pg, hp, (size_t)V);
+                if (!(r <= worst)) worst = r;
+                if (!ok && first_bad < 0) first_bad = step;
+                same &= ok;
+            }
+            CHECK(same, "V %d config %zu: T>0 ids differ between cuda and cpu (first at step %d)", V, ci, first_bad);
+            CHECK(worst <= 1e-5, "V %d config %zu: probabilities differ by %.3g (relative)", V, ci, worst);
+            CHECK(memcmp(&sc.rng, &sg.rng, sizeof sc.rng) == 0, "V %d config %zu: the RNGs drifted apart", V, ci);
+            if (!standin) {
+                /* the flat top-p config needs the host only where more than 1024 tokens exist */
+                bool want_host = cf->host && V > 1024;
+                CHECK(want_host ? host : device, "V %d config %zu: expected every SAMPLE on the %s", V, ci, want_host ? "host" : "device");
+            }
+            td_sampler_free(&sc);
+            td_sampler_free(&sg);
+            cu->ops->free(cu, dl); cu->ops->free(cu, dp); cu->ops->free(cu, dq);
+            cpu->ops->free(cpu, hl); cpu->ops->free(cpu, hp); cpu->ops->free(cpu, hq);
+            free(lg); free(pc); free(pg); free(mask);
+        }
+}
+
 /* ---- greedy and draft argmax on the device: ids equal to the CPU's, 4 bytes per call ----
  * Logits on a coarse grid (ties are common, and penalties make more), a
  * NaN or -inf now and then, vocabularies below and above one block's
@@ -794,6 +889,7 @@ int main(void) {
     test_kv();
     test_sample(standin);
     test_sample_greedy(standin);
+    test_sample_dist(standin);
     test_fill_random();
     td_config g;
     memset(&g, 0, sizeof g);
