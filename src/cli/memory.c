@@ -6,6 +6,7 @@
 #include "model/config.h"
 #include "plan/plan.h"
 #include "backend/backend.h"
+#include "engine/engine.h"
 
 #define GIB (1024.0 * 1024.0 * 1024.0)
 
@@ -170,4 +171,14 @@ int td_cli_engine_opts(const common_opts *o, int max_seqs, int batch_tokens, td_
             (double)eo->kv_cache_bytes / GIB, td_kv_dtype_name(o->kv_dtype == TD_KV_AUTO ? TD_KV_F32 : o->kv_dtype), TD_KV_BLOCK, (long long)p.kv_tokens,
             p.max_concurrency, (long long)want, d, o->quantize ? "; linear weights quantized to q8 at load" : "");
     return 0;
+}
+
+void td_cli_print_cuda_mode(FILE *log, const char *who, td_engine *eng, bool batch_invariant) {
+    int on = 0;
+    uint64_t calls = 0;
+    if (td_backend_cuda_gemm_info(td_engine_backend(eng), &on, &calls)) return;
+    fprintf(log, "%s: cuda: %s\n", who,
+            batch_invariant ? "batch-invariant (every kernel in its fixed order: greedy at any depth = depth 0)"
+            : on ? "prompt chunks and batches of more than 16 rows on cuBLAS BF16 tensor cores (--batch-invariant: exact kernels)"
+                 : "cuBLAS unavailable: every matmul on the exact kernels");
 }
