@@ -88,8 +88,8 @@ typedef struct td_engine_opts {
                             replayed. Same results either way; the CPU has no graphs. */
     bool batch_invariant; /* CUDA: every kernel keeps its fixed reduction order whatever the batch, so greedy
                             output at any draft depth equals depth 0 bit for bit (also when $TANDEM_BATCH_INVARIANT
-                            is 1: the test suites). Default false: matmuls of more than 16 rows (prefill, large
-                            batches) run on BF16 tensor cores through cuBLAS, within the tolerance test_cuda_fast
+                            is 1: the test suites). Default false: matmuls of more than 16 rows of BF16 weights
+                            (128 of quantized ones: prefill, large batches) run on BF16 tensor cores through cuBLAS, within the tolerance test_cuda_fast
                             states; decode and verify rows keep the exact kernels. The CPU is batch-invariant
                             either way. */
 } td_engine_opts;

@@ -204,7 +204,7 @@ uint64_t td_backend_cuda_sample_bytes(td_backend *b);
  * after each). TD_ERR_ARG for another backend, TD_ERR_UNSUPPORTED without CUDA. */
 int td_backend_cuda_graph_info(td_backend *b, int *graphs, size_t *nodes, size_t *bytes);
 /* The CUDA fast mode's GEMM (batch_invariant false): matmuls of more than 16
- * rows go to cuBLAS (BF16 tensor cores, f32 accumulation) through staging
+ * rows of BF16 weights (128 of other dtypes) go to cuBLAS (BF16 tensor cores, f32 accumulation) through staging
  * buffers of these sizes, made once (backend/cuda/cuda_blas.cu). The planner
  * counts TD_CUDA_GEMM_BYTES on a CUDA device in that mode. */
 #define TD_CUDA_GEMM_WS_BYTES (32ull << 20) /* cuBLAS workspace */

@@ -179,6 +179,6 @@ void td_cli_print_cuda_mode(FILE *log, const char *who, td_engine *eng, bool bat
     if (td_backend_cuda_gemm_info(td_engine_backend(eng), &on, &calls)) return;
     fprintf(log, "%s: cuda: %s\n", who,
             batch_invariant ? "batch-invariant (every kernel in its fixed order: greedy at any depth = depth 0)"
-            : on ? "prompt chunks and batches of more than 16 rows on cuBLAS BF16 tensor cores (--batch-invariant: exact kernels)"
+            : on ? "prompt chunks and large batches (over 16 rows of BF16 weights, 128 of others) on cuBLAS BF16 tensor cores (--batch-invariant: exact kernels)"
                  : "cuBLAS unavailable: every matmul on the exact kernels");
 }

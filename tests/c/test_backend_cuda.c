@@ -96,8 +96,8 @@ static weight make_weight(int kind, int64_t N, int64_t K) {
 }
 
 static void test_matmul(void) {
-    const int Ms[] = {1, 2, 5, 16, 17, 33, 70};
-    const int MMAX = 70;
+    const int Ms[] = {1, 2, 5, 16, 17, 33, 70, 128, 129, 150};
+    const int MMAX = 150;
     for (int kind = 0; kind < 8; kind++) {
         /* K with a partial last chunk where the dtype allows it (nvfp4, q8: multiples of 32) */
         int64_t N = 37, K = kind >= 6 ? 96 : 72;
@@ -122,7 +122,7 @@ static void test_matmul(void) {
             CHECK(same_bits(full, ref, (size_t)(MMAX * N), &at), "%s: cuda %.9g vs cpu %.9g at %zu", w.name, full[at], ref[at], at);
         else
             CHECK(max_rel(full, ref, (size_t)(MMAX * N)) < 1e-4, "%s: rel %g", w.name, max_rel(full, ref, (size_t)(MMAX * N)));
-        /* batch invariance: every M (both kernels) gives the rows of the M = 70 pass, bit for bit */
+        /* batch invariance: every M (one gemv pass, 16-row slices, tiles) gives the rows of the M = 150 pass, bit for bit */
         for (size_t mi = 0; mi < sizeof Ms / sizeof *Ms; mi++) {
             int M = Ms[mi];
             cu->ops->fill0(cu, dy, sizeof(float) * (size_t)(MMAX * N));
@@ -142,15 +142,15 @@ static void test_matmul(void) {
     }
 }
 
-/* The fast mode (batch_invariant false): M > 16 goes to cuBLAS with BF16
- * activations and weights. Bound: |y - ref| <= 2^-6 sum_k |x_k w_k| + 1e-6
+/* The fast mode (batch_invariant false): M > 16 (BF16 weights) or M > 128
+ * (the others) goes to cuBLAS with BF16 activations and weights. Bound: |y - ref| <= 2^-6 sum_k |x_k w_k| + 1e-6
  * (each product carries at most ~2^-8 + 2^-8 of BF16 rounding; 2^-6 leaves
  * room for the f32 sums; a wrong layout or scale is off by O(sum |x w|)).
  * With the staging buffers capped, the rows and the weight rows take several
- * chunks. M <= 16 keeps the exact kernels' bits. */
+ * chunks. Below the thresholds the exact kernels' bits stay. */
 static void test_matmul_fast(void) {
-    const int Ms[] = {17, 33, 70};
-    const int MMAX = 70;
+    const int Ms[] = {17, 70, 129, 150};
+    const int MMAX = 150;
     cu->batch_invariant = false;
     int on = 0;
     uint64_t calls0 = 0, calls = 0;
@@ -163,7 +163,7 @@ static void test_matmul_fast(void) {
             float *x = malloc(sizeof(float) * (size_t)(MMAX * K));
             for (int64_t i = 0; i < MMAX * K; i++) x[i] = rndf();
             float *ref = malloc(sizeof(float) * (size_t)(MMAX * N)), *got = malloc(sizeof(float) * (size_t)(MMAX * N));
-            float *exact = malloc(sizeof(float) * (size_t)(16 * N));
+            float *exact = malloc(sizeof(float) * (size_t)(MMAX * N));
             cpu->ops->matmul(cpu, &w.W, x, MMAX, ref);
             /* sum |x w| per output, from the CPU's dequantized weights (the matmul of |x| and |W|
                would need |W| in every dtype: take the rows one unit vector at a time instead) */
@@ -200,23 +200,26 @@ static void test_matmul_fast(void) {
                       (long long)at, worst);
             }
             td_backend_cuda_gemm_info(cu, &on, &calls);
-            /* one call per (row chunk, weight chunk); BF16 weights are read in place in one chunk */
+            /* one call per (row chunk, weight chunk) of each M over the dtype's threshold; BF16
+               weights are read in place in one chunk */
             uint64_t want = 0;
             for (size_t mi = 0; mi < sizeof Ms / sizeof *Ms; mi++) {
+                if (Ms[mi] <= (kind == 1 ? 16 : 128)) continue;
                 int64_t mch = caps ? (Ms[mi] + 23) / 24 : 1, nch = caps && kind != 1 ? (N + 15) / 16 : 1;
                 want += (uint64_t)(mch * nch);
             }
             CHECK(calls - calls0 == want, "%s caps %d: %llu cuBLAS calls, %llu expected", w.name, caps,
                   (unsigned long long)(calls - calls0), (unsigned long long)want);
-            /* decode / verify rows keep the exact kernels */
-            cu->ops->matmul(cu, &Wd, dx, 16, dy);
-            td_bk_download(cu, exact, dy, sizeof(float) * (size_t)(16 * N));
+            /* up to the threshold (16 rows BF16, 128 the others) the exact kernels' bits */
+            const int mt = kind == 1 ? 16 : 128;
+            cu->ops->matmul(cu, &Wd, dx, mt, dy);
+            td_bk_download(cu, exact, dy, sizeof(float) * (size_t)(mt * N));
             size_t bad = 0;
             if (cpu->isa != TD_ISA_C)
-                CHECK(same_bits(exact, ref, (size_t)(16 * N), &bad), "%s fast mode, M=16: cuda %.9g vs cpu %.9g at %zu", w.name, exact[bad],
-                      ref[bad], bad);
+                CHECK(same_bits(exact, ref, (size_t)(mt * N), &bad), "%s fast mode, M=%d: cuda %.9g vs cpu %.9g at %zu", w.name, mt,
+                      exact[bad], ref[bad], bad);
             td_backend_cuda_gemm_info(cu, &on, &calls0);
-            CHECK(calls0 == calls, "%s: M=16 issued no cuBLAS call", w.name);
+            CHECK(calls0 == calls, "%s: M=%d issued no cuBLAS call", w.name, mt);
             td_bk_tensor_free(cu, &Wd);
             cu->ops->free(cu, dx);
             cu->ops->free(cu, dy);

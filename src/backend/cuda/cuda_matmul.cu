@@ -23,19 +23,24 @@
  *    each thread loads each of its weight elements once, dequantizes it in
  *    registers and uses it for all M activation rows (acc[16] per thread),
  *    so every weight byte is read once per call.
- *  - tiled_kernel (M > 16: prefill): 32 x 32 output tiles, K in steps of
+ *    Up to 128 rows (a batch of decode / verify items) it runs in 16-row
+ *    slices: ceil(M/16) reads of the weight, still far less than staging it.
+ *  - tiled_kernel (M > 128: prefill): 32 x 32 output tiles, K in steps of
  *    16 staged through shared memory (x rows and dequantized weight rows);
  *    thread (group g, lane j) keeps the lane-j accumulators of an 8 x 8
  *    sub-tile, no tensor cores (those would change the reduction order).
  *
  * The fast mode (td_backend.batch_invariant false, the default) gives up that
- * invariance for prefill only: a matmul of more than 16 rows goes to cuBLAS
+ * invariance for prefill only: a matmul of more than 16 rows (BF16 weights,
+ * read in place) or more than 128 (the others, which are dequantized to a
+ * BF16 copy first) goes to cuBLAS
  * (gemm_fast below: BF16 tensor cores, f32 accumulation in cuBLAS's order).
  * The activations are rounded to BF16, and the weights too where BF16 does
  * not hold them exactly (FP8 per-tensor and NVFP4 values are exact in BF16,
  * their multiplier is the GEMM's alpha; FP8 with block scales, Q8, F16 and F32
  * round). Decode and verify rows (<= 16) stay on gemv_kernel, so a k-token
- * verify still equals k decode steps whenever the batch has <= 16 rows. */
+ * verify still equals k decode steps whenever the batch has <= 16 rows (<= 128
+ * for quantized weights). */
 #include "backend/cuda/cuda_internal.cuh"
 extern "C" {
 #include "backend/cpu/kernels.h"
@@ -87,6 +92,7 @@ static __device__ __forceinline__ float reduce16(float v) {
 
 #define GEMV_THREADS 256 /* 16 weight rows per block */
 #define GEMV_MAX_M 16
+#define GEMV_SLICE_MAX 128 /* up to this many rows: gemv_kernel in 16-row slices (batched decode / verify) */
 
 template <int KIND> static __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(wdesc d, const float *x, int M, float *y) {
     int lane = threadIdx.x & 15;
@@ -191,7 +197,10 @@ static void gemm_check(cublasStatus_t s, int m, int n, int k) {
  * dequantized to BF16 (BF16 weights are read in place, in one call). */
 template <int KIND> static bool gemm_fast(td_backend *b, const wdesc &d, const float *x, int M, float *y) {
     td_cuda *cu = td_cu(b);
-    if (b->batch_invariant || M <= GEMV_MAX_M) return false;
+    /* BF16 is read in place, once: cuBLAS from 17 rows. Other dtypes cost a BF16 copy (write
+       and read 2 bytes per weight) on top of their own 0.5-1 bytes, more than the GEMV slices'
+       ceil(M/16) reads of the packed weight up to ~128 rows. */
+    if (b->batch_invariant || M <= (KIND == KBF16 ? GEMV_MAX_M : GEMV_SLICE_MAX)) return false;
     if (cu->gemm_state == TD_CU_GEMM_UNTRIED) {
         if (cu->capturing) return false; /* never happens in the engine: its allocs came first (cu_alloc) */
         td_cuda_gemm_prepare(b);
@@ -232,9 +241,13 @@ template <int KIND> static bool gemm_fast(td_backend *b, const wdesc &d, const f
 template <int KIND> static void launch(td_backend *b, const wdesc &d, const float *x, int M, float *y) {
     if (gemm_fast<KIND>(b, d, x, M, y)) return;
     cudaStream_t st = td_cu(b)->stream;
-    if (M <= GEMV_MAX_M) {
-        TD_CU_KERNEL(gemv_kernel<KIND>, td_cu_blocks((size_t)d.N, GEMV_THREADS / 16), GEMV_THREADS, st, d, x, M, y);
-        TD_CU_LAUNCH("gemv_kernel");
+    if (M <= GEMV_SLICE_MAX) { /* slices of 16 rows: each weight byte read once per slice, the same bits as one pass */
+        for (int m0 = 0; m0 < M; m0 += GEMV_MAX_M) {
+            int rows = M - m0 < GEMV_MAX_M ? M - m0 : GEMV_MAX_M;
+            TD_CU_KERNEL(gemv_kernel<KIND>, td_cu_blocks((size_t)d.N, GEMV_THREADS / 16), GEMV_THREADS, st, d, x + (int64_t)m0 * d.K, rows,
+                         y + (int64_t)m0 * d.N);
+            TD_CU_LAUNCH("gemv_kernel");
+        }
     } else {
         dim3 grid(td_cu_blocks((size_t)d.N, TILE), td_cu_blocks((size_t)M, TILE));
         TD_ASSERT(grid.y <= 65535);
