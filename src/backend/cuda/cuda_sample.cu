@@ -181,23 +181,26 @@ static __global__ void bias_kernel(float *work, const td_logit_bias *bias, int n
  * goes through its idx row (4 V bytes), so it must fit there. */
 static bool bias_fits(const td_sampler *s) { return (size_t)s->n_bias * sizeof(td_logit_bias) <= (size_t)s->vocab * sizeof(int32_t); }
 
+/* work = x + bias, the entries in order (sampler.c penalize / ref_draft_argmax), the list
+ * staged in the idx row; returns the row the processors read (x without a bias). */
+static const float *with_bias(td_cuda *cu, td_sampler *s, const float *x) {
+    if (!s->n_bias) return x;
+    TD_CU(cudaMemcpyAsync(s->work, x, (size_t)s->vocab * sizeof(float), cudaMemcpyDeviceToDevice, cu->stream));
+    size_t nb = (size_t)s->n_bias * sizeof(td_logit_bias);
+    unsigned char *p = pinned(cu, nb);
+    TD_CU(cudaStreamSynchronize(cu->stream)); /* an upload from the pinned buffer may be in flight */
+    memcpy(p, s->bias, nb);
+    TD_CU(cudaMemcpyAsync(s->idx, p, nb, cudaMemcpyHostToDevice, cu->stream));
+    cu->sample_bytes += nb;
+    TD_CU_KERNEL(bias_kernel, 1, 1, cu->stream, s->work, (const td_logit_bias *)s->idx, s->n_bias);
+    TD_CU_LAUNCH("bias_kernel");
+    return s->work;
+}
+
 /* The argmax of the logits x as GREEDY (draft = 0) or DRAFT_ARGMAX (draft = 1) computes it. */
 static int32_t device_pick(td_cuda *cu, td_sampler *s, const float *x, int draft) {
-    const size_t V = (size_t)s->vocab;
     const bool pen = !draft && td_sampler_has_penalties(s);
-    const float *src = x;
-    if (s->n_bias) { /* work = x + bias, the entries in order (sampler.c penalize / ref_draft_argmax) */
-        TD_CU(cudaMemcpyAsync(s->work, x, V * sizeof(float), cudaMemcpyDeviceToDevice, cu->stream));
-        size_t nb = (size_t)s->n_bias * sizeof(td_logit_bias);
-        unsigned char *p = pinned(cu, nb);
-        TD_CU(cudaStreamSynchronize(cu->stream)); /* an upload from the pinned buffer may be in flight */
-        memcpy(p, s->bias, nb);
-        TD_CU(cudaMemcpyAsync(s->idx, p, nb, cudaMemcpyHostToDevice, cu->stream));
-        cu->sample_bytes += nb;
-        TD_CU_KERNEL(bias_kernel, 1, 1, cu->stream, s->work, (const td_logit_bias *)s->idx, s->n_bias);
-        TD_CU_LAUNCH("bias_kernel");
-        src = s->work;
-    }
+    const float *src = with_bias(cu, s, x);
     pick_args a;
     a.x = src;
     a.mask = s->mask;
@@ -485,19 +488,7 @@ static bool device_dist(td_cuda *cu, td_sampler *s, const td_sample_call *c, int
     default: return false;
     }
     if (a.mode == DIST_PROBS || a.mode == DIST_SAMPLE) {
-        const float *src = xin;
-        if (s->n_bias) { /* work = x + bias (sampler.c penalize), the list staged in idx as device_pick does */
-            TD_CU(cudaMemcpyAsync(s->work, xin, V * sizeof(float), cudaMemcpyDeviceToDevice, cu->stream));
-            size_t nb = (size_t)s->n_bias * sizeof(td_logit_bias);
-            unsigned char *p = pinned(cu, nb);
-            TD_CU(cudaStreamSynchronize(cu->stream));
-            memcpy(p, s->bias, nb);
-            TD_CU(cudaMemcpyAsync(s->idx, p, nb, cudaMemcpyHostToDevice, cu->stream));
-            cu->sample_bytes += nb;
-            TD_CU_KERNEL(bias_kernel, 1, 1, cu->stream, s->work, (const td_logit_bias *)s->idx, s->n_bias);
-            TD_CU_LAUNCH("bias_kernel");
-            src = s->work;
-        }
+        const float *src = with_bias(cu, s, xin);
         a.pk.x = src;
         a.pk.mask = s->mask;
         a.pk.counts = s->counts;
