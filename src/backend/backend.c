@@ -50,6 +50,10 @@ int td_backend_cuda_gemm_caps(td_backend *b, size_t w_bytes, size_t x_bytes) {
     (void)b; (void)w_bytes; (void)x_bytes;
     return TD_ERR_UNSUPPORTED;
 }
+const char *td_backend_cuda_mode(td_backend *b) {
+    (void)b;
+    return NULL;
+}
 #endif
 
 void td_backend_free(td_backend *b) {

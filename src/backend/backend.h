@@ -215,6 +215,9 @@ int td_backend_cuda_graph_info(td_backend *b, int *graphs, size_t *nodes, size_t
  * made) and how many cuBLAS GEMM calls it has issued. TD_ERR_ARG for another
  * backend, TD_ERR_UNSUPPORTED without CUDA. */
 int td_backend_cuda_gemm_info(td_backend *b, int *on, uint64_t *calls);
+/* One line on a CUDA backend's matmul mode (batch-invariant; fast with cuBLAS;
+ * fast but cuBLAS missing), a static string; NULL for any other backend. */
+const char *td_backend_cuda_mode(td_backend *b);
 /* Tests: the fast GEMM uses at most w_bytes / x_bytes of its weight and
  * activation buffers (0: all of them), so that small matrices take several
  * chunks. TD_ERR_ARG for another backend or a size over the buffer's. */

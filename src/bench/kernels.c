@@ -194,14 +194,11 @@ static int bench_model(const kbench_opts *o, double bw, FILE *out) {
         fprintf(out, "| %d | %.2f | %.1f |\n", o->prefill[i], dt, o->prefill[i] / dt);
     }
 done:;
+    const char *mode = td_backend_cuda_mode(eng->backend);
     int gemm_on = 0;
     uint64_t gemm_calls = 0;
-    if (td_backend_cuda_gemm_info(eng->backend, &gemm_on, &gemm_calls) == 0)
-        fprintf(out, "\ncuda: %s; %llu cuBLAS GEMM calls in these rows\n",
-                gemm_on ? "fast mode (over 16 rows of BF16 weights, 128 of others, on cuBLAS BF16)"
-                : o->batch_invariant ? "batch-invariant (exact kernels only)"
-                                     : "fast mode, but cuBLAS is unavailable (exact kernels)",
-                (unsigned long long)gemm_calls);
+    if (mode && td_backend_cuda_gemm_info(eng->backend, &gemm_on, &gemm_calls) == 0)
+        fprintf(out, "\ncuda: %s; %llu cuBLAS GEMM calls in these rows\n", mode, (unsigned long long)gemm_calls);
     free(toks); free(lg);
     td_session_free(s);
     td_engine_free(eng);

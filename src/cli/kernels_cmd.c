@@ -22,7 +22,7 @@ static int usage(void) {
            "  --hidden N, --layers N, --vocab N  with it: the config scaled down as make_random_model.py (default: as is)\n"
            "  --device, --backend cpu|guard|cuda  backend of the model rows (default cpu; the probe and matmul table run on the CPU)\n"
            "  --enforce-eager     cuda: time the model rows without CUDA graphs (default: decode and verify replay graphs)\n"
-           "  --batch-invariant   cuda: exact kernels only (default: matmuls of > 16 rows, prefill, on cuBLAS BF16)\n"
+           "  --batch-invariant   cuda: exact kernels only (default: over 16 rows of BF16 weights, 128 of others, on cuBLAS BF16)\n"
            "  -t, --threads N     threads, 0..1024 (default 0 = all cores)\n"
            "  --reps N            repetitions per timing, 1..64 (default 5)\n"
            "  --probe-mb MB       bandwidth probe buffer, 16..65536 MB (default 1024)\n"

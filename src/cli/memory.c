@@ -173,12 +173,7 @@ int td_cli_engine_opts(const common_opts *o, int max_seqs, int batch_tokens, td_
     return 0;
 }
 
-void td_cli_print_cuda_mode(FILE *log, const char *who, td_engine *eng, bool batch_invariant) {
-    int on = 0;
-    uint64_t calls = 0;
-    if (td_backend_cuda_gemm_info(td_engine_backend(eng), &on, &calls)) return;
-    fprintf(log, "%s: cuda: %s\n", who,
-            batch_invariant ? "batch-invariant (every kernel in its fixed order: greedy at any depth = depth 0)"
-            : on ? "prompt chunks and large batches (over 16 rows of BF16 weights, 128 of others) on cuBLAS BF16 tensor cores (--batch-invariant: exact kernels)"
-                 : "cuBLAS unavailable: every matmul on the exact kernels");
+void td_cli_print_cuda_mode(FILE *log, const char *who, td_engine *eng) {
+    const char *mode = td_backend_cuda_mode(td_engine_backend(eng));
+    if (mode) fprintf(log, "%s: cuda: %s\n", who, mode);
 }

@@ -12,9 +12,9 @@ uint64_t td_cli_mem_total(void);
 /* The engine's draft depth for this command line: --spec-depth N, or with
  * auto --spec-depth-max when the model has an MTP head and 0 when not. */
 int td_cli_engine_spec_depth(const common_opts *o);
-/* On a CUDA engine: one line on its matmul mode (fast: cuBLAS for more than
- * 16 rows; batch-invariant; or cuBLAS missing). Nothing on other backends. */
-void td_cli_print_cuda_mode(FILE *log, const char *who, td_engine *eng, bool batch_invariant);
+/* On a CUDA engine: one line on its matmul mode (td_backend_cuda_mode).
+ * Nothing on other backends. */
+void td_cli_print_cuda_mode(FILE *log, const char *who, td_engine *eng);
 /* Fills eo (threads, context, depth, KV size/dtype, prefix caching) for
  * max_seqs concurrent sequences and batch_tokens prefill tokens a step,
  * from the planner's CPU mode (src/plan). Returns 0 when it fits (a one-line summary

@@ -287,7 +287,7 @@ int td_cmd_serve(int argc, char **argv) {
     char graphs[256];
     if (td_engine_capture_graphs(eng, eo.spec_depth, graphs, sizeof graphs, &err)) { td_cli_error("tandem serve", &err); goto out; }
     if (graphs[0]) fprintf(stderr, "tandem serve: %s\n", graphs);
-    td_cli_print_cuda_mode(stderr, "tandem serve", eng, eo.batch_invariant);
+    td_cli_print_cuda_mode(stderr, "tandem serve", eng);
     if (cfg.spec_auto && td_engine_calibrate_spec(eng, eo.spec_depth, so.max_num_seqs, 3, &err)) { td_cli_error("tandem serve", &err); goto out; }
     td_cli_print_sampling("tandem serve", &o);
     fprintf(stderr, "%s\n", kv_summary);

@@ -62,6 +62,20 @@ static int load_fns(td_cu_blas *f, char *why, size_t cap) {
 }
 #endif
 
+/* Frees whatever of the handle, buffers and library is there (set-up failures, teardown). */
+static void release(td_cuda *cu) {
+    if (cu->blas_handle) cu->blas.destroy(cu->blas_handle);
+    if (cu->gemm_ws) (void)cudaFree(cu->gemm_ws);
+    if (cu->gemm_w) (void)cudaFree(cu->gemm_w);
+    if (cu->gemm_x) (void)cudaFree(cu->gemm_x);
+#ifndef TD_CUEMU
+    if (cu->blas.lib) dlclose(cu->blas.lib);
+#endif
+    cu->blas_handle = NULL;
+    cu->gemm_ws = cu->gemm_w = cu->gemm_x = NULL;
+    cu->blas.lib = NULL;
+}
+
 /* The staging buffers and the handle, or state TD_CU_GEMM_OFF with the reason
  * printed once. Called outside graph capture only (alloc, weight_load and an
  * eager matmul call it). */
@@ -75,50 +89,33 @@ extern "C" void td_cuda_gemm_prepare(td_backend *b) {
     if (load_fns(f, why, sizeof why)) goto off;
     if (f->create(&cu->blas_handle) != CUBLAS_STATUS_SUCCESS) {
         snprintf(why, sizeof why, "cublasCreate failed");
-        goto off_lib;
+        cu->blas_handle = NULL;
+        goto off;
     }
     if (cudaMalloc(&cu->gemm_ws, TD_CUDA_GEMM_WS_BYTES) != cudaSuccess ||
         cudaMalloc(&cu->gemm_w, TD_CUDA_GEMM_W_BYTES) != cudaSuccess ||
         cudaMalloc(&cu->gemm_x, TD_CUDA_GEMM_X_BYTES) != cudaSuccess) {
         (void)cudaGetLastError();
         snprintf(why, sizeof why, "no device memory for its %d MiB of buffers", (int)(TD_CUDA_GEMM_BYTES >> 20));
-        goto off_handle;
+        goto off;
     }
     if (f->set_stream(cu->blas_handle, cu->stream) != CUBLAS_STATUS_SUCCESS ||
         f->set_workspace(cu->blas_handle, cu->gemm_ws, TD_CUDA_GEMM_WS_BYTES) != CUBLAS_STATUS_SUCCESS ||
         f->set_math_mode(cu->blas_handle, CUBLAS_DEFAULT_MATH) != CUBLAS_STATUS_SUCCESS) {
         snprintf(why, sizeof why, "cublasSetStream / cublasSetWorkspace failed");
-        goto off_handle;
+        goto off;
     }
     if (!cu->gemm_w_cap) cu->gemm_w_cap = TD_CUDA_GEMM_W_BYTES;
     if (!cu->gemm_x_cap) cu->gemm_x_cap = TD_CUDA_GEMM_X_BYTES;
     cu->gemm_state = TD_CU_GEMM_ON;
     return;
-off_handle:
-    f->destroy(cu->blas_handle);
-    cu->blas_handle = NULL;
-    if (cu->gemm_ws) (void)cudaFree(cu->gemm_ws);
-    if (cu->gemm_w) (void)cudaFree(cu->gemm_w);
-    if (cu->gemm_x) (void)cudaFree(cu->gemm_x);
-    cu->gemm_ws = cu->gemm_w = cu->gemm_x = NULL;
-off_lib:
-#ifndef TD_CUEMU
-    if (f->lib) dlclose(f->lib);
-#endif
-    f->lib = NULL;
 off:
+    release(cu);
     fprintf(stderr, "tandem: cuda: %s; prefill runs on the exact kernels (as --batch-invariant)\n", why);
 }
 
 extern "C" void td_cuda_gemm_free(td_cuda *cu) {
-    if (cu->gemm_state != TD_CU_GEMM_ON) return;
-    cu->blas.destroy(cu->blas_handle);
-    (void)cudaFree(cu->gemm_ws);
-    (void)cudaFree(cu->gemm_w);
-    (void)cudaFree(cu->gemm_x);
-#ifndef TD_CUEMU
-    if (cu->blas.lib) dlclose(cu->blas.lib);
-#endif
+    release(cu);
     cu->gemm_state = TD_CU_GEMM_UNTRIED;
 }
 
@@ -137,4 +134,13 @@ extern "C" int td_backend_cuda_gemm_caps(td_backend *b, size_t w_bytes, size_t x
     td_cu(b)->gemm_w_cap = w_bytes ? w_bytes : TD_CUDA_GEMM_W_BYTES;
     td_cu(b)->gemm_x_cap = x_bytes ? x_bytes : TD_CUDA_GEMM_X_BYTES;
     return TD_OK;
+}
+
+extern "C" const char *td_backend_cuda_mode(td_backend *b) {
+    if (!b || !b->ops || strcmp(b->ops->name, "cuda")) return NULL;
+    if (b->batch_invariant) return "batch-invariant (every kernel in its fixed order: greedy at any depth = depth 0)";
+    return td_cu(b)->gemm_state == TD_CU_GEMM_ON
+               ? "fast (prompt chunks and large batches, over 16 rows of BF16 weights or 128 of others, on cuBLAS BF16 "
+                 "tensor cores; --batch-invariant: exact kernels)"
+               : "fast, but cuBLAS is unavailable: every matmul on the exact kernels";
 }
