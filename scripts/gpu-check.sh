@@ -15,7 +15,10 @@
 #   6. NVFP4 decode / verify again with --enforce-eager (graphs vs eager), and
 #      test_cuda_graphs' graph count, nodes and the bytes their instantiation took;
 #   7. NVFP4 prefill 512 with --batch-invariant (exact kernels) against step 5's
-#      fast rows (cuBLAS BF16 GEMM), and test_cuda_fast (fast vs CPU tolerance).
+#      fast rows (cuBLAS BF16 GEMM), and test_cuda_fast (fast vs CPU tolerance);
+#   8. FP8 (128 x 128 blocks) prefill with TANDEM_CUDA_LT=0 (BF16 tensor cores)
+#      against step 5's fp8 rows (cuBLASLt FP8 tensor cores where taken), and
+#      which cuBLASLt paths test_backend_cuda found on this device.
 # The whole script stays under BUDGET seconds (default 460, under 8 minutes): each
 # step's timeout is its own cap or what is left of the budget, whichever is smaller,
 # and a step with under 10 s left is skipped (and counts as failed).
@@ -81,6 +84,12 @@ echo "== 6. prefill in the batch-invariant mode (exact kernels, no tensor cores)
 run 45 "$BUILD/tandem" kernels --random-config tests/data/configs/qwen3.6-27b.config.json --device cuda --dtype nvfp4 \
   --probe-mb 16 --mm-mb 0 --reps 1 --prefill 512 --max-k 1 --batch-invariant > "$BUILD/gpu-27b-exact.log" 2>&1 || fail=1
 grep -v "^$" "$BUILD/gpu-27b-exact.log" | tail -n 6
+
+echo "== 7. FP8 prefill: cuBLASLt FP8 tensor cores (step 4's fp8 rows) vs TANDEM_CUDA_LT=0 (BF16 tensor cores)"
+grep -h "sm_[0-9]*: FP8 path\|cuBLASLt" "$BUILD/gpu-ops.log" | head -n 4
+TANDEM_CUDA_LT=0 run 45 "$BUILD/tandem" kernels --random-config tests/data/configs/qwen3.6-27b.config.json --device cuda --dtype fp8 \
+  --probe-mb 16 --mm-mb 0 --reps 1 --prefill 512,4096 --max-k 1 > "$BUILD/gpu-27b-fp8-nolt.log" 2>&1 || fail=1
+grep -v "^$" "$BUILD/gpu-27b-fp8-nolt.log" | tail -n 6
 
 [ $fail = 0 ] && echo "gpu-check: all steps passed" || echo "gpu-check: FAILED (logs in $BUILD/gpu-*.log)"
 exit $fail

@@ -14,6 +14,7 @@
 #include <string.h>
 #include "backend/backend.h"
 #include "backend/cpu/kernels.h"
+#include "backend/cuda/cuda_lt.h"
 #include "check.h"
 #include "model/config.h"
 #include "sample/sampler.h"
@@ -228,6 +229,283 @@ static void test_matmul_fast(void) {
     }
     CHECK(td_backend_cuda_gemm_caps(cu, 0, 0) == 0 && td_backend_cuda_gemm_caps(cpu, 0, 0) == TD_ERR_ARG, "caps reset; a CPU backend refused");
     cu->batch_invariant = true;
+}
+
+/* ---- the cuBLASLt paths (cuda_lt.cu): FP8 and NVFP4 weights on their own tensor cores ----
+ * The host quantizers below restate the rules (each by search over the
+ * format's values, nearest with ties to the even code, not by the kernels'
+ * arithmetic), and the reference is sum_k deq(q(x)) w in double: the device
+ * must match it within f32 summation error (1e-5 of sum |deq(q(x)) w|). A
+ * wrong nibble order, scale tile, row stride, chunk offset or alpha is off by
+ * O(1) of that sum. Every row's absmax is the same (1.5), so NVFP4's chunk
+ * scale g does not depend on how rows are chunked. */
+
+/* e4m3 code nearest to v (ties: even code), saturating at 448; what the kernels round activations and scales with */
+static uint8_t host_e4m3(float v) {
+    float a = fabsf(v);
+    uint8_t best = 0;
+    double bd = INFINITY;
+    for (int c = 0; c < 0x7f; c++) { /* 0x7f is NaN */
+        double d = fabs((double)td_fp8_e4m3_to_f32((uint8_t)c) - a);
+        if (d < bd || (d == bd && !(c & 1))) { bd = d; best = (uint8_t)c; }
+    }
+    return (uint8_t)(best | (v < 0 ? 0x80 : 0));
+}
+static const float e2m1_mag[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
+static uint8_t host_e2m1(float v) {
+    float a = fabsf(v);
+    int best = 0;
+    double bd = INFINITY;
+    for (int c = 0; c < 8; c++) {
+        double d = fabs((double)e2m1_mag[c] - a);
+        if (d < bd || (d == bd && !(c & 1))) { bd = d; best = c; }
+    }
+    return (uint8_t)(best | (v < 0 ? 8 : 0));
+}
+
+/* xq[m, k]: the activation as the path quantizes it (dequantized, f64), divided by NVFP4's g. */
+static void host_quant(int path, const float *x, int M, int64_t K, double *xq) {
+    float g = 1.0f;
+    if (path == 1) {
+        float am = 0.0f;
+        for (int64_t i = 0; i < M * K; i++) am = fmaxf(am, fabsf(x[i]));
+        g = am > 0 ? 2688.0f / am : 1.0f;
+    }
+    for (int m = 0; m < M; m++) {
+        const float *r = x + (int64_t)m * K;
+        if (path == 2) {
+            for (int64_t c = 0; c < K / 128; c++) {
+                float am = 0.0f;
+                for (int i = 0; i < 128; i++) am = fmaxf(am, fabsf(r[c * 128 + i]));
+                float s = am > 0 ? am / 448.0f : 1.0f;
+                for (int i = 0; i < 128; i++) xq[m * K + c * 128 + i] = (double)td_fp8_e4m3_to_f32(host_e4m3(r[c * 128 + i] / s)) * s;
+            }
+        } else if (path == 0) {
+            float am = 0.0f;
+            for (int64_t k = 0; k < K; k++) am = fmaxf(am, fabsf(r[k]));
+            float s = am > 0 ? am / 448.0f : 1.0f;
+            for (int64_t k = 0; k < K; k++) xq[m * K + k] = (double)td_fp8_e4m3_to_f32(host_e4m3(r[k] / s)) * s;
+        } else {
+            for (int64_t c = 0; c < K / 16; c++) {
+                float mb = 0.0f;
+                for (int i = 0; i < 16; i++) mb = fmaxf(mb, fabsf(r[c * 16 + i]));
+                float sb = td_fp8_e4m3_to_f32(host_e4m3(mb / 6.0f * g)), inv = sb > 0 ? g / sb : 0.0f;
+                for (int i = 0; i < 16; i++) {
+                    uint8_t q = host_e2m1(r[c * 16 + i] * inv);
+                    double v = (q & 8) ? -e2m1_mag[q & 7] : e2m1_mag[q & 7];
+                    xq[m * K + c * 16 + i] = v * sb / g;
+                }
+            }
+        }
+    }
+}
+
+/* A CUDA backend on cuemu's device generation `sm` (TD_CUEMU_SM, left set:
+ * cuemu's cuBLASLt reads it when the backend sets it up; a real device
+ * ignores it). */
+static td_backend *cuda_with_sm(const char *sm) {
+    td_err err;
+    td_backend *b = NULL;
+    setenv("TD_CUEMU_SM", sm, 1);
+    CHECK(td_backend_create("cuda", 1, &b, &err) == 0, "%s", err.msg);
+    b->batch_invariant = false;
+    return b;
+}
+
+/* The weight of an lt path: FP8 per-tensor, NVFP4 (positive scales: ue4m3), FP8 with 128 x 128 block scales (f32 or bf16). */
+static weight lt_weight(int path, int64_t N, int64_t K, int bf16_scales) {
+    weight w = make_weight(path == 0 ? 3 : path == 1 ? 6 : 4, N, K);
+    if (path == 1)
+        for (int64_t i = 0; i < N * K / 16; i++) ((uint8_t *)w.scales)[i] = (uint8_t)(0x28 + rnd() % 24);
+    if (path == 2) {
+        free(w.scales);
+        size_t ns = (size_t)(((N + 127) / 128) * ((K + 127) / 128));
+        w.W.scale_block[0] = w.W.scale_block[1] = 128;
+        w.W.scales_dtype = bf16_scales ? TD_DTYPE_BF16 : TD_DTYPE_F32;
+        w.scales = malloc(ns * 4);
+        for (size_t i = 0; i < ns; i++) {
+            float v = 0.01f + 0.02f * (rndf() + 1.0f);
+            if (bf16_scales) ((uint16_t *)w.scales)[i] = td_f32_to_bf16(v);
+            else ((float *)w.scales)[i] = v;
+        }
+        w.W.scales = w.scales;
+        w.name = bf16_scales ? "fp8 block 128x128 (bf16 scales)" : "fp8 block 128x128 (f32 scales)";
+    }
+    return w;
+}
+
+static void lt_case(td_backend *b, int path, int64_t N, int64_t K, int caps) {
+    const int Ms[] = {129, 300};
+    const int MMAX = 300;
+    weight w = lt_weight(path, N, K, caps);
+    float *x = malloc(sizeof(float) * (size_t)(MMAX * K));
+    for (int64_t i = 0; i < MMAX * K; i++) x[i] = rndf();
+    for (int m = 0; m < MMAX; m++) x[(int64_t)m * K + (m * 7) % K] = m & 1 ? 1.5f : -1.5f; /* absmax 1.5 in every row */
+    /* dequantized weights from the CPU backend, one unit vector at a time */
+    float *wf = malloc(sizeof(float) * (size_t)(N * K)), *e = calloc((size_t)K, sizeof(float)), *col = malloc(sizeof(float) * (size_t)N);
+    for (int64_t k = 0; k < K; k++) {
+        e[k] = 1.0f;
+        cpu->ops->matmul(cpu, &w.W, e, 1, col);
+        for (int64_t n = 0; n < N; n++) wf[n * K + k] = col[n];
+        e[k] = 0.0f;
+    }
+    float *ref = malloc(sizeof(float) * (size_t)(MMAX * N)), *got = malloc(sizeof(float) * (size_t)(MMAX * N));
+    cpu->ops->matmul(cpu, &w.W, x, MMAX, ref);
+    td_tensor Wd;
+    td_err err;
+    CHECK(td_bk_tensor_load(b, &w.W, &Wd, &err) == 0, "%s: load: %s", w.name, err.msg);
+    void *dx = b->ops->alloc(b, sizeof(float) * (size_t)(MMAX * K));
+    td_bk_upload(b, dx, x, sizeof(float) * (size_t)(MMAX * K));
+    float *dy = b->ops->alloc(b, sizeof(float) * (size_t)(MMAX * N));
+    /* caps 1: 128 weight rows' tiled scales (NVFP4) / 256 scale floats (FP8) and ~100 / ~77 activation rows per chunk */
+    int64_t cols4 = (K / 16 + 3) / 4 * 4;
+    CHECK(td_backend_cuda_gemm_caps(b, caps ? (size_t)(path == 1 ? 128 * cols4 : path == 0 ? 1024 : 0) : 0, caps ? 9072 : 0) == 0,
+          "caps");
+    int sm, on[3];
+    uint64_t c0[3], c1[3];
+    for (size_t mi = 0; mi < sizeof Ms / sizeof *Ms; mi++) {
+        int M = Ms[mi];
+        double *xq = malloc(sizeof(double) * (size_t)(M * K));
+        host_quant(path, x, M, K, xq);
+        td_backend_cuda_lt_info(b, &sm, on, c0);
+        b->ops->fill0(b, dy, sizeof(float) * (size_t)(MMAX * N));
+        b->ops->matmul(b, &Wd, dx, M, dy);
+        td_bk_download(b, got, dy, sizeof(float) * (size_t)(M * N));
+        td_backend_cuda_lt_info(b, &sm, on, c1);
+        CHECK(c1[path] > c0[path] + (caps ? 1 : 0), "%s sm_%d M=%d caps %d: %llu cublasLtMatmul calls", w.name, sm, M, caps,
+              (unsigned long long)(c1[path] - c0[path]));
+        double worst = 0, worst_f = 0, want_at = 0;
+        int64_t at = 0;
+        /* FP8B takes rows in fours: the last M % 4 are the exact kernels' (the CPU's bits) */
+        int64_t Mq = path == 2 ? M / 4 * 4 : M;
+        size_t bad = 0;
+        if (Mq < M && cpu->isa != TD_ISA_C)
+            CHECK(same_bits(got + Mq * N, ref + Mq * N, (size_t)((M - Mq) * N), &bad), "%s: the last %lld rows differ from the CPU at %zu",
+                  w.name, (long long)(M - Mq), bad);
+        for (int64_t m = 0; m < Mq; m++)
+            for (int64_t n = 0; n < N; n++) {
+                double want = 0, mag = 0, magx = 0;
+                for (int64_t k = 0; k < K; k++) {
+                    want += xq[m * K + k] * wf[n * K + k];
+                    mag += fabs(xq[m * K + k] * wf[n * K + k]);
+                    magx += fabs((double)x[m * K + k] * wf[n * K + k]);
+                }
+                double r = fabs((double)got[m * N + n] - want) / (mag * 1e-5 + 1e-30);
+                if (!(r <= worst)) { worst = r; at = m * N + n; want_at = want; }
+                /* against the unquantized f32 result: e4m3 keeps 3 mantissa bits (2^-4 of each
+                   product), NVFP4's e2m1 1 bit under a rounded block scale (up to 1/3 of a product) */
+                double rf = fabs((double)got[m * N + n] - ref[m * N + n]) / (magx * (path ? 0.5 : 0x1p-3) + 1e-30);
+                if (!(rf <= worst_f)) worst_f = rf;
+            }
+        CHECK(worst <= 1.0, "%s sm_%d M=%d caps %d: %.9g vs host-quantized %.9g at %lld (%.3g of the 1e-5 bound)", w.name, sm, M, caps,
+              got[at], want_at, (long long)at, worst);
+        CHECK(worst_f <= 1.0, "%s sm_%d M=%d caps %d: %.3g of the bound against f32", w.name, sm, M, caps, worst_f);
+        free(xq);
+    }
+    CHECK(td_backend_cuda_gemm_caps(b, 0, 0) == 0, "caps reset");
+    td_bk_tensor_free(b, &Wd);
+    b->ops->free(b, dx);
+    b->ops->free(b, dy);
+    free(x); free(wf); free(e); free(col); free(ref); free(got); free(w.data); free(w.scales);
+}
+
+/* A shape or device a path does not take: the BF16 cuBLAS path (or the exact kernels up to 128 rows) instead. */
+static void lt_fallback(td_backend *b, int path, int64_t N, int64_t K, int M) {
+    weight w = lt_weight(path, N, K, 0);
+    float *x = malloc(sizeof(float) * (size_t)(M * K)), *y = malloc(sizeof(float) * (size_t)(M * N));
+    for (int64_t i = 0; i < M * K; i++) x[i] = rndf();
+    td_tensor Wd;
+    td_err err;
+    CHECK(td_bk_tensor_load(b, &w.W, &Wd, &err) == 0, "%s: load: %s", w.name, err.msg);
+    void *dx = b->ops->alloc(b, sizeof(float) * (size_t)(M * K));
+    td_bk_upload(b, dx, x, sizeof(float) * (size_t)(M * K));
+    float *dy = b->ops->alloc(b, sizeof(float) * (size_t)(M * N));
+    int sm, on[3], gon;
+    uint64_t c0[3], c1[3], g0, g1;
+    td_backend_cuda_lt_info(b, &sm, on, c0);
+    td_backend_cuda_gemm_info(b, &gon, &g0);
+    b->ops->matmul(b, &Wd, dx, M, dy);
+    td_bk_download(b, y, dy, sizeof(float) * (size_t)(M * N));
+    td_backend_cuda_lt_info(b, &sm, on, c1);
+    td_backend_cuda_gemm_info(b, &gon, &g1);
+    CHECK(c1[path] == c0[path], "%s sm_%d N=%lld K=%lld M=%d: no cuBLASLt call", w.name, sm, (long long)N, (long long)K, M);
+    CHECK(g1 - g0 == (M > 128 ? 1u : 0u), "%s sm_%d N=%lld M=%d: %llu BF16 cuBLAS calls", w.name, sm, (long long)N, M,
+          (unsigned long long)(g1 - g0));
+    td_bk_tensor_free(b, &Wd);
+    b->ops->free(b, dx);
+    b->ops->free(b, dy);
+    free(x); free(y); free(w.data); free(w.scales);
+}
+
+static void test_matmul_lt(void) {
+    static const char *const sms[] = {"120", "90", "80"};
+    const char *old = getenv("TD_CUEMU_SM");
+    char keep[16] = "";
+    if (old) snprintf(keep, sizeof keep, "%s", old);
+    for (int si = 0; si < 3; si++) {
+        td_backend *b = cuda_with_sm(sms[si]);
+        int sm, on[3];
+        uint64_t calls[3];
+        /* the paths are set up with the cuBLAS GEMM: one quantized matmul over 128 rows does it */
+        lt_fallback(b, 0, 37, 96, 129); /* N % 4: not a cuBLASLt shape */
+        CHECK(td_backend_cuda_lt_info(b, &sm, on, calls) == 0, "lt_info");
+        CHECK(td_backend_cuda_lt_info(cpu, &sm, on, calls) == TD_ERR_ARG, "lt_info refuses a CPU backend");
+        td_backend_cuda_lt_info(b, &sm, on, calls);
+        CHECK(on[0] == (sm >= 89) && on[1] == (sm >= 100) && on[2] == (sm >= 90), "sm_%d: paths %d %d %d", sm, on[0], on[1], on[2]);
+        const char *mode = td_backend_cuda_mode(b);
+        CHECK(mode && (strstr(mode, "FP8") != NULL) == (on[0] != 0) && (strstr(mode, "NVFP4") != NULL) == (on[1] != 0), "mode line: %s",
+              mode ? mode : "(null)");
+        for (int path = 0; path < 3; path++) {
+            int64_t K = path == 2 ? 256 : 96;
+            if (path == 2 && on[2]) {
+                /* 128 x 128 blocks: the heuristic decides (cuBLAS documents them for sm_90; cuemu has them on 90 only).
+                   One matmul: taken, or refused and then off (its result is the BF16 path's, not checked here) */
+                weight w = lt_weight(2, 260, 256, 0);
+                td_tensor Wd;
+                td_err err;
+                CHECK(td_bk_tensor_load(b, &w.W, &Wd, &err) == 0, "load: %s", err.msg);
+                float *dxy = b->ops->alloc(b, sizeof(float) * (size_t)(132 * (256 + 260)));
+                b->ops->fill0(b, dxy, sizeof(float) * (size_t)(132 * 256));
+                b->ops->matmul(b, &Wd, dxy, 132, dxy + 132 * 256);
+                td_bk_tensor_free(b, &Wd);
+                b->ops->free(b, dxy);
+                free(w.data); free(w.scales);
+                td_backend_cuda_lt_info(b, &sm, on, calls);
+                CHECK(on[2] == (calls[2] > 0) && (on[2] || sm != 90), "sm_%d: the FP8 128x128-block path taken %d, calls %llu", sm,
+                      on[2], (unsigned long long)calls[2]);
+                if (!on[2]) {
+                    printf("backend_cuda: sm_%d: the FP8 128x128-block path was refused (BF16 tensor cores instead)\n", sm);
+                    lt_fallback(b, 2, 260, 256, 150);
+                    continue;
+                }
+            }
+            if (on[path]) {
+                for (int caps = 0; caps < 2; caps++) lt_case(b, path, 260, K, caps);
+                lt_case(b, path, 132, path == 2 ? 384 : 160, 0);
+                lt_fallback(b, path, 38, K, 150); /* N % 4 */
+                lt_fallback(b, path, 40, path == 2 ? 160 : 48, 150); /* K % 32 (FP8B: K % 128) */
+                lt_fallback(b, path, 40, K, 128); /* decode / verify rows: the exact kernels */
+            } else {
+                lt_fallback(b, path, 40, K, 150);
+            }
+        }
+        td_backend_cuda_lt_info(b, &sm, on, calls);
+        printf("backend_cuda: sm_%d: FP8 path %s, NVFP4 path %s, FP8 128x128-block path %s\n", sm, on[0] ? "on" : "off",
+               on[1] ? "on" : "off", on[2] ? "on" : "off");
+        td_backend_free(b);
+    }
+    /* TANDEM_CUDA_LT=0: every path off whatever the device */
+    setenv("TANDEM_CUDA_LT", "0", 1);
+    td_backend *b = cuda_with_sm("120");
+    for (int path = 0; path < 3; path++) lt_fallback(b, path, 40, 256, 150);
+    int sm, on[3];
+    uint64_t calls[3];
+    td_backend_cuda_lt_info(b, &sm, on, calls);
+    CHECK(!on[0] && !on[1] && !on[2], "TANDEM_CUDA_LT=0 turns every path off");
+    td_backend_free(b);
+    unsetenv("TANDEM_CUDA_LT");
+    if (*keep) setenv("TD_CUEMU_SM", keep, 1);
+    else unsetenv("TD_CUEMU_SM");
 }
 
 /* ---- elementwise and row ops ---- */
@@ -888,6 +1166,7 @@ int main(void) {
     test_matmul();
     if (!standin) test_matmul_fast(); /* cuBLAS: the CUDA backend's own (a stand-in has none) */
     else printf("backend_cuda: the fast GEMM is CUDA's: not checked on the stand-in\n");
+    if (!standin) test_matmul_lt(); /* cuBLASLt, likewise */
     test_rows();
     test_kv();
     test_sample(standin);

@@ -271,6 +271,15 @@ cudaError_t cudaGetDeviceCount(int *n) {
     return cudaSuccess;
 }
 cudaError_t cudaSetDevice(int dev) { return dev == 0 ? cudaSuccess : fail(cudaErrorInvalidValue); }
+cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int dev) {
+    if (dev != 0) return fail(cudaErrorInvalidValue);
+    const char *e = getenv("TD_CUEMU_SM");
+    int sm = e && *e ? atoi(e) : 90;
+    if (attr == cudaDevAttrComputeCapabilityMajor) *value = sm / 10;
+    else if (attr == cudaDevAttrComputeCapabilityMinor) *value = sm % 10;
+    else return fail(cudaErrorInvalidValue);
+    return cudaSuccess;
+}
 cudaError_t cudaGetLastError(void) {
     cudaError_t e = S.last;
     S.last = cudaSuccess;
@@ -494,6 +503,198 @@ cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperat
             }
     };
     if (td_cuemu_capturing(h->stream)) td_cuemu_record(h->stream, op);
+    else op();
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+/* ---- cuBLASLt subset (cuemu.h) ---- */
+
+struct td_cuemu_lt {
+    int sm;
+};
+struct td_cuemu_lt_desc {
+    int32_t pointer_mode = CUBLASLT_POINTER_MODE_HOST, ta = CUBLAS_OP_N, tb = CUBLAS_OP_N;
+    int32_t a_mode = CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F, b_mode = CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
+    const void *a_scale = nullptr, *b_scale = nullptr;
+    bool ok = true; /* compute 32F, scale 32F */
+};
+struct td_cuemu_lt_layout {
+    cudaDataType type;
+    uint64_t rows, cols;
+    int64_t ld;
+};
+struct td_cuemu_lt_pref {
+    uint64_t ws = 0;
+};
+cublasStatus_t cublasLtCreate(cublasLtHandle_t *h) {
+    int major = 0, minor = 0;
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0);
+    *h = new (std::nothrow) td_cuemu_lt{major * 10 + minor};
+    return *h ? CUBLAS_STATUS_SUCCESS : CUBLAS_STATUS_NOT_INITIALIZED;
+}
+cublasStatus_t cublasLtDestroy(cublasLtHandle_t h) {
+    delete h;
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *d, cublasComputeType_t compute, cudaDataType_t scale) {
+    *d = new td_cuemu_lt_desc();
+    (*d)->ok = compute == CUBLAS_COMPUTE_32F && scale == CUDA_R_32F;
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t d) {
+    delete d;
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t a, const void *buf, size_t n) {
+    if (!d || !buf) return CUBLAS_STATUS_INVALID_VALUE;
+    switch (a) {
+    case CUBLASLT_MATMUL_DESC_POINTER_MODE: if (n != 4) return CUBLAS_STATUS_INVALID_VALUE; memcpy(&d->pointer_mode, buf, 4); break;
+    case CUBLASLT_MATMUL_DESC_TRANSA: if (n != 4) return CUBLAS_STATUS_INVALID_VALUE; memcpy(&d->ta, buf, 4); break;
+    case CUBLASLT_MATMUL_DESC_TRANSB: if (n != 4) return CUBLAS_STATUS_INVALID_VALUE; memcpy(&d->tb, buf, 4); break;
+    case CUBLASLT_MATMUL_DESC_A_SCALE_MODE: if (n != 4) return CUBLAS_STATUS_INVALID_VALUE; memcpy(&d->a_mode, buf, 4); break;
+    case CUBLASLT_MATMUL_DESC_B_SCALE_MODE: if (n != 4) return CUBLAS_STATUS_INVALID_VALUE; memcpy(&d->b_mode, buf, 4); break;
+    case CUBLASLT_MATMUL_DESC_A_SCALE_POINTER: if (n != sizeof(void *)) return CUBLAS_STATUS_INVALID_VALUE; memcpy(&d->a_scale, buf, n); break;
+    case CUBLASLT_MATMUL_DESC_B_SCALE_POINTER: if (n != sizeof(void *)) return CUBLAS_STATUS_INVALID_VALUE; memcpy(&d->b_scale, buf, n); break;
+    default: return CUBLAS_STATUS_INVALID_VALUE;
+    }
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *l, cudaDataType type, uint64_t rows, uint64_t cols, int64_t ld) {
+    *l = new td_cuemu_lt_layout{type, rows, cols, ld};
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t l) {
+    delete l;
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t *p) {
+    *p = new td_cuemu_lt_pref();
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t p) {
+    delete p;
+    return CUBLAS_STATUS_SUCCESS;
+}
+cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p, cublasLtMatmulPreferenceAttributes_t a,
+                                                    const void *buf, size_t n) {
+    if (a != CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES || n != 8) return CUBLAS_STATUS_INVALID_VALUE;
+    memcpy(&p->ws, buf, 8);
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+namespace {
+/* What the emulated library supports: FP8 with outer-vector scales (sm >= 89),
+ * FP4 with VEC16 block scales (sm >= 100), the backend's layouts. */
+bool lt_supported(int sm, const td_cuemu_lt_desc *d, const td_cuemu_lt_layout *a, const td_cuemu_lt_layout *b,
+                  const td_cuemu_lt_layout *c, const td_cuemu_lt_layout *dl) {
+    if (!d->ok || d->ta != CUBLAS_OP_T || d->tb != CUBLAS_OP_N || a->type != b->type || c->type != CUDA_R_32F ||
+        dl->type != CUDA_R_32F)
+        return false;
+    if (a->rows != b->rows || c->rows != a->cols || c->cols != b->cols || dl->rows != c->rows || dl->cols != c->cols)
+        return false;
+    if (a->ld < (int64_t)a->rows || b->ld < (int64_t)b->rows || c->ld < (int64_t)c->rows) return false;
+    if (!d->a_scale || !d->b_scale) return false;
+    if (a->type == CUDA_R_8F_E4M3 && d->a_mode == CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F)
+        return sm == 90 && d->b_mode == CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F && a->rows % 128 == 0 && b->cols % 4 == 0;
+    if (d->a_mode != d->b_mode) return false;
+    if (a->type == CUDA_R_8F_E4M3) return sm >= 89 && d->a_mode == CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F && a->rows % 16 == 0;
+    if (a->type == CUDA_R_4F_E2M1) return sm >= 100 && d->a_mode == CUBLASLT_MATMUL_MATRIX_SCALE_VEC16_UE4M3 && a->rows % 32 == 0;
+    return false;
+}
+/* e4m3fn (OCP FP8): 1 sign, 4 exponent (bias 7), 3 mantissa; 0x7f / 0xff NaN. */
+double lt_e4m3(uint8_t v) {
+    int e = (v >> 3) & 15, m = v & 7;
+    if (e == 15 && m == 7) return NAN;
+    double a = e ? ldexp(1.0 + m / 8.0, e - 7) : ldexp(m / 8.0, -6);
+    return (v & 0x80) ? -a : a;
+}
+double lt_e2m1(uint8_t nib) {
+    static const double mag[8] = {0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0};
+    return (nib & 8) ? -mag[nib & 7] : mag[nib & 7];
+}
+/* Block scale of (outer index r, 16-block j) for an operand of `blocks` 16-blocks per row: tiles of
+   128 outer x 4 blocks (512 bytes) in row-of-tiles order; inside one, outer r's 32-row quarter q = (r % 128) / 32
+   and its row in the quarter r % 32 select a 16-byte line (r % 32) and 4-byte group q, j % 4 the byte. */
+uint8_t lt_block_scale(const uint8_t *sf, uint64_t r, uint64_t j, uint64_t blocks) {
+    uint64_t tiles_across = (blocks + 3) / 4;
+    const uint8_t *tile = sf + ((r / 128) * tiles_across + j / 4) * 512;
+    return tile[(r % 32) * 16 + ((r % 128) / 32) * 4 + (j % 4)];
+}
+} /* namespace */
+
+cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmulDesc_t d, cublasLtMatrixLayout_t a,
+                                              cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c, cublasLtMatrixLayout_t dl,
+                                              cublasLtMatmulPreference_t p, int want, cublasLtMatmulHeuristicResult_t *res, int *got) {
+    (void)p;
+    *got = 0;
+    if (!h || want < 1) return CUBLAS_STATUS_INVALID_VALUE;
+    if (!lt_supported(h->sm, d, a, b, c, dl)) return CUBLAS_STATUS_NOT_SUPPORTED;
+    memset(&res[0], 0, sizeof res[0]);
+    res[0].algo.data[0] = 0x7eu; /* "an algorithm" */
+    res[0].state = CUBLAS_STATUS_SUCCESS;
+    *got = 1;
+    return CUBLAS_STATUS_SUCCESS;
+}
+
+cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const void *alpha, const void *A, cublasLtMatrixLayout_t al,
+                              const void *B, cublasLtMatrixLayout_t bl, const void *beta, const void *C, cublasLtMatrixLayout_t cl,
+                              void *D, cublasLtMatrixLayout_t dl, const cublasLtMatmulAlgo_t *algo, void *ws, size_t ws_bytes,
+                              cudaStream_t st) {
+    (void)ws; (void)ws_bytes;
+    if (!h || !algo || algo->data[0] != 0x7eu) return CUBLAS_STATUS_INVALID_VALUE;
+    if (!lt_supported(h->sm, d, al, bl, cl, dl) || C != D || cl->ld != dl->ld) return CUBLAS_STATUS_NOT_SUPPORTED;
+    const bool fp4 = al->type == CUDA_R_4F_E2M1, blk = d->a_mode == CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+    const uint64_t m = al->cols, n = bl->cols, k = al->rows;
+    const int64_t lda = al->ld, ldb = bl->ld, ldd = dl->ld;
+    const uint8_t *a = (const uint8_t *)A, *b = (const uint8_t *)B;
+    const void *sa = d->a_scale, *sb = d->b_scale;
+    float *out = (float *)D;
+    auto op = [=] {
+        /* the scalars are read when the work runs, as a device pointer's would be */
+        float al_v = *(const float *)alpha, be_v = *(const float *)beta;
+        if (be_v != 0.0f) abort(); /* the backend always passes beta 0 */
+        for (uint64_t j = 0; j < n; j++)
+            for (uint64_t i = 0; i < m; i++) {
+                float acc = 0.0f;
+                if (blk) { /* A's scale of (row block i/128, k block), B's of (k block, column j) */
+                    const uint64_t kbk = k / 128, kb4 = (kbk + 3) / 4 * 4;
+                    for (uint64_t kb = 0; kb < kbk; kb++) {
+                        float part = 0.0f;
+                        for (uint64_t l0 = kb * 128; l0 < kb * 128 + 128; l0 += 32) {
+                            double run = 0.0;
+                            for (uint64_t l = l0; l < l0 + 32; l++) run += lt_e4m3(a[i * (uint64_t)lda + l]) * lt_e4m3(b[j * (uint64_t)ldb + l]);
+                            part += (float)run;
+                        }
+                        acc += part * ((const float *)sa)[(i / 128) * kb4 + kb] * ((const float *)sb)[kb * n + j];
+                    }
+                    out[i + j * (uint64_t)ldd] = al_v * acc;
+                    continue;
+                }
+                for (uint64_t l0 = 0; l0 < k; l0 += 32) {
+                    double part = 0.0;
+                    for (uint64_t l = l0; l < l0 + 32 && l < k; l++) {
+                        double x, y;
+                        if (fp4) {
+                            /* element l of column i: byte l/2 of the column, low nibble first */
+                            uint8_t ba = a[i * (uint64_t)lda / 2 + l / 2], bb = b[j * (uint64_t)ldb / 2 + l / 2];
+                            x = lt_e2m1((uint8_t)((l & 1) ? ba >> 4 : ba & 15)) *
+                                lt_e4m3(lt_block_scale((const uint8_t *)sa, i, l / 16, k / 16));
+                            y = lt_e2m1((uint8_t)((l & 1) ? bb >> 4 : bb & 15)) *
+                                lt_e4m3(lt_block_scale((const uint8_t *)sb, j, l / 16, k / 16));
+                        } else {
+                            x = lt_e4m3(a[i * (uint64_t)lda + l]);
+                            y = lt_e4m3(b[j * (uint64_t)ldb + l]);
+                        }
+                        part += x * y;
+                    }
+                    acc += (float)part;
+                }
+                if (!fp4) acc = acc * ((const float *)sa)[i] * ((const float *)sb)[j];
+                out[i + j * (uint64_t)ldd] = al_v * acc;
+            }
+    };
+    if (td_cuemu_capturing(st)) td_cuemu_record(st, op);
     else op();
     return CUBLAS_STATUS_SUCCESS;
 }

@@ -157,6 +157,10 @@ static inline float __half2float(__half h) { /* exact: every f16 is a float */
 /* ---- runtime API (host) ---- */
 cudaError_t cudaGetDeviceCount(int *n);
 cudaError_t cudaSetDevice(int dev);
+/* The emulated device's compute capability: TD_CUEMU_SM (e.g. 90, 100, 120;
+ * default 90, an H200's), read at each call. */
+enum cudaDeviceAttr { cudaDevAttrComputeCapabilityMajor = 75, cudaDevAttrComputeCapabilityMinor = 76 };
+cudaError_t cudaDeviceGetAttribute(int *value, enum cudaDeviceAttr attr, int dev);
 cudaError_t cudaGetLastError(void);
 const char *cudaGetErrorString(cudaError_t e);
 cudaError_t cudaMemGetInfo(size_t *free_bytes, size_t *total_bytes);
@@ -195,7 +199,8 @@ typedef enum { CUBLAS_STATUS_SUCCESS = 0, CUBLAS_STATUS_NOT_INITIALIZED = 1, CUB
                CUBLAS_STATUS_NOT_SUPPORTED = 15 } cublasStatus_t;
 typedef enum { CUBLAS_OP_N = 0, CUBLAS_OP_T = 1, CUBLAS_OP_C = 2 } cublasOperation_t;
 typedef enum { CUBLAS_DEFAULT_MATH = 0 } cublasMath_t;
-typedef enum { CUDA_R_32F = 0, CUDA_R_16F = 2, CUDA_R_16BF = 14 } cudaDataType;
+typedef enum { CUDA_R_32F = 0, CUDA_R_16F = 2, CUDA_R_16BF = 14, CUDA_R_8F_E4M3 = 28, CUDA_R_4F_E2M1 = 33 } cudaDataType;
+typedef cudaDataType cudaDataType_t;
 typedef enum { CUBLAS_COMPUTE_32F = 68 } cublasComputeType_t;
 typedef enum { CUBLAS_GEMM_DEFAULT = -1 } cublasGemmAlgo_t;
 cublasStatus_t cublasCreate_v2(cublasHandle_t *h);
@@ -206,4 +211,61 @@ cublasStatus_t cublasSetMathMode(cublasHandle_t h, cublasMath_t mode);
 cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperation_t tb, int m, int n, int k, const void *alpha,
                             const void *A, cudaDataType at, int lda, const void *B, cudaDataType bt, int ldb, const void *beta,
                             void *C, cudaDataType ct, int ldc, cublasComputeType_t compute, cublasGemmAlgo_t algo);
+
+/* ---- cuBLASLt: the subset of the quantized prefill GEMMs (cuda_lt.cu) ----
+ * cublasLtMatmul takes what the backend issues: A transposed, B not, C = D
+ * f32, compute and scale type 32F, beta 0, and A, B both e4m3 with outer-
+ * vector f32 scales (sm >= 89), both e4m3 with A's 128 x 128 block scales
+ * ([ceil(m/128)][ceil(k/128) rounded up to 4], f32) and B's 1 x 128 ones
+ * (block j of column c at j x n + c, n a multiple of 4; sm 90 only), or both
+ * e2m1 with VEC16 ue4m3 block scales in the tiled layout cuBLAS documents
+ * (sm >= 100); the heuristic returns no
+ * algorithm for anything else (as a device without those kernels does), and
+ * the call NOT_SUPPORTED. Arithmetic: each product of decoded values (times
+ * both block scales for e2m1) is exact in double; runs of 32 along k are
+ * summed in double and rounded to float, those added in increasing k in
+ * float (for 128-blocks: each block's sum times both block scales, then
+ * added); then the outer-vector scales and alpha. */
+typedef struct td_cuemu_lt *cublasLtHandle_t;
+typedef struct td_cuemu_lt_desc *cublasLtMatmulDesc_t;
+typedef struct td_cuemu_lt_layout *cublasLtMatrixLayout_t;
+typedef struct td_cuemu_lt_pref *cublasLtMatmulPreference_t;
+typedef struct { uint64_t data[8]; } cublasLtMatmulAlgo_t;
+typedef struct {
+    cublasLtMatmulAlgo_t algo;
+    size_t workspaceSize;
+    cublasStatus_t state;
+    float wavesCount;
+    int reserved[4];
+} cublasLtMatmulHeuristicResult_t;
+typedef enum {
+    CUBLASLT_MATMUL_DESC_POINTER_MODE = 2, CUBLASLT_MATMUL_DESC_TRANSA = 3, CUBLASLT_MATMUL_DESC_TRANSB = 4,
+    CUBLASLT_MATMUL_DESC_A_SCALE_POINTER = 17, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER = 18,
+    CUBLASLT_MATMUL_DESC_A_SCALE_MODE = 31, CUBLASLT_MATMUL_DESC_B_SCALE_MODE = 32,
+} cublasLtMatmulDescAttributes_t;
+typedef enum { CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES = 1 } cublasLtMatmulPreferenceAttributes_t;
+typedef enum { CUBLASLT_POINTER_MODE_HOST = 0, CUBLASLT_POINTER_MODE_DEVICE = 1 } cublasLtPointerMode_t;
+typedef enum {
+    CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F = 0, CUBLASLT_MATMUL_MATRIX_SCALE_VEC16_UE4M3 = 1,
+    CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F = 3, CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F = 4,
+    CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F = 5,
+} cublasLtMatmulMatrixScale_t;
+cublasStatus_t cublasLtCreate(cublasLtHandle_t *h);
+cublasStatus_t cublasLtDestroy(cublasLtHandle_t h);
+cublasStatus_t cublasLtMatmulDescCreate(cublasLtMatmulDesc_t *d, cublasComputeType_t compute, cudaDataType_t scale);
+cublasStatus_t cublasLtMatmulDescDestroy(cublasLtMatmulDesc_t d);
+cublasStatus_t cublasLtMatmulDescSetAttribute(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t a, const void *buf, size_t n);
+cublasStatus_t cublasLtMatrixLayoutCreate(cublasLtMatrixLayout_t *l, cudaDataType type, uint64_t rows, uint64_t cols, int64_t ld);
+cublasStatus_t cublasLtMatrixLayoutDestroy(cublasLtMatrixLayout_t l);
+cublasStatus_t cublasLtMatmulPreferenceCreate(cublasLtMatmulPreference_t *p);
+cublasStatus_t cublasLtMatmulPreferenceDestroy(cublasLtMatmulPreference_t p);
+cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p, cublasLtMatmulPreferenceAttributes_t a,
+                                                    const void *buf, size_t n);
+cublasStatus_t cublasLtMatmulAlgoGetHeuristic(cublasLtHandle_t h, cublasLtMatmulDesc_t d, cublasLtMatrixLayout_t a,
+                                              cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c, cublasLtMatrixLayout_t dl,
+                                              cublasLtMatmulPreference_t p, int want, cublasLtMatmulHeuristicResult_t *res, int *got);
+cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const void *alpha, const void *A, cublasLtMatrixLayout_t al,
+                              const void *B, cublasLtMatrixLayout_t bl, const void *beta, const void *C, cublasLtMatrixLayout_t cl,
+                              void *D, cublasLtMatrixLayout_t dl, const cublasLtMatmulAlgo_t *algo, void *ws, size_t ws_bytes,
+                              cudaStream_t st);
 #endif

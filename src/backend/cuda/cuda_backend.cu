@@ -178,6 +178,11 @@ extern "C" int td_backend_cuda_create(int n_threads, td_backend **out, td_err *e
         free(b);
         return TD_FAIL(err, TD_ERR_UNSUPPORTED, "CUDA device 0 unusable: %s", cudaGetErrorString(e));
     }
+    int major = 0, minor = 0;
+    if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, cu->device) != cudaSuccess ||
+        cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, cu->device) != cudaSuccess)
+        major = minor = 0; /* unknown: no cuBLASLt path is tried (cuda_lt.cu) */
+    cu->sm = major * 10 + minor;
     b->ops = &cuda_ops;
     b->impl = cu;
     b->n_threads = n_threads > 0 ? n_threads : 1; /* host threads: none used by the ops */

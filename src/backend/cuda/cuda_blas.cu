@@ -108,6 +108,7 @@ extern "C" void td_cuda_gemm_prepare(td_backend *b) {
     if (!cu->gemm_w_cap) cu->gemm_w_cap = TD_CUDA_GEMM_W_BYTES;
     if (!cu->gemm_x_cap) cu->gemm_x_cap = TD_CUDA_GEMM_X_BYTES;
     cu->gemm_state = TD_CU_GEMM_ON;
+    td_cuda_lt_prepare(cu);
     return;
 off:
     release(cu);
@@ -115,6 +116,7 @@ off:
 }
 
 extern "C" void td_cuda_gemm_free(td_cuda *cu) {
+    td_cuda_lt_free(cu);
     release(cu);
     cu->gemm_state = TD_CU_GEMM_UNTRIED;
 }
@@ -139,8 +141,13 @@ extern "C" int td_backend_cuda_gemm_caps(td_backend *b, size_t w_bytes, size_t x
 extern "C" const char *td_backend_cuda_mode(td_backend *b) {
     if (!b || !b->ops || strcmp(b->ops->name, "cuda")) return NULL;
     if (b->batch_invariant) return "batch-invariant (every kernel in its fixed order: greedy at any depth = depth 0)";
-    return td_cu(b)->gemm_state == TD_CU_GEMM_ON
-               ? "fast (prompt chunks and large batches, over 16 rows of BF16 weights or 128 of others, on cuBLAS BF16 "
-                 "tensor cores; --batch-invariant: exact kernels)"
-               : "fast, but cuBLAS is unavailable: every matmul on the exact kernels";
+    td_cuda *cu = td_cu(b);
+    if (cu->gemm_state != TD_CU_GEMM_ON) return "fast, but cuBLAS is unavailable: every matmul on the exact kernels";
+    bool f8 = cu->lt_state[TD_CU_LT_FP8] == TD_CU_GEMM_ON, f4 = cu->lt_state[TD_CU_LT_FP4] == TD_CU_GEMM_ON;
+    snprintf(cu->mode_line, sizeof cu->mode_line,
+             "fast (prompt chunks and large batches, over 16 rows of BF16 weights or 128 of others, on cuBLAS BF16 tensor cores%s%s%s; "
+             "--batch-invariant: exact kernels)",
+             f8 || f4 ? ", with " : "", f8 ? (f4 ? "FP8 and NVFP4" : "FP8") : (f4 ? "NVFP4" : ""),
+             f8 || f4 ? " weights on their own tensor cores (activations quantized alike)" : "");
+    return cu->mode_line;
 }

@@ -12,6 +12,7 @@
 #ifdef TD_CUEMU /* the kernels run on the CPU (tests/cuemu, make cuemu) */
 #include "cuemu.h"
 #else
+#include <cublasLt.h>
 #include <cublas_v2.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
@@ -52,6 +53,43 @@ typedef struct td_cu_blas {
 } td_cu_blas;
 enum { TD_CU_GEMM_UNTRIED, TD_CU_GEMM_ON, TD_CU_GEMM_OFF };
 
+/* The cuBLASLt entry points of the quantized prefill GEMMs (cuda_lt.cu:
+ * dlopen'd libcublasLt.so.13, or cuemu's own). */
+typedef struct td_cu_lt {
+    void *lib;
+    cublasStatus_t (*create)(cublasLtHandle_t *h);
+    cublasStatus_t (*destroy)(cublasLtHandle_t h);
+    cublasStatus_t (*desc_create)(cublasLtMatmulDesc_t *d, cublasComputeType_t compute, cudaDataType_t scale);
+    cublasStatus_t (*desc_destroy)(cublasLtMatmulDesc_t d);
+    cublasStatus_t (*desc_set)(cublasLtMatmulDesc_t d, cublasLtMatmulDescAttributes_t a, const void *buf, size_t n);
+    cublasStatus_t (*layout_create)(cublasLtMatrixLayout_t *l, cudaDataType type, uint64_t rows, uint64_t cols, int64_t ld);
+    cublasStatus_t (*layout_destroy)(cublasLtMatrixLayout_t l);
+    cublasStatus_t (*pref_create)(cublasLtMatmulPreference_t *p);
+    cublasStatus_t (*pref_destroy)(cublasLtMatmulPreference_t p);
+    cublasStatus_t (*pref_set)(cublasLtMatmulPreference_t p, cublasLtMatmulPreferenceAttributes_t a, const void *buf, size_t n);
+    cublasStatus_t (*heuristic)(cublasLtHandle_t h, cublasLtMatmulDesc_t d, cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
+                                cublasLtMatrixLayout_t c, cublasLtMatrixLayout_t dl, cublasLtMatmulPreference_t p, int want,
+                                cublasLtMatmulHeuristicResult_t *res, int *got);
+    cublasStatus_t (*matmul)(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const void *alpha, const void *A, cublasLtMatrixLayout_t al,
+                             const void *B, cublasLtMatrixLayout_t bl, const void *beta, const void *C, cublasLtMatrixLayout_t cl,
+                             void *D, cublasLtMatrixLayout_t dl, const cublasLtMatmulAlgo_t *algo, void *ws, size_t ws_bytes,
+                             cudaStream_t st);
+} td_cu_lt;
+/* The cuBLASLt paths (cuda_lt.cu): FP8 e4m3 per-tensor weights x FP8
+ * activations with per-row scales (sm_89+), NVFP4 weights x NVFP4
+ * activations with 16-element block scales (sm_100+), FP8 e4m3 weights with
+ * 128 x 128 block scales x FP8 activations with 1 x 128 block scales (sm_90+). */
+enum { TD_CU_LT_FP8, TD_CU_LT_FP4, TD_CU_LT_FP8B, TD_CU_LT_N };
+
+/* A quantized weight as the cuBLASLt paths take it. */
+typedef struct td_cu_lt_weight {
+    const uint8_t *data;   /* FP8: e4m3 [N, K]; NVFP4: e2m1 nibbles [N, K/2], low nibble first */
+    const void *scales;    /* NVFP4: e4m3 [N, K/16]; FP8B: [ceil(N/bn), ceil(K/bk)] of scales_dtype; row-major as loaded */
+    int scales_dtype;      /* FP8B: TD_DTYPE_F32 / BF16 / F16 */
+    int64_t N, K, bn, bk;  /* bn, bk: FP8B's block */
+    float mult;            /* W = value x mult: FP8 the tensor scale, NVFP4 the global multiplier, FP8B 1 */
+} td_cu_lt_weight;
+
 /* Everything the backend owns: no process-wide state. Ops run on the
  * engine's thread (as on the CPU and guard backends). */
 typedef struct td_cuda {
@@ -72,6 +110,12 @@ typedef struct td_cuda {
     void *gemm_ws, *gemm_w, *gemm_x; /* workspace, BF16 weight chunk, BF16 activation chunk */
     uint64_t gemm_calls;     /* cublasGemmEx calls issued */
     size_t gemm_w_cap, gemm_x_cap; /* bytes of gemm_w / gemm_x used (tests shrink them) */
+    int sm;                  /* compute capability x 10 + minor (89, 90, 100, 120, ...) */
+    int lt_state[TD_CU_LT_N]; /* TD_CU_GEMM_*: each cuBLASLt path (cuda_lt.cu) */
+    td_cu_lt lt;
+    cublasLtHandle_t lt_handle;
+    uint64_t lt_calls[TD_CU_LT_N]; /* cublasLtMatmul calls issued per path */
+    char mode_line[256];     /* td_backend_cuda_mode's text */
 } td_cuda;
 
 /* A broken invariant: an op that a graph cannot hold (alloc, free, a host
@@ -275,5 +319,8 @@ int td_cuda_graph_run(td_backend *b, const void *key, size_t key_len, void (*fn)
 void td_cuda_graphs_free(td_cuda *cu);
 void td_cuda_gemm_prepare(td_backend *b);
 void td_cuda_gemm_free(td_cuda *cu);
+void td_cuda_lt_prepare(td_cuda *cu);
+void td_cuda_lt_free(td_cuda *cu);
+int td_cuda_lt_gemm(td_backend *b, int path, const td_cu_lt_weight *w, const float *x, int M, float *y);
 }
 #endif

@@ -195,6 +195,7 @@ static void gemm_check(cublasStatus_t s, int m, int n, int k) {
  * (column-major K x M, ld K). Activations in chunks of the staging buffer's
  * rows, each rounded to BF16 once; for each, the weight rows in chunks
  * dequantized to BF16 (BF16 weights are read in place, in one call). */
+template <int KIND> static void launch(td_backend *b, const wdesc &d, const float *x, int M, float *y);
 template <int KIND> static bool gemm_fast(td_backend *b, const wdesc &d, const float *x, int M, float *y) {
     td_cuda *cu = td_cu(b);
     /* BF16 is read in place, once: cuBLAS from 17 rows. Other dtypes cost a BF16 copy (write
@@ -206,6 +207,14 @@ template <int KIND> static bool gemm_fast(td_backend *b, const wdesc &d, const f
         td_cuda_gemm_prepare(b);
     }
     if (cu->gemm_state != TD_CU_GEMM_ON || d.K > 1 << 24 || d.N > INT32_MAX) return false;
+    if (KIND == KF8 || KIND == KFP4 || KIND == KF8B) { /* FP8 / NVFP4 tensor cores, where the device has them (cuda_lt.cu) */
+        td_cu_lt_weight lw = {d.data, d.scales, d.sdt, d.N, d.K, d.bn, d.bk, KIND == KF8 ? d.post / 256.0f : d.post};
+        int done = td_cuda_lt_gemm(b, KIND == KF8 ? TD_CU_LT_FP8 : KIND == KFP4 ? TD_CU_LT_FP4 : TD_CU_LT_FP8B, &lw, x, M, y);
+        if (done > 0) { /* the rows it left (fewer than 4: FP8B takes multiples of 4) on the exact kernels */
+            if (done < M) launch<KIND>(b, d, x + (int64_t)done * d.K, M - done, y + (int64_t)done * d.N);
+            return true;
+        }
+    }
     const int64_t N = d.N, K = d.K;
     int64_t mc = (int64_t)(cu->gemm_x_cap / 2) / K;
     int64_t nc = KIND == KBF16 ? N : ((int64_t)(cu->gemm_w_cap / 2) / K) / 16 * 16; /* keeps y + n0 64-byte aligned */
