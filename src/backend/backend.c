@@ -54,6 +54,12 @@ const char *td_backend_cuda_mode(td_backend *b) {
     (void)b;
     return NULL;
 }
+int td_backend_cuda_lt_info(td_backend *b, int *sm, int on[3], uint64_t calls[3]) {
+    (void)b;
+    *sm = 0;
+    for (int i = 0; i < 3; i++) on[i] = 0, calls[i] = 0;
+    return TD_ERR_UNSUPPORTED;
+}
 #endif
 
 void td_backend_free(td_backend *b) {

@@ -14,7 +14,6 @@
 #include <string.h>
 #include "backend/backend.h"
 #include "backend/cpu/kernels.h"
-#include "backend/cuda/cuda_lt.h"
 #include "check.h"
 #include "model/config.h"
 #include "sample/sampler.h"
@@ -334,6 +333,23 @@ static weight lt_weight(int path, int64_t N, int64_t K, int bf16_scales) {
     return w;
 }
 
+/* The weight, M rows of x and an M x N output on backend b. */
+typedef struct { td_tensor Wd; void *dx; float *dy; } lt_dev;
+static lt_dev lt_dev_load(td_backend *b, const weight *w, const float *x, int64_t M, int64_t N, int64_t K) {
+    lt_dev d;
+    td_err err;
+    CHECK(td_bk_tensor_load(b, &w->W, &d.Wd, &err) == 0, "%s: load: %s", w->name, err.msg);
+    d.dx = b->ops->alloc(b, sizeof(float) * (size_t)(M * K));
+    td_bk_upload(b, d.dx, x, sizeof(float) * (size_t)(M * K));
+    d.dy = b->ops->alloc(b, sizeof(float) * (size_t)(M * N));
+    return d;
+}
+static void lt_dev_free(td_backend *b, lt_dev *d) {
+    td_bk_tensor_free(b, &d->Wd);
+    b->ops->free(b, d->dx);
+    b->ops->free(b, d->dy);
+}
+
 static void lt_case(td_backend *b, int path, int64_t N, int64_t K, int caps) {
     const int Ms[] = {129, 300};
     const int MMAX = 300;
@@ -351,12 +367,7 @@ static void lt_case(td_backend *b, int path, int64_t N, int64_t K, int caps) {
     }
     float *ref = malloc(sizeof(float) * (size_t)(MMAX * N)), *got = malloc(sizeof(float) * (size_t)(MMAX * N));
     cpu->ops->matmul(cpu, &w.W, x, MMAX, ref);
-    td_tensor Wd;
-    td_err err;
-    CHECK(td_bk_tensor_load(b, &w.W, &Wd, &err) == 0, "%s: load: %s", w.name, err.msg);
-    void *dx = b->ops->alloc(b, sizeof(float) * (size_t)(MMAX * K));
-    td_bk_upload(b, dx, x, sizeof(float) * (size_t)(MMAX * K));
-    float *dy = b->ops->alloc(b, sizeof(float) * (size_t)(MMAX * N));
+    lt_dev dv = lt_dev_load(b, &w, x, MMAX, N, K);
     /* caps 1: 128 weight rows' tiled scales (NVFP4) / 256 scale floats (FP8) and ~100 / ~77 activation rows per chunk */
     int64_t cols4 = (K / 16 + 3) / 4 * 4;
     CHECK(td_backend_cuda_gemm_caps(b, caps ? (size_t)(path == 1 ? 128 * cols4 : path == 0 ? 1024 : 0) : 0, caps ? 9072 : 0) == 0,
@@ -368,9 +379,9 @@ static void lt_case(td_backend *b, int path, int64_t N, int64_t K, int caps) {
         double *xq = malloc(sizeof(double) * (size_t)(M * K));
         host_quant(path, x, M, K, xq);
         td_backend_cuda_lt_info(b, &sm, on, c0);
-        b->ops->fill0(b, dy, sizeof(float) * (size_t)(MMAX * N));
-        b->ops->matmul(b, &Wd, dx, M, dy);
-        td_bk_download(b, got, dy, sizeof(float) * (size_t)(M * N));
+        b->ops->fill0(b, dv.dy, sizeof(float) * (size_t)(MMAX * N));
+        b->ops->matmul(b, &dv.Wd, dv.dx, M, dv.dy);
+        td_bk_download(b, got, dv.dy, sizeof(float) * (size_t)(M * N));
         td_backend_cuda_lt_info(b, &sm, on, c1);
         CHECK(c1[path] > c0[path] + (caps ? 1 : 0), "%s sm_%d M=%d caps %d: %llu cublasLtMatmul calls", w.name, sm, M, caps,
               (unsigned long long)(c1[path] - c0[path]));
@@ -403,9 +414,7 @@ static void lt_case(td_backend *b, int path, int64_t N, int64_t K, int caps) {
         free(xq);
     }
     CHECK(td_backend_cuda_gemm_caps(b, 0, 0) == 0, "caps reset");
-    td_bk_tensor_free(b, &Wd);
-    b->ops->free(b, dx);
-    b->ops->free(b, dy);
+    lt_dev_free(b, &dv);
     free(x); free(wf); free(e); free(col); free(ref); free(got); free(w.data); free(w.scales);
 }
 
@@ -414,26 +423,19 @@ static void lt_fallback(td_backend *b, int path, int64_t N, int64_t K, int M) {
     weight w = lt_weight(path, N, K, 0);
     float *x = malloc(sizeof(float) * (size_t)(M * K)), *y = malloc(sizeof(float) * (size_t)(M * N));
     for (int64_t i = 0; i < M * K; i++) x[i] = rndf();
-    td_tensor Wd;
-    td_err err;
-    CHECK(td_bk_tensor_load(b, &w.W, &Wd, &err) == 0, "%s: load: %s", w.name, err.msg);
-    void *dx = b->ops->alloc(b, sizeof(float) * (size_t)(M * K));
-    td_bk_upload(b, dx, x, sizeof(float) * (size_t)(M * K));
-    float *dy = b->ops->alloc(b, sizeof(float) * (size_t)(M * N));
+    lt_dev dv = lt_dev_load(b, &w, x, M, N, K);
     int sm, on[3], gon;
     uint64_t c0[3], c1[3], g0, g1;
     td_backend_cuda_lt_info(b, &sm, on, c0);
     td_backend_cuda_gemm_info(b, &gon, &g0);
-    b->ops->matmul(b, &Wd, dx, M, dy);
-    td_bk_download(b, y, dy, sizeof(float) * (size_t)(M * N));
+    b->ops->matmul(b, &dv.Wd, dv.dx, M, dv.dy);
+    td_bk_download(b, y, dv.dy, sizeof(float) * (size_t)(M * N));
     td_backend_cuda_lt_info(b, &sm, on, c1);
     td_backend_cuda_gemm_info(b, &gon, &g1);
     CHECK(c1[path] == c0[path], "%s sm_%d N=%lld K=%lld M=%d: no cuBLASLt call", w.name, sm, (long long)N, (long long)K, M);
     CHECK(g1 - g0 == (M > 128 ? 1u : 0u), "%s sm_%d N=%lld M=%d: %llu BF16 cuBLAS calls", w.name, sm, (long long)N, M,
           (unsigned long long)(g1 - g0));
-    td_bk_tensor_free(b, &Wd);
-    b->ops->free(b, dx);
-    b->ops->free(b, dy);
+    lt_dev_free(b, &dv);
     free(x); free(y); free(w.data); free(w.scales);
 }
 
@@ -461,15 +463,11 @@ static void test_matmul_lt(void) {
                 /* 128 x 128 blocks: the heuristic decides (cuBLAS documents them for sm_90; cuemu has them on 90 only).
                    One matmul: taken, or refused and then off (its result is the BF16 path's, not checked here) */
                 weight w = lt_weight(2, 260, 256, 0);
-                td_tensor Wd;
-                td_err err;
-                CHECK(td_bk_tensor_load(b, &w.W, &Wd, &err) == 0, "load: %s", err.msg);
-                float *dxy = b->ops->alloc(b, sizeof(float) * (size_t)(132 * (256 + 260)));
-                b->ops->fill0(b, dxy, sizeof(float) * (size_t)(132 * 256));
-                b->ops->matmul(b, &Wd, dxy, 132, dxy + 132 * 256);
-                td_bk_tensor_free(b, &Wd);
-                b->ops->free(b, dxy);
-                free(w.data); free(w.scales);
+                float *x0 = calloc(132 * 256, sizeof(float));
+                lt_dev dv = lt_dev_load(b, &w, x0, 132, 260, 256);
+                b->ops->matmul(b, &dv.Wd, dv.dx, 132, dv.dy);
+                lt_dev_free(b, &dv);
+                free(x0); free(w.data); free(w.scales);
                 td_backend_cuda_lt_info(b, &sm, on, calls);
                 CHECK(on[2] == (calls[2] > 0) && (on[2] || sm != 90), "sm_%d: the FP8 128x128-block path taken %d, calls %llu", sm,
                       on[2], (unsigned long long)calls[2]);

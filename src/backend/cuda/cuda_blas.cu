@@ -36,15 +36,24 @@ static int load_fns(td_cu_blas *f, char *why, size_t cap) {
     return 0;
 }
 #else
-static int load_fns(td_cu_blas *f, char *why, size_t cap) {
-    static const char *const names[] = {"libcublas.so.13", "libcublas.so"};
+/* The first of lib.so.13 and lib.so that loads, or NULL with the reason in why. */
+extern "C" void *td_cu_dlopen(const char *lib, const char *what, char *why, size_t cap) {
+    char name[64];
     void *h = NULL;
-    for (size_t i = 0; i < sizeof names / sizeof *names && !h; i++) h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
+    for (int i = 0; i < 2 && !h; i++) {
+        snprintf(name, sizeof name, i ? "%s.so" : "%s.so.13", lib);
+        h = dlopen(name, RTLD_NOW | RTLD_LOCAL);
+    }
     if (!h) {
         const char *e = dlerror();
-        snprintf(why, cap, "cannot load cuBLAS (libcublas.so.13): %s", e ? e : "not found");
-        return -1;
+        snprintf(why, cap, "cannot load %s (%s.so.13): %s", what, lib, e ? e : "not found");
     }
+    return h;
+}
+
+static int load_fns(td_cu_blas *f, char *why, size_t cap) {
+    void *h = td_cu_dlopen("libcublas", "cuBLAS", why, cap);
+    if (!h) return -1;
     /* POSIX: a function pointer may travel through void * (dlsym) */
     *(void **)&f->create = dlsym(h, "cublasCreate_v2");
     *(void **)&f->destroy = dlsym(h, "cublasDestroy_v2");

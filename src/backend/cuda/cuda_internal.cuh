@@ -319,6 +319,9 @@ int td_cuda_graph_run(td_backend *b, const void *key, size_t key_len, void (*fn)
 void td_cuda_graphs_free(td_cuda *cu);
 void td_cuda_gemm_prepare(td_backend *b);
 void td_cuda_gemm_free(td_cuda *cu);
+#ifndef TD_CUEMU
+void *td_cu_dlopen(const char *lib, const char *what, char *why, size_t cap);
+#endif
 void td_cuda_lt_prepare(td_cuda *cu);
 void td_cuda_lt_free(td_cuda *cu);
 int td_cuda_lt_gemm(td_backend *b, int path, const td_cu_lt_weight *w, const float *x, int M, float *y);

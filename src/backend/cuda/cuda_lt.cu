@@ -43,7 +43,6 @@
  * combination on this device (the support tables move between releases),
  * the path is turned off with one line and the BF16 path runs instead. */
 #include "backend/cuda/cuda_internal.cuh"
-#include "backend/cuda/cuda_lt.h"
 #ifndef TD_CUEMU
 #include <dlfcn.h>
 #endif
@@ -68,14 +67,8 @@ static int load_lt(td_cu_lt *f, char *why, size_t cap) {
 }
 #else
 static int load_lt(td_cu_lt *f, char *why, size_t cap) {
-    static const char *const names[] = {"libcublasLt.so.13", "libcublasLt.so"};
-    void *h = NULL;
-    for (size_t i = 0; i < sizeof names / sizeof *names && !h; i++) h = dlopen(names[i], RTLD_NOW | RTLD_LOCAL);
-    if (!h) {
-        const char *e = dlerror();
-        snprintf(why, cap, "cannot load cuBLASLt (libcublasLt.so.13): %s", e ? e : "not found");
-        return -1;
-    }
+    void *h = td_cu_dlopen("libcublasLt", "cuBLASLt", why, cap);
+    if (!h) return -1;
     /* POSIX: a function pointer may travel through void * (dlsym) */
     *(void **)&f->create = dlsym(h, "cublasLtCreate");
     *(void **)&f->destroy = dlsym(h, "cublasLtDestroy");
