@@ -236,8 +236,11 @@ static void test_matmul_fast(void) {
  * arithmetic), and the reference is sum_k deq(q(x)) w in double: the device
  * must match it within f32 summation error (1e-5 of sum |deq(q(x)) w|). A
  * wrong nibble order, scale tile, row stride, chunk offset or alpha is off by
- * O(1) of that sum. Every row's absmax is the same (1.5), so NVFP4's chunk
- * scale g does not depend on how rows are chunked. */
+ * O(1) of that sum. Odd rows have absmax 1.5, even rows 0.45: every
+ * chunk of two rows or more (each chunk here) has absmax 1.5, so NVFP4's
+ * chunk scale g and FP8's tensor-wide activation scale do not depend on how
+ * rows are chunked, while a per-row scale in their place (or the first row's
+ * for the chunk) gives other codes. */
 
 /* e4m3 code nearest to v (ties: even code), saturating at 448; what the kernels round activations and scales with */
 static uint8_t host_e4m3(float v) {
@@ -262,9 +265,11 @@ static uint8_t host_e2m1(float v) {
     return (uint8_t)(best | (v < 0 ? 8 : 0));
 }
 
-/* xq[m, k]: the activation as the path quantizes it (dequantized, f64), divided by NVFP4's g. */
-static void host_quant(int path, const float *x, int M, int64_t K, double *xq) {
-    float g = 1.0f;
+/* xq[m, k]: the activation as the path quantizes it (dequantized, f64), divided by NVFP4's g.
+ * FP8 per-tensor: one scale per row on sm_90 (outer-vector scales), one for all rows elsewhere. */
+static void host_quant(int path, int sm, const float *x, int M, int64_t K, double *xq) {
+    float g = 1.0f, all = 0.0f;
+    for (int64_t i = 0; i < M * K; i++) all = fmaxf(all, fabsf(x[i]));
     if (path == 1) {
         float am = 0.0f;
         for (int64_t i = 0; i < M * K; i++) am = fmaxf(am, fabsf(x[i]));
@@ -282,6 +287,7 @@ static void host_quant(int path, const float *x, int M, int64_t K, double *xq) {
         } else if (path == 0) {
             float am = 0.0f;
             for (int64_t k = 0; k < K; k++) am = fmaxf(am, fabsf(r[k]));
+            if (sm != 90) am = all;
             float s = am > 0 ? am / 448.0f : 1.0f;
             for (int64_t k = 0; k < K; k++) xq[m * K + k] = (double)td_fp8_e4m3_to_f32(host_e4m3(r[k] / s)) * s;
         } else {
@@ -356,7 +362,11 @@ static void lt_case(td_backend *b, int path, int64_t N, int64_t K, int caps) {
     weight w = lt_weight(path, N, K, caps);
     float *x = malloc(sizeof(float) * (size_t)(MMAX * K));
     for (int64_t i = 0; i < MMAX * K; i++) x[i] = rndf();
-    for (int m = 0; m < MMAX; m++) x[(int64_t)m * K + (m * 7) % K] = m & 1 ? 1.5f : -1.5f; /* absmax 1.5 in every row */
+    for (int m = 0; m < MMAX; m++) {
+        x[(int64_t)m * K + (m * 7) % K] = m & 1 ? 1.5f : -1.5f; /* absmax 1.5 in odd rows, 0.45 in even ones */
+        if (!(m & 1))
+            for (int64_t k = 0; k < K; k++) x[(int64_t)m * K + k] *= 0.3f; /* not a power of 2: e4m3 codes change with the scale */
+    }
     /* dequantized weights from the CPU backend, one unit vector at a time */
     float *wf = malloc(sizeof(float) * (size_t)(N * K)), *e = calloc((size_t)K, sizeof(float)), *col = malloc(sizeof(float) * (size_t)N);
     for (int64_t k = 0; k < K; k++) {
@@ -377,8 +387,8 @@ static void lt_case(td_backend *b, int path, int64_t N, int64_t K, int caps) {
     for (size_t mi = 0; mi < sizeof Ms / sizeof *Ms; mi++) {
         int M = Ms[mi];
         double *xq = malloc(sizeof(double) * (size_t)(M * K));
-        host_quant(path, x, M, K, xq);
         td_backend_cuda_lt_info(b, &sm, on, c0);
+        host_quant(path, sm, x, M, K, xq);
         b->ops->fill0(b, dv.dy, sizeof(float) * (size_t)(MMAX * N));
         b->ops->matmul(b, &dv.Wd, dv.dx, M, dv.dy);
         td_bk_download(b, got, dv.dy, sizeof(float) * (size_t)(M * N));
@@ -440,11 +450,11 @@ static void lt_fallback(td_backend *b, int path, int64_t N, int64_t K, int M) {
 }
 
 static void test_matmul_lt(void) {
-    static const char *const sms[] = {"120", "90", "80"};
+    static const char *const sms[] = {"120", "90", "89", "80"};
     const char *old = getenv("TD_CUEMU_SM");
     char keep[16] = "";
     if (old) snprintf(keep, sizeof keep, "%s", old);
-    for (int si = 0; si < 3; si++) {
+    for (int si = 0; si < 4; si++) {
         td_backend *b = cuda_with_sm(sms[si]);
         int sm, on[3];
         uint64_t calls[3];
@@ -453,7 +463,7 @@ static void test_matmul_lt(void) {
         CHECK(td_backend_cuda_lt_info(b, &sm, on, calls) == 0, "lt_info");
         CHECK(td_backend_cuda_lt_info(cpu, &sm, on, calls) == TD_ERR_ARG, "lt_info refuses a CPU backend");
         td_backend_cuda_lt_info(b, &sm, on, calls);
-        CHECK(on[0] == (sm >= 89) && on[1] == (sm >= 100) && on[2] == (sm >= 90), "sm_%d: paths %d %d %d", sm, on[0], on[1], on[2]);
+        CHECK(on[0] == (sm >= 89) && on[1] == (sm >= 100) && on[2] == (sm == 90), "sm_%d: paths %d %d %d", sm, on[0], on[1], on[2]);
         const char *mode = td_backend_cuda_mode(b);
         CHECK(mode && (strstr(mode, "FP8") != NULL) == (on[0] != 0) && (strstr(mode, "NVFP4") != NULL) == (on[1] != 0), "mode line: %s",
               mode ? mode : "(null)");

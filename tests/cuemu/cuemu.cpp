@@ -584,8 +584,10 @@ cublasStatus_t cublasLtMatmulPreferenceSetAttribute(cublasLtMatmulPreference_t p
 }
 
 namespace {
-/* What the emulated library supports: FP8 with outer-vector scales (sm >= 89),
- * FP4 with VEC16 block scales (sm >= 100), the backend's layouts. */
+/* What the emulated library supports, after cuBLAS's table: FP8 with tensor-wide
+ * scales (sm >= 89), with outer-vector scales (sm 90 only), with 128x128 / 1x128
+ * block scales (sm 90 only); FP4 with VEC16 block scales (sm >= 100); the
+ * backend's layouts. */
 bool lt_supported(int sm, const td_cuemu_lt_desc *d, const td_cuemu_lt_layout *a, const td_cuemu_lt_layout *b,
                   const td_cuemu_lt_layout *c, const td_cuemu_lt_layout *dl) {
     if (!d->ok || d->ta != CUBLAS_OP_T || d->tb != CUBLAS_OP_N || a->type != b->type || c->type != CUDA_R_32F ||
@@ -598,7 +600,9 @@ bool lt_supported(int sm, const td_cuemu_lt_desc *d, const td_cuemu_lt_layout *a
     if (a->type == CUDA_R_8F_E4M3 && d->a_mode == CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F)
         return sm == 90 && d->b_mode == CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F && a->rows % 128 == 0 && b->cols % 4 == 0;
     if (d->a_mode != d->b_mode) return false;
-    if (a->type == CUDA_R_8F_E4M3) return sm >= 89 && d->a_mode == CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F && a->rows % 16 == 0;
+    if (a->type == CUDA_R_8F_E4M3)
+        return a->rows % 16 == 0 && ((sm == 90 && d->a_mode == CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F) ||
+                                     (sm >= 89 && d->a_mode == CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F));
     if (a->type == CUDA_R_4F_E2M1) return sm >= 100 && d->a_mode == CUBLASLT_MATMUL_MATRIX_SCALE_VEC16_UE4M3 && a->rows % 32 == 0;
     return false;
 }
@@ -645,6 +649,7 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
     if (!h || !algo || algo->data[0] != 0x7eu) return CUBLAS_STATUS_INVALID_VALUE;
     if (!lt_supported(h->sm, d, al, bl, cl, dl) || C != D || cl->ld != dl->ld) return CUBLAS_STATUS_NOT_SUPPORTED;
     const bool fp4 = al->type == CUDA_R_4F_E2M1, blk = d->a_mode == CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+    const bool outer = d->a_mode == CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F; /* else FP8 tensor-wide: sa[0], sb[0] */
     const uint64_t m = al->cols, n = bl->cols, k = al->rows;
     const int64_t lda = al->ld, ldb = bl->ld, ldd = dl->ld;
     const uint8_t *a = (const uint8_t *)A, *b = (const uint8_t *)B;
@@ -690,7 +695,9 @@ cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d, const 
                     }
                     acc += (float)part;
                 }
-                if (!fp4) acc = acc * ((const float *)sa)[i] * ((const float *)sb)[j];
+                if (!fp4) {
+                    acc = acc * ((const float *)sa)[outer ? i : 0] * ((const float *)sb)[outer ? j : 0];
+                }
                 out[i + j * (uint64_t)ldd] = al_v * acc;
             }
     };

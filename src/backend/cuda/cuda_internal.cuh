@@ -76,9 +76,10 @@ typedef struct td_cu_lt {
                              cudaStream_t st);
 } td_cu_lt;
 /* The cuBLASLt paths (cuda_lt.cu): FP8 e4m3 per-tensor weights x FP8
- * activations with per-row scales (sm_89+), NVFP4 weights x NVFP4
- * activations with 16-element block scales (sm_100+), FP8 e4m3 weights with
- * 128 x 128 block scales x FP8 activations with 1 x 128 block scales (sm_90+). */
+ * activations with per-row scales (sm_90) or one scale per chunk (sm_89,
+ * sm_100+), NVFP4 weights x NVFP4 activations with 16-element block scales
+ * (sm_100+), FP8 e4m3 weights with 128 x 128 block scales x FP8 activations
+ * with 1 x 128 block scales (sm_90). */
 enum { TD_CU_LT_FP8, TD_CU_LT_FP4, TD_CU_LT_FP8B, TD_CU_LT_N };
 
 /* A quantized weight as the cuBLASLt paths take it. */

@@ -4,13 +4,18 @@
  * cores, and the activations are quantized to the weight's format first.
  *
  *  - FP8 (TD_CU_LT_FP8, sm_89 and later: Ada, Hopper, Blackwell): e4m3
- *    weights with one tensor scale (per-tensor FP8 checkpoints). Activations
- *    in e4m3 with one scale per row (token): s_m = absmax_m / 448, q =
- *    e4m3(x / s_m) rounded to nearest even. cuBLASLt's outer-vector scaling
- *    (CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F) multiplies output (n, m) by
+ *    weights with one tensor scale (per-tensor FP8 checkpoints). On sm_90
+ *    the activations are e4m3 with one scale per row (token): s_m =
+ *    absmax_m / 448, q = e4m3(x / s_m) rounded to nearest even, and
+ *    cuBLASLt's outer-vector scaling (CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F,
+ *    documented for compute capability 9.0 only) multiplies output (n, m) by
  *    the weight's scale (a vector of N copies of the tensor scale) and s_m.
- *    Half the bytes of the BF16 path's activations, no weight copy, and FP8
- *    tensor cores run at twice the BF16 rate.
+ *    Elsewhere (Ada, Blackwell) both scales are tensor-wide
+ *    (CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F, "8.9+"): one activation scale
+ *    per chunk of rows, absmax over the chunk / 448, as vLLM's dynamic
+ *    per-tensor FP8 activations. Half the bytes of the BF16 path's
+ *    activations, no weight copy, and FP8 tensor cores run at twice the BF16
+ *    rate.
  *  - NVFP4 (TD_CU_LT_FP4, sm_100 and later: Blackwell, including the
  *    RTX 5090's sm_120): e2m1 weights with e4m3 scales per 16 inputs and a
  *    global multiplier (ModelOpt, compressed-tensors). Activations in NVFP4
@@ -99,7 +104,8 @@ static const char *const path_name[TD_CU_LT_N] = {"FP8", "NVFP4", "FP8 128x128-b
  * path the device's generation has is tried; TANDEM_CUDA_LT=0 keeps both off
  * (an A/B switch for scripts/gpu-check.sh). */
 extern "C" void td_cuda_lt_prepare(td_cuda *cu) {
-    bool want[TD_CU_LT_N] = {cu->sm >= 89, cu->sm >= 100, cu->sm >= 90};
+    /* cuBLAS's support table: FP8 tensor-wide 8.9+ (outer-vector 9.0), FP4 10.0+, FP8 128x128 blocks 9.0 */
+    bool want[TD_CU_LT_N] = {cu->sm >= 89, cu->sm >= 100, cu->sm == 90};
     const char *env = getenv("TANDEM_CUDA_LT");
     bool off = env && !strcmp(env, "0");
     char why[256] = "";
@@ -139,6 +145,16 @@ static __global__ void __launch_bounds__(QT) row_absmax_kernel(const float *x, i
     for (int64_t i = threadIdx.x; i < K; i += QT) m = fmaxf(m, fabsf(row[i]));
     m = td_cu_block_max(m, red);
     if (threadIdx.x == 0) amax[blockIdx.x] = m;
+}
+
+/* amax[r] = max over the chunk's rows of amax (one block): the FP8 path's tensor-wide activation scale. */
+static __global__ void __launch_bounds__(QT) chunk_absmax_kernel(float *amax, int rows) {
+    __shared__ float red[33];
+    float m = 0.0f;
+    for (int r = threadIdx.x; r < rows; r += QT) m = fmaxf(m, amax[r]);
+    m = td_cu_block_max(m, red);
+    __syncthreads(); /* every thread has read amax before any is overwritten */
+    for (int r = threadIdx.x; r < rows; r += QT) amax[r] = m;
 }
 
 /* FP8 rows: s[r] = absmax / 448 (1 for a zero row), q = e4m3(x / s). Grid (K chunks, rows). */
@@ -227,7 +243,7 @@ static void lt_check(cublasStatus_t s, const char *what) {
     abort(); /* as a failed kernel: the stream's work is lost */
 }
 
-/* false: the heuristic has no kernel for it (nothing was issued). */
+/* false: the heuristic has no kernel for it, or cublasLtMatmul rejected the call (nothing was issued). */
 static bool lt_run(td_cuda *cu, const lt_call &c) {
     td_cu_lt *f = &cu->lt;
     cublasLtMatmulDesc_t op = NULL;
@@ -257,9 +273,9 @@ static bool lt_run(td_cuda *cu, const lt_call &c) {
     if (ok) {
         const float host_alpha = 1.0f, host_beta = 0.0f;
         const void *al = c.dev_scalars ? (const void *)c.alpha : &host_alpha, *be = c.dev_scalars ? (const void *)c.beta : &host_beta;
-        lt_check(f->matmul(cu->lt_handle, op, al, c.A, la, c.B, lb, be, c.y, ly, c.y, ly, &res.algo, cu->gemm_ws,
-                           TD_CUDA_GEMM_WS_BYTES, cu->stream),
-                 "cublasLtMatmul");
+        /* an argument the chosen kernel rejects returns before anything is issued: a refusal too */
+        ok = f->matmul(cu->lt_handle, op, al, c.A, la, c.B, lb, be, c.y, ly, c.y, ly, &res.algo, cu->gemm_ws, TD_CUDA_GEMM_WS_BYTES,
+                       cu->stream) == CUBLAS_STATUS_SUCCESS;
     }
     f->pref_destroy(pref);
     f->layout_destroy(ly);
@@ -274,14 +290,17 @@ static size_t align256(size_t n) { return (n + 255) & ~(size_t)255; }
 /* The first refusal of a path turns it off for the backend's life (one line). */
 static int refused(td_cuda *cu, int path, int64_t nr, int64_t rows, int64_t K) {
     cu->lt_state[path] = TD_CU_GEMM_OFF;
-    fprintf(stderr, "tandem: cuda: cuBLASLt has no %s kernel for %lld x %lld x %lld on sm_%d; that prefill stays on BF16 tensor cores\n",
+    fprintf(stderr, "tandem: cuda: cuBLASLt has no (or refused its) %s kernel for %lld x %lld x %lld on sm_%d; that prefill stays on BF16 tensor cores\n",
             path_name[path], (long long)nr, (long long)rows, (long long)K, cu->sm);
     return 0;
 }
 
-/* FP8 e4m3 per-tensor: weights in place, activation rows in chunks of gemm_x. */
+/* FP8 e4m3 per-tensor: weights in place, activation rows in chunks of gemm_x;
+ * per-row activation scales on sm_90, one per chunk elsewhere. */
 static int gemm_fp8(td_backend *b, const td_cu_lt_weight *w, const float *x, int M, float *y) {
     td_cuda *cu = td_cu(b);
+    const bool outer = cu->sm == 90;
+    const int32_t mode = outer ? CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F : CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
     const int64_t N = w->N, K = w->K;
     /* chunk: q [mc, K] | s [mc] | absmax [mc] */
     int64_t mc = ((int64_t)cu->gemm_x_cap - 1024) / (K + 8);
@@ -300,12 +319,16 @@ static int gemm_fp8(td_backend *b, const td_cu_lt_weight *w, const float *x, int
         int64_t rows = M - m0 < mc ? M - m0 : mc;
         TD_CU_KERNEL(row_absmax_kernel, (unsigned)rows, QT, st, x + m0 * K, K, amax);
         TD_CU_LAUNCH("row_absmax_kernel");
+        if (!outer) {
+            TD_CU_KERNEL(chunk_absmax_kernel, 1, QT, st, amax, (int)rows);
+            TD_CU_LAUNCH("chunk_absmax_kernel");
+        }
         TD_CU_KERNEL(fp8_rows_kernel, dim3(td_cu_blocks((size_t)K, QT), (unsigned)rows), QT, st, x + m0 * K, K, amax, q, s);
         TD_CU_LAUNCH("fp8_rows_kernel");
         for (int64_t n0 = 0; n0 < N; n0 += nc) {
             int64_t nr = N - n0 < nc ? N - n0 : nc;
-            lt_call c = {CUDA_R_8F_E4M3, CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F, CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F, w->data + n0 * K, q, ws, s, NULL, NULL, false,
-                         nr, rows, K, N, y + m0 * N + n0};
+            /* tensor-wide: cuBLASLt reads ws[0] and s[0] */
+            lt_call c = {CUDA_R_8F_E4M3, mode, mode, w->data + n0 * K, q, ws, s, NULL, NULL, false, nr, rows, K, N, y + m0 * N + n0};
             if (!lt_run(cu, c)) {
                 if (m0 == 0 && n0 == 0) return refused(cu, TD_CU_LT_FP8, nr, rows, K);
                 fprintf(stderr, "%s:%d: cuBLASLt refused a later FP8 chunk (%lld x %lld x %lld)\n", __FILE__, __LINE__, (long long)nr,
