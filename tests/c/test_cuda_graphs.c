@@ -99,6 +99,28 @@ static void test_cache(td_backend *b) {
           graphs, nodes, (unsigned long long)(c2.graph_evictions - c1.graph_evictions));
     int calls = r.calls;
     CHECK(td_bk_graph(b, false, &key, sizeof key, copy_fn, &r, &err) == 0 && r.calls == calls + 1, "an evicted key is captured again");
+    /* an overlapping copy in a region goes through the backend's scratch buffer; when that buffer
+       grows later (outside any region) the graphs are dropped, not replayed on the freed one */
+    {
+        float *buf = b->ops->alloc(b, N * sizeof(float));
+        b->ops->upload(b, buf, h, N * sizeof(float));
+        b->ops->copy(b, buf + 1, buf, 100 * sizeof(float)); /* eager: the scratch buffer is made (400 bytes or more) */
+        copy_region ov = {.b = b, .dst = buf + 1, .src = buf, .n = 100};
+        int k = 3000;
+        CHECK(td_bk_graph(b, false, &k, sizeof k, copy_fn, &ov, &err) == 0 && ov.calls == 1, "overlapping copy captured");
+        CHECK(td_backend_cuda_graph_info(b, &graphs, &nodes, &bytes) == 0 && graphs > 0, "graphs held (%d)", graphs);
+        b->ops->copy(b, buf + 1, buf, (N - 1) * sizeof(float)); /* the scratch buffer grows */
+        CHECK(td_backend_cuda_graph_info(b, &graphs, &nodes, &bytes) == 0 && graphs == 0, "graphs dropped when the scratch grows (%d)",
+              graphs);
+        float *want = malloc(N * sizeof *want);
+        b->ops->upload(b, buf, h, N * sizeof(float));
+        memcpy(want, h, N * sizeof *want);
+        memmove(want + 1, want, 100 * sizeof *want);
+        CHECK(td_bk_graph(b, false, &k, sizeof k, copy_fn, &ov, &err) == 0 && ov.calls == 2 && dev_equals(b, buf, want, N),
+              "the region is captured again and copies right (calls %d)", ov.calls);
+        free(want);
+        b->ops->free(b, buf);
+    }
     /* what a graph cannot hold aborts (a broken invariant, with file:line) */
     for (int ill = 1; ill <= 5; ill++) {
         pid_t pid = fork();

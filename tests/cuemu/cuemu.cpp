@@ -438,6 +438,10 @@ cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s) {
     for (auto &op : exec->ops) op();
     return S.last; /* a launch error inside the graph */
 }
+cudaError_t cudaGraphUpload(cudaGraphExec_t exec, cudaStream_t s) {
+    if (!exec || td_cuemu_capturing(s)) return fail(cudaErrorInvalidValue);
+    return cudaSuccess;
+}
 cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec) {
     delete exec;
     return cudaSuccess;

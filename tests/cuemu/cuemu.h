@@ -182,6 +182,7 @@ cudaError_t cudaStreamEndCapture(cudaStream_t s, cudaGraph_t *graph);
 cudaError_t cudaGraphGetNodes(cudaGraph_t g, cudaGraphNode_t *nodes, size_t *n);
 cudaError_t cudaGraphInstantiate(cudaGraphExec_t *exec, cudaGraph_t g, unsigned long long flags = 0);
 cudaError_t cudaGraphLaunch(cudaGraphExec_t exec, cudaStream_t s);
+cudaError_t cudaGraphUpload(cudaGraphExec_t exec, cudaStream_t s); /* nothing to set up here */
 cudaError_t cudaGraphExecDestroy(cudaGraphExec_t exec);
 cudaError_t cudaGraphDestroy(cudaGraph_t g);
 

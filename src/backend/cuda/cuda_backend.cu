@@ -57,7 +57,13 @@ static void cu_download(td_backend *b, void *dst, const void *src, size_t n) {
 static void *scratch(td_cuda *cu, size_t n) {
     if (cu->scratch_bytes >= n) return cu->scratch;
     TD_CU_NOT_CAPTURING(cu, "an overlapping copy (its scratch buffer grows)");
-    if (cu->scratch) TD_CU(cudaFree(cu->scratch));
+    /* a graph that copied through the old buffer would replay on freed memory
+       (graph keys do not know this buffer): drop them, they are captured again */
+    if (cu->scratch) {
+        TD_CU(cudaStreamSynchronize(cu->stream)); /* none of them is still running */
+        td_cuda_graphs_free(cu);
+        TD_CU(cudaFree(cu->scratch));
+    }
     cu->scratch = NULL;
     cu->scratch_bytes = 0;
     TD_CU(cudaMalloc(&cu->scratch, n));

@@ -81,6 +81,11 @@ extern "C" int td_cuda_graph_run(td_backend *b, const void *key, size_t key_len,
         free(k);
         return TD_FAIL(err, TD_ERR_UNSUPPORTED, "graph instantiation failed: %s", cudaGetErrorString(e));
     }
+    /* the executable's device memory may be set up at its first launch
+       instead (cudaGraphUpload's documentation): upload it now so that the
+       second reading counts it */
+    TD_CU(cudaGraphUpload(exec, cu->stream));
+    TD_CU(cudaStreamSynchronize(cu->stream));
     TD_CU(cudaMemGetInfo(&free1, &total));
     td_cu_graph *g = graph_slot(b, cu);
     *g = (td_cu_graph){.key = k, .key_len = key_len, .exec = exec, .last_use = cu->graph_clock, .nodes = nodes,
