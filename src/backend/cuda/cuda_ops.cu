@@ -33,8 +33,9 @@ extern "C" void td_cuda_rmsnorm(td_backend *b, float *y, const float *x, const f
  * aborts. */
 static __global__ void embed_kernel(const void *E, int dtype, int64_t V, int64_t H, const int32_t *tokens, float *out) {
     int32_t t = tokens[blockIdx.x];
-    if (t < 0 || t >= V) {
-        if (threadIdx.x == 0) printf("cuda embed: token %d outside [0, %lld)\n", (int)t, (long long)V);
+    if (t < 0 || t >= V) { /* one thread reports and traps: another warp's trap could kill the grid before the printf */
+        if (threadIdx.x) return;
+        printf("cuda embed: token %d outside [0, %lld)\n", (int)t, (long long)V);
         __trap();
     }
     float *o = out + (size_t)blockIdx.x * H;

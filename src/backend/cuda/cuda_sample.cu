@@ -375,7 +375,7 @@ static __global__ void __launch_bounds__(DIST_THREADS) dist_kernel(dist_args a) 
             uint64_t thr = keepk < n ? select_kth(out, n, keepk, hist, &sh_prefix, &sh_rem) : 0;
             if (a.top_p < 1.0f) {
                 const int c = keepk < DIST_SORT ? keepk : DIST_SORT;
-                uint64_t thr_c = c < n ? select_kth(out, n, c, hist, &sh_prefix, &sh_rem) : 0;
+                uint64_t thr_c = c == keepk && keepk < n ? thr : c < n ? select_kth(out, n, c, hist, &sh_prefix, &sh_rem) : 0;
                 skey[tid] = 0; /* below every key: a key's low word is >= 1 */
                 if (tid == 0) cnt = 0;
                 __syncthreads();
