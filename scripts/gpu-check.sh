@@ -18,7 +18,10 @@
 #      fast rows (cuBLAS BF16 GEMM), and test_cuda_fast (fast vs CPU tolerance);
 #   8. FP8 (128 x 128 blocks) prefill with TANDEM_CUDA_LT=0 (BF16 tensor cores)
 #      against step 5's fp8 rows (cuBLASLt FP8 tensor cores where taken), and
-#      which cuBLASLt paths test_backend_cuda found on this device.
+#      which cuBLASLt paths test_backend_cuda found on this device;
+#   9. long context: NVFP4 decode / verify at position 16384, split attention
+#      (the fast mode's default) against TD_CUDA_ATTN_SPLIT=0 (one block per
+#      row and head); last, so it runs only with time left.
 # The whole script stays under BUDGET seconds (default 460, under 8 minutes): each
 # step's timeout is its own cap or what is left of the budget, whichever is smaller,
 # and a step with under 10 s left is skipped (and counts as failed).
@@ -90,6 +93,15 @@ grep -h "sm_[0-9]*: FP8 path\|cuBLASLt" "$BUILD/gpu-ops.log" | head -n 4
 TANDEM_CUDA_LT=0 run 45 "$BUILD/tandem" kernels --random-config tests/data/configs/qwen3.6-27b.config.json --device cuda --dtype fp8 \
   --probe-mb 16 --mm-mb 0 --reps 1 --prefill 512,4096 --max-k 1 > "$BUILD/gpu-27b-fp8-nolt.log" 2>&1 || fail=1
 grep -v "^$" "$BUILD/gpu-27b-fp8-nolt.log" | tail -n 6
+
+echo "== 8. decode / verify at position 16384: split attention (default) vs one block per row and head"
+for sp in default 0; do
+  if [ $sp = default ]; then unset TD_CUDA_ATTN_SPLIT; else export TD_CUDA_ATTN_SPLIT=$sp; fi
+  run 60 "$BUILD/tandem" kernels --random-config tests/data/configs/qwen3.6-27b.config.json --device cuda --dtype nvfp4 \
+    --probe-mb 16 --mm-mb 0 --reps 3 --prefill 0 --max-k 2 --decode-at 16384 > "$BUILD/gpu-27b-ctx16k-$sp.log" 2>&1 || fail=1
+  echo "split $sp:"; grep -E "^decode|^\| [12] \|" "$BUILD/gpu-27b-ctx16k-$sp.log"
+done
+unset TD_CUDA_ATTN_SPLIT
 
 [ $fail = 0 ] && echo "gpu-check: all steps passed" || echo "gpu-check: FAILED (logs in $BUILD/gpu-*.log)"
 exit $fail

@@ -210,7 +210,12 @@ int td_backend_cuda_graph_info(td_backend *b, int *graphs, size_t *nodes, size_t
 #define TD_CUDA_GEMM_WS_BYTES (32ull << 20) /* cuBLAS workspace */
 #define TD_CUDA_GEMM_W_BYTES (64ull << 20)  /* one chunk of weight rows, dequantized to BF16 */
 #define TD_CUDA_GEMM_X_BYTES (32ull << 20)  /* one chunk of activation rows, rounded to BF16 */
-#define TD_CUDA_GEMM_BYTES (TD_CUDA_GEMM_WS_BYTES + TD_CUDA_GEMM_W_BYTES + TD_CUDA_GEMM_X_BYTES)
+/* The fast mode's split attention (backend/cuda/cuda_attn.cu): one counter per
+ * (row, head) for up to 128 rows of TD_CUDA_ATTN_MAX_HEADS heads (its partials
+ * live in the weight staging buffer). */
+#define TD_CUDA_ATTN_MAX_HEADS 1024
+#define TD_CUDA_ATTN_COUNTER_BYTES (128ull * TD_CUDA_ATTN_MAX_HEADS * 4)
+#define TD_CUDA_GEMM_BYTES (TD_CUDA_GEMM_WS_BYTES + TD_CUDA_GEMM_W_BYTES + TD_CUDA_GEMM_X_BYTES + TD_CUDA_ATTN_COUNTER_BYTES)
 /* Whether a CUDA backend's fast GEMM is set up (*on: cuBLAS loaded, buffers
  * made) and how many cuBLAS GEMM calls it has issued. TD_ERR_ARG for another
  * backend, TD_ERR_UNSUPPORTED without CUDA. */

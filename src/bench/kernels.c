@@ -119,7 +119,8 @@ static int bench_model(const kbench_opts *o, double bw, FILE *out) {
     td_err err = {0};
     int maxp = 0;
     for (int i = 0; i < o->n_prefill; i++) if (o->prefill[i] > maxp) maxp = o->prefill[i];
-    td_engine_opts eo = {.n_threads = o->threads, .max_context = maxp + 512, .spec_depth = o->max_k, .no_prefix_caching = true, .max_seqs = 1,
+    const int at = o->decode_at > 16 ? o->decode_at : 16;
+    td_engine_opts eo = {.n_threads = o->threads, .max_context = (maxp > at ? maxp : at) + 512, .spec_depth = o->max_k, .no_prefix_caching = true, .max_seqs = 1,
                           .quantize = o->quantize, .isa = o->isa, .precision = o->precision};
     eo.backend = o->backend;
     eo.enforce_eager = o->enforce_eager;
@@ -152,7 +153,7 @@ static int bench_model(const kbench_opts *o, double bw, FILE *out) {
     size_t rb = model_read_bytes(m);
     td_session *s;
     if (td_session_new(eng, &s, &err)) { fprintf(stderr, "tandem kernels: %s\n", err.msg); td_engine_free(eng); return 1; }
-    int ntok = maxp > 64 ? maxp : 64;
+    int ntok = maxp > at + 64 ? maxp : at + 64;
     int32_t *toks = malloc(sizeof(int32_t) * (size_t)ntok);
     for (int i = 0; i < ntok; i++) toks[i] = (int32_t)((i * 7919 + 13) % V);
     float *lg = malloc(sizeof(float) * (size_t)V * (size_t)(o->max_k + 1));
@@ -160,9 +161,13 @@ static int bench_model(const kbench_opts *o, double bw, FILE *out) {
     fprintf(out, "\n## model %s: %.0f MB read per decode step (weights without the embedding table), backend %s, %d threads, isa %s, precision %s\n\n",
             o->model_dir ? o->model_dir : o->random_config, (double)rb / 1e6, td_engine_backend(eng)->ops->name, td_engine_backend(eng)->n_threads, td_isa_name((td_isa)td_engine_backend(eng)->isa),
             td_engine_backend(eng)->precision == TD_PRECISION_BF16 ? "bf16" : "f32");
-    /* state: a short prompt */
-    td_fwd_item it = {.seq = td_session_seq(s), .tokens = toks, .n = 16, .logits_rows = 1, .logits = lg};
-    int rc = td_forward(td_engine_fwd(eng), &it, 1, &err);
+    /* state: a prompt of `at` tokens (16 by default), in chunks of 4096 */
+    int rc = 0;
+    for (int p0 = 0; p0 < at && !rc; p0 += 4096) {
+        td_fwd_item it = {.seq = td_session_seq(s), .tokens = toks + p0, .n = at - p0 < 4096 ? at - p0 : 4096, .logits_rows = 1, .logits = lg};
+        rc = td_forward(td_engine_fwd(eng), &it, 1, &err);
+    }
+    if (at > 16) fprintf(out, "decode and verify rows at position %d\n", at);
     /* t(k+1) for k = 0..max_k, interleaved over reps so drift hits all alike */
     double t[17][64];
     for (int r = 0; r < reps && !rc; r++)

@@ -1164,6 +1164,102 @@ static void test_fill_random(void) {
             }
 }
 
+/* ---- the fast mode's split attention (cuda_attn.cu): long contexts in partitions ----
+ * Partitions of 32 positions (TD_CUDA_ATTN_SPLIT) and max_position_embeddings 320: Z = 10.
+ * Three segments in one batch: A, 3 rows at positions 297..299 (10 partitions); B, 2 rows at
+ * 10..11 (one partition); C, 1 row at position 339 (past Z x P: the per-row computation).
+ * Checked against the CPU within 1e-5 (f32 and bf16 KV), A's bits not the per-row kernel's
+ * (the split ran and merged), B's and C's bits the per-row kernel's, and A alone gives its
+ * bits in the batch (batch invariance). */
+static void test_attention_split(void) {
+    td_config g;
+    memset(&g, 0, sizeof g);
+    g.n_heads = 4; g.n_kv_heads = 2; g.head_dim = 48; g.attn_output_gate = true; g.max_position_embeddings = 320;
+    enum { M = 6 };
+    const int nh = 4, hd = 48, nkv = 2, ad = nh * hd, kvd = nkv * hd, NB = 48;
+    setenv("TD_CUDA_ATTN_SPLIT", "32", 1);
+    td_backend *fast = cuda_with_sm("90");
+    unsetenv("TD_CUDA_ATTN_SPLIT");
+    /* blocks: A 0..18 (19 x 16 >= 300), B 19, C 20..41 (22 x 16 >= 340) */
+    int32_t seg[3 * TD_SEG_FIELDS] = {297, 3, 0, 0, 0, 0, 1,  10, 2, 3, 19, 0, 0, 1,  339, 1, 5, 20, 0, 0, 1};
+    int32_t bts[42], row_seg[M] = {0, 0, 0, 1, 1, 2}, toks[M] = {0};
+    for (int i = 0; i < 42; i++) bts[i] = i;
+    float *q = rnd_vec((size_t)M * ad, 1.5f, 0), *gate = rnd_vec((size_t)M * ad, 2.0f, 0);
+    const td_kv_dtype st[] = {TD_KV_F32, TD_KV_BF16};
+    for (int si = 0; si < 2; si++) {
+        size_t rows = (size_t)NB * TD_KV_BLOCK, es = st[si] == TD_KV_F32 ? 4 : 2;
+        td_kv_view hv = {.store = st[si], .kv_dim = kvd, .head_dim = hd}, dv = hv;
+        hv.k = calloc(rows * kvd, es); hv.v = calloc(rows * kvd, es);
+        td_backend *bk[2] = {cu, fast};
+        void *dk[2], *dvv[2];
+        for (int j = 0; j < 2; j++) {
+            dk[j] = bk[j]->ops->alloc(bk[j], rows * kvd * es);
+            dvv[j] = bk[j]->ops->alloc(bk[j], rows * kvd * es);
+        }
+        float *kk = malloc(sizeof(float) * 2 * kvd);
+        float *dtmp[2] = {cu->ops->alloc(cu, sizeof(float) * 2 * kvd), fast->ops->alloc(fast, sizeof(float) * 2 * kvd)};
+        for (size_t r = 0; r < 42 * TD_KV_BLOCK; r++) {
+            for (int i = 0; i < 2 * kvd; i++) kk[i] = rndf() * (i < kvd ? 1.0f : 2.0f);
+            cpu->ops->kv_store(cpu, &hv, r, kk, kk + kvd);
+            for (int j = 0; j < 2; j++) {
+                td_kv_view v = dv;
+                v.k = dk[j]; v.v = dvv[j];
+                td_bk_upload(bk[j], dtmp[j], kk, sizeof(float) * 2 * kvd);
+                bk[j]->ops->kv_store(bk[j], &v, r, dtmp[j], dtmp[j] + kvd);
+            }
+        }
+        td_batch hb = {.M = M, .n_seg = 3, .tokens = toks, .row_seg = row_seg, .seg = seg, .block_tables = bts};
+        float *ref = malloc(sizeof(float) * M * ad), *got[2], *alone = malloc(sizeof(float) * 3 * ad);
+        cpu->ops->attention(cpu, &g, &hb, q, gate, &hv, 0, ref);
+        for (int j = 0; j < 2; j++) {
+            td_backend *b = bk[j];
+            td_kv_view v = dv;
+            v.k = dk[j]; v.v = dvv[j];
+            int32_t *d = b->ops->alloc(b, sizeof(int32_t) * (2 * M + sizeof seg / 4 + 42));
+            td_bk_upload(b, d, toks, sizeof toks);
+            td_bk_upload(b, d + M, row_seg, sizeof row_seg);
+            td_bk_upload(b, d + 2 * M, seg, sizeof seg);
+            td_bk_upload(b, d + 2 * M + sizeof seg / 4, bts, sizeof bts);
+            td_batch db = {.M = M, .n_seg = 3, .tokens = d, .row_seg = d + M, .seg = d + 2 * M, .block_tables = d + 2 * M + sizeof seg / 4};
+            float *dq = b->ops->alloc(b, sizeof(float) * M * ad), *dg = b->ops->alloc(b, sizeof(float) * M * ad);
+            float *dout = b->ops->alloc(b, sizeof(float) * M * ad);
+            td_bk_upload(b, dq, q, sizeof(float) * M * ad);
+            td_bk_upload(b, dg, gate, sizeof(float) * M * ad);
+            b->ops->attention(b, &g, &db, dq, dg, &v, 0, dout);
+            got[j] = malloc(sizeof(float) * M * ad);
+            td_bk_download(b, got[j], dout, sizeof(float) * M * ad);
+            if (j == 1) { /* segment A alone, into a zeroed output (a second launch: the counters were reset) */
+                b->ops->fill0(b, dout, sizeof(float) * M * ad);
+                td_batch d1 = db;
+                d1.M = 3;
+                d1.n_seg = 1;
+                b->ops->attention(b, &g, &d1, dq, dg, &v, 0, dout);
+                td_bk_download(b, alone, dout, sizeof(float) * 3 * ad);
+            }
+            b->ops->free(b, d); b->ops->free(b, dq); b->ops->free(b, dg); b->ops->free(b, dout);
+        }
+        const char *kvn = st[si] == TD_KV_F32 ? "f32" : "bf16";
+        CHECK(max_abs_norm(got[1], ref, (size_t)M * ad) < 1e-5, "split attention (kv %s) vs cpu: %g", kvn,
+              max_abs_norm(got[1], ref, (size_t)M * ad));
+        CHECK(max_abs_norm(got[0], ref, (size_t)M * ad) < 1e-5, "per-row attention (kv %s) vs cpu: %g", kvn,
+              max_abs_norm(got[0], ref, (size_t)M * ad));
+        size_t at = 0;
+        CHECK(!same_bits(got[1], got[0], 3 * (size_t)ad, &at), "kv %s: segment A's bits are the per-row kernel's (no split ran)", kvn);
+        CHECK(same_bits(got[1] + 3 * ad, got[0] + 3 * ad, 3 * (size_t)ad, &at),
+              "kv %s: one partition (B) and past Z x P (C) give the per-row kernel's bits; differ at %zu", kvn, at);
+        CHECK(same_bits(alone, got[1], 3 * (size_t)ad, &at), "kv %s: segment A alone differs from A in the batch at %zu", kvn, at);
+        for (int j = 0; j < 2; j++) {
+            bk[j]->ops->free(bk[j], dk[j]);
+            bk[j]->ops->free(bk[j], dvv[j]);
+            bk[j]->ops->free(bk[j], dtmp[j]);
+            free(got[j]);
+        }
+        free(hv.k); free(hv.v); free(kk); free(ref); free(alone);
+    }
+    free(q); free(gate);
+    td_backend_free(fast);
+}
+
 int main(void) {
     td_err err;
     /* TEST_BACKEND_CUDA_STANDIN=guard runs every check with the guard backend in
@@ -1194,6 +1290,7 @@ int main(void) {
     if (!standin) test_matmul_fast(); /* cuBLAS: the CUDA backend's own (a stand-in has none) */
     else printf("backend_cuda: the fast GEMM is CUDA's: not checked on the stand-in\n");
     if (!standin) test_matmul_lt(); /* cuBLASLt, likewise */
+    if (!standin) test_attention_split(); /* the fast mode's, likewise */
     test_rows();
     test_kv();
     test_sample(standin);

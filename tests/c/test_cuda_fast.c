@@ -7,7 +7,9 @@
  *   counter); the greedy continuation's agreement with the CPU's is reported
  *   and its first 8 tokens must agree; and greedy output at depths 1..4
  *   equals fast mode's own depth 0 bit for bit (one request: its verify rows
- *   stay on the exact kernels, and its prompt is prefilled the same way).
+ *   stay on the exact kernels, and its prompt is prefilled the same way;
+ *   attention of decode and verify rows is split into partitions of 8
+ *   positions and merged, cuda_attn.cu).
  * - batch-invariant (td_engine_opts.batch_invariant, and TANDEM_BATCH_INVARIANT=1
  *   for the suites): no cuBLAS call, no buffers made for it, prefill logits
  *   within 1e-4 of the CPU's and greedy equal to the CPU's token for token.
@@ -62,6 +64,10 @@ static int greedy(td_engine *e, const int32_t *prompt, int T, int depth, int32_t
 int main(void) {
     td_err err = {0};
     td_backend *b = NULL;
+    /* the fast mode's split attention in partitions of 8 positions (cuda_attn.cu; default 2048):
+       decode and verify rows past position 8 are merged from several, so depths 1-4 = depth 0
+       below also checks that a row's partitions do not depend on its batch */
+    setenv("TD_CUDA_ATTN_SPLIT", "8", 0);
     int rc = td_backend_create("cuda", 1, &b, &err);
     if (rc) {
         CHECK(rc == TD_ERR_UNSUPPORTED && (strstr(err.msg, "CUDA") || strstr(err.msg, "cuda")), "no CUDA: %s", err.msg);

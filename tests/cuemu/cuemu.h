@@ -136,6 +136,9 @@ static inline float __uint_as_float(uint32_t u) { float f; memcpy(&f, &u, 4); re
 static inline uint32_t __float_as_uint(float f) { uint32_t u; memcpy(&u, &f, 4); return u; }
 static inline float __fmaf_rn(float a, float b, float c) { return fmaf(a, b, c); }
 template <class T> static inline T __ldg(const T *p) { return *p; }
+template <class T> static inline T __ldcg(const T *p) { return *p; }
+/* Blocks run one after another: a block's writes are visible to the next without a fence. */
+static inline void __threadfence(void) {}
 /* One block runs at a time and its fibers switch only at barriers: a plain
  * read-modify-write is atomic here. */
 static inline unsigned atomicAdd(unsigned *p, unsigned v) { unsigned o = *p; *p = o + v; return o; }

@@ -7,7 +7,30 @@
  * n_seg, so grids are laid out over rows and heads and each block reads its
  * row's segment, position and block table on the device. One block per
  * (row, head): a row's arithmetic is the same whatever else is in the batch
- * (batch invariance). */
+ * (batch invariance).
+ *
+ * Long contexts in the fast mode (split attention, as flash-decoding): one
+ * block per (row, head) walks every position in order, so at a 100k context
+ * a decode step's attention runs on nh blocks of a 132-SM GPU, one position
+ * after another. In the fast mode (batch_invariant false, its staging
+ * buffers made) and for at most ATTN_SPLIT_MAX_ROWS rows (decode, draft and
+ * verify forwards; prompt chunks have M x nh blocks already), positions are
+ * cut into fixed partitions of P (cu->attn_split_pos, 2048; env
+ * TD_CUDA_ATTN_SPLIT for tests, 0 = off): one block per (row, head, partition)
+ * computes its partition's max, sum and weighted values exactly as the
+ * per-row kernel does over that range, into the 64 MiB weight staging
+ * buffer, and the last block of each (row, head) to finish merges the
+ * partitions in increasing order (max of maxes, sums and values rescaled by
+ * e^(m_z - max)); its counters are the fast mode's 512 KiB
+ * (TD_CUDA_ATTN_COUNTER_BYTES, in the plan's TD_CUDA_GEMM_BYTES). The grid's partition count Z =
+ * ceil(max_position_embeddings / P) is fixed per model, so graphs capture
+ * it; blocks past a row's positions return at once. A row's partitions
+ * depend on its own position only, so its bits are the same in any batch
+ * (batch invariance holds, and greedy at depth k = depth 0 in the fast
+ * mode); a row of at most P positions gives the per-row kernel's bits; a
+ * row past Z x P positions is computed by one block as the per-row kernel
+ * does. The split rounds differently from the CPU's single pass:
+ * the tolerance is test_backend_cuda's. */
 #include "backend/cuda/cuda_internal.cuh"
 
 #define PREP_THREADS 128
@@ -17,6 +40,7 @@
  * the same values (the same function of the same inputs). */
 #define ATTN_SMEM_SCORES 8192
 #define ATTN_MAX_DIMS_PER_THREAD (TD_MAX_HEAD_DIM / ATTN_THREADS)
+#define ATTN_SPLIT_MAX_ROWS 128 /* = TD_CUDA_ATTN_COUNTER_BYTES / 4 / TD_CUDA_ATTN_MAX_HEADS */
 
 typedef struct prep_args {
     const int32_t *row_seg, *seg, *block_tables;
@@ -133,45 +157,54 @@ static __device__ __forceinline__ float score_at(const attn_args &a, const int32
     return ((s4[0] + s4[2]) + (s4[1] + s4[3])) * scale;
 }
 
-/* grid (M, nh); block: one query head of one row over positions 0..pos.
- * Pass 1: scores (threads over positions) and their maximum. Pass 2, in
- * chunks of ATTN_THREADS positions: e = expf(s - max) into shared memory,
- * then each thread walks the chunk in position order for its dims, so sum
- * and acc accumulate in increasing position as ops_attn.c does (the sum is
- * computed by every thread alike). out = (acc / sum) * sigmoid(gate). */
-static __global__ void __launch_bounds__(ATTN_THREADS) attention_kernel(attn_args a) {
-    __shared__ float qs[TD_MAX_HEAD_DIM];
-    __shared__ float sc[ATTN_SMEM_SCORES];
-    __shared__ float ev[ATTN_THREADS];
-    __shared__ float red[33];
-    int m = blockIdx.x, h = blockIdx.y, hd = a.hd, group = a.nh / a.nkv, kh = h / group;
+/* Shared memory of one (row, head) block. */
+typedef struct attn_smem {
+    float qs[TD_MAX_HEAD_DIM];
+    float sc[ATTN_SMEM_SCORES];
+    float ev[ATTN_THREADS];
+    float red[33];
+} attn_smem;
+
+/* The row's (m) segment and its positions n = pos + 1. */
+static __device__ __forceinline__ const int32_t *row_segment(const attn_args &a, int m, int *n) {
     const int32_t *sg = a.seg + (size_t)a.row_seg[m] * TD_SEG_FIELDS;
-    int pos = sg[TD_SEG_POS0] + (m - sg[TD_SEG_ROW0]), n = pos + 1;
+    *n = sg[TD_SEG_POS0] + (m - sg[TD_SEG_ROW0]) + 1;
+    return sg;
+}
+
+/* Positions [lo, hi) of one query head h of row m: pass 1, scores (threads
+ * over positions) and their maximum mx; pass 2, in chunks of ATTN_THREADS
+ * positions, e = expf(s - mx) into shared memory, then each thread walks the
+ * chunk in position order for its dims, so sum and acc accumulate in
+ * increasing position as ops_attn.c does (the sum is computed by every
+ * thread alike). Block-uniform: every thread calls it with the same range. */
+static __device__ void attend_range(const attn_args &a, const int32_t *sg, int m, int h, int lo, int hi, attn_smem &sm, float &mx,
+                                    float &sum, float acc[ATTN_MAX_DIMS_PER_THREAD]) {
+    int hd = a.hd, kh = h / (a.nh / a.nkv), n = hi - lo;
     bool keep = n <= ATTN_SMEM_SCORES;
     float scale = 1.0f / sqrtf((float)hd);
     size_t qo = (size_t)m * a.nh * hd + (size_t)h * hd;
-    for (int i = threadIdx.x; i < hd; i += ATTN_THREADS) qs[i] = a.q[qo + i];
+    for (int i = threadIdx.x; i < hd; i += ATTN_THREADS) sm.qs[i] = a.q[qo + i];
     __syncthreads();
-    float mx = -INFINITY;
+    mx = -INFINITY;
     for (int p = threadIdx.x; p < n; p += ATTN_THREADS) {
-        float s = score_at(a, sg, qs, kh, p, scale);
-        if (keep) sc[p] = s;
+        float s = score_at(a, sg, sm.qs, kh, lo + p, scale);
+        if (keep) sm.sc[p] = s;
         mx = fmaxf(mx, s);
     }
-    mx = td_cu_block_max(mx, red); /* max is exact: any order */
-    float acc[ATTN_MAX_DIMS_PER_THREAD];
+    mx = td_cu_block_max(mx, sm.red); /* max is exact: any order */
 #pragma unroll
     for (int d = 0; d < ATTN_MAX_DIMS_PER_THREAD; d++) acc[d] = 0.0f;
-    float sum = 0.0f;
+    sum = 0.0f;
     for (int p0 = 0; p0 < n; p0 += ATTN_THREADS) {
         int p = p0 + threadIdx.x;
-        if (p < n) ev[threadIdx.x] = expf((keep ? sc[p] : score_at(a, sg, qs, kh, p, scale)) - mx);
+        if (p < n) sm.ev[threadIdx.x] = expf((keep ? sm.sc[p] : score_at(a, sg, sm.qs, kh, lo + p, scale)) - mx);
         __syncthreads();
         int cn = n - p0 < ATTN_THREADS ? n - p0 : ATTN_THREADS;
         for (int j = 0; j < cn; j++) {
-            float e = ev[j];
+            float e = sm.ev[j];
             sum += e;
-            size_t row = td_cu_kv_row(a.block_tables, sg, p0 + j + a.shift);
+            size_t row = td_cu_kv_row(a.block_tables, sg, lo + p0 + j + a.shift);
 #pragma unroll
             for (int d = 0; d < ATTN_MAX_DIMS_PER_THREAD; d++) {
                 int i = threadIdx.x + d * ATTN_THREADS;
@@ -180,11 +213,87 @@ static __global__ void __launch_bounds__(ATTN_THREADS) attention_kernel(attn_arg
         }
         __syncthreads();
     }
+}
+
+/* out = (acc / sum) * sigmoid(gate) for this thread's dims. */
+static __device__ __forceinline__ void attend_out(const attn_args &a, int m, int h, float sum, const float acc[ATTN_MAX_DIMS_PER_THREAD]) {
+    size_t qo = (size_t)m * a.nh * a.hd + (size_t)h * a.hd;
 #pragma unroll
     for (int d = 0; d < ATTN_MAX_DIMS_PER_THREAD; d++) {
         int i = threadIdx.x + d * ATTN_THREADS;
-        if (i < hd) a.out[qo + i] = (acc[d] / sum) * (a.gate ? td_cu_sigmoid(a.gate[qo + i]) : 1.0f);
+        if (i < a.hd) a.out[qo + i] = (acc[d] / sum) * (a.gate ? td_cu_sigmoid(a.gate[qo + i]) : 1.0f);
     }
+}
+
+/* grid (M, nh); block: one query head of one row over positions 0..pos. */
+static __global__ void __launch_bounds__(ATTN_THREADS) attention_kernel(attn_args a) {
+    __shared__ attn_smem sm;
+    int m = blockIdx.x, h = blockIdx.y, n;
+    const int32_t *sg = row_segment(a, m, &n);
+    float mx, sum, acc[ATTN_MAX_DIMS_PER_THREAD];
+    attend_range(a, sg, m, h, 0, n, sm, mx, sum, acc);
+    attend_out(a, m, h, sum, acc);
+}
+
+/* Split attention: grid (M, nh, Z); block (m, h, z) takes partition z of
+ * row m, head h: positions [z P, min(n, (z + 1) P)). A row of one partition
+ * is the per-row kernel's computation. Otherwise each block writes its max,
+ * sum and hd weighted values to part[((m nh + h) Z + z) (hd + 2)], and the
+ * last of the row's blocks to finish (a counter per (row, head), reset by
+ * that block for the next launch: one kernel, one graph node, as the per-row
+ * kernel) merges the partitions in increasing z: max of maxes, sums and
+ * values rescaled by e^(m_z - max). A row past Z partitions: block 0 runs
+ * the per-row computation. */
+static __global__ void __launch_bounds__(ATTN_THREADS) attention_split_kernel(attn_args a, int P, float *part, unsigned *counters) {
+    __shared__ attn_smem sm;
+    __shared__ bool last;
+    int m = blockIdx.x, h = blockIdx.y, z = blockIdx.z, Z = gridDim.z, n;
+    const int32_t *sg = row_segment(a, m, &n);
+    int nz = (n + P - 1) / P;
+    float mx, sum, acc[ATTN_MAX_DIMS_PER_THREAD];
+    if (nz == 1 || nz > Z) { /* block-uniform, as every branch below */
+        if (z) return;
+        attend_range(a, sg, m, h, 0, n, sm, mx, sum, acc);
+        attend_out(a, m, h, sum, acc);
+        return;
+    }
+    if (z >= nz) return;
+    int lo = z * P, hi = n - lo < P ? n : lo + P;
+    attend_range(a, sg, m, h, lo, hi, sm, mx, sum, acc);
+    const size_t stride = (size_t)(a.hd + 2);
+    float *pz = part + ((size_t)m * a.nh + h) * (size_t)Z * stride, *o = pz + (size_t)z * stride;
+    if (threadIdx.x == 0) o[0] = mx, o[1] = sum;
+#pragma unroll
+    for (int d = 0; d < ATTN_MAX_DIMS_PER_THREAD; d++) {
+        int i = threadIdx.x + d * ATTN_THREADS;
+        if (i < a.hd) o[2 + i] = acc[d];
+    }
+    __threadfence(); /* this block's partial is visible device-wide before the counter moves */
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        unsigned *c = counters + (size_t)m * a.nh + h;
+        last = atomicAdd(c, 1u) == (unsigned)nz - 1;
+        if (last) *c = 0; /* every other block of this row and head has counted: ready for the next launch */
+    }
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    mx = -INFINITY;
+    for (int k = 0; k < nz; k++) mx = fmaxf(mx, __ldcg(pz + (size_t)k * stride)); /* L2: other SMs' writes */
+    sum = 0.0f;
+#pragma unroll
+    for (int d = 0; d < ATTN_MAX_DIMS_PER_THREAD; d++) acc[d] = 0.0f;
+    for (int k = 0; k < nz; k++) {
+        const float *ok = pz + (size_t)k * stride;
+        float f = expf(__ldcg(ok) - mx);
+        sum += __ldcg(ok + 1) * f;
+#pragma unroll
+        for (int d = 0; d < ATTN_MAX_DIMS_PER_THREAD; d++) {
+            int i = threadIdx.x + d * ATTN_THREADS;
+            if (i < a.hd) acc[d] += __ldcg(ok + 2 + i) * f;
+        }
+    }
+    attend_out(a, m, h, sum, acc);
 }
 
 extern "C" void td_cuda_attention(td_backend *b, const td_config *g, const td_batch *bt, const float *q, const float *gate,
@@ -199,6 +308,18 @@ extern "C" void td_cuda_attention(td_backend *b, const td_config *g, const td_ba
     a.kv = td_cu_kv_of(kv);
     a.nh = g->n_heads; a.nkv = g->n_kv_heads; a.hd = g->head_dim; a.shift = shift;
     dim3 grid((unsigned)bt->M, (unsigned)a.nh);
-    TD_CU_KERNEL(attention_kernel, grid, ATTN_THREADS, td_cu(b)->stream, a);
+    td_cuda *cu = td_cu(b);
+    const int P = cu->attn_split_pos;
+    const int64_t Z = g->max_position_embeddings > 0 && P > 0 ? ((int64_t)g->max_position_embeddings + P - 1) / P : 0;
+    const size_t part_bytes = (size_t)bt->M * (size_t)a.nh * (size_t)Z * (size_t)(a.hd + 2) * sizeof(float);
+    if (!b->batch_invariant && cu->gemm_state == TD_CU_GEMM_ON && bt->M <= ATTN_SPLIT_MAX_ROWS && a.nh <= TD_CUDA_ATTN_MAX_HEADS &&
+        Z > 1 && Z <= 65535 && part_bytes <= cu->gemm_w_cap) {
+        float *part = (float *)cu->gemm_w; /* the staging buffer: stream-ordered, free between matmuls */
+        TD_CU_KERNEL(attention_split_kernel, dim3((unsigned)bt->M, (unsigned)a.nh, (unsigned)Z), ATTN_THREADS, cu->stream, a, P, part,
+                     (unsigned *)cu->attn_counters);
+        TD_CU_LAUNCH("attention_split_kernel");
+        return;
+    }
+    TD_CU_KERNEL(attention_kernel, grid, ATTN_THREADS, cu->stream, a);
     TD_CU_LAUNCH("attention_kernel");
 }

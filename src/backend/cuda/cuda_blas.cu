@@ -17,7 +17,8 @@
  * cuBLAS workspace (its documented recommendation for Hopper; set explicitly so
  * that graph capture never makes cuBLAS allocate), 64 MiB for one chunk of
  * dequantized weight rows and 32 MiB for one chunk of activation rows, both
- * BF16. */
+ * BF16; and the split attention's 512 KiB of counters (cuda_attn.cu), made
+ * here with the buffer that holds its partials. */
 #include "backend/cuda/cuda_internal.cuh"
 #ifndef TD_CUEMU
 #include <dlfcn.h>
@@ -77,11 +78,12 @@ static void release(td_cuda *cu) {
     if (cu->gemm_ws) (void)cudaFree(cu->gemm_ws);
     if (cu->gemm_w) (void)cudaFree(cu->gemm_w);
     if (cu->gemm_x) (void)cudaFree(cu->gemm_x);
+    if (cu->attn_counters) (void)cudaFree(cu->attn_counters);
 #ifndef TD_CUEMU
     if (cu->blas.lib) dlclose(cu->blas.lib);
 #endif
     cu->blas_handle = NULL;
-    cu->gemm_ws = cu->gemm_w = cu->gemm_x = NULL;
+    cu->gemm_ws = cu->gemm_w = cu->gemm_x = cu->attn_counters = NULL;
     cu->blas.lib = NULL;
 }
 
@@ -103,7 +105,9 @@ extern "C" void td_cuda_gemm_prepare(td_backend *b) {
     }
     if (cudaMalloc(&cu->gemm_ws, TD_CUDA_GEMM_WS_BYTES) != cudaSuccess ||
         cudaMalloc(&cu->gemm_w, TD_CUDA_GEMM_W_BYTES) != cudaSuccess ||
-        cudaMalloc(&cu->gemm_x, TD_CUDA_GEMM_X_BYTES) != cudaSuccess) {
+        cudaMalloc(&cu->gemm_x, TD_CUDA_GEMM_X_BYTES) != cudaSuccess ||
+        cudaMalloc(&cu->attn_counters, TD_CUDA_ATTN_COUNTER_BYTES) != cudaSuccess ||
+        cudaMemsetAsync(cu->attn_counters, 0, TD_CUDA_ATTN_COUNTER_BYTES, cu->stream) != cudaSuccess) {
         (void)cudaGetLastError();
         snprintf(why, sizeof why, "no device memory for its %d MiB of buffers", (int)(TD_CUDA_GEMM_BYTES >> 20));
         goto off;

@@ -109,9 +109,11 @@ typedef struct td_cuda {
     td_cu_blas blas;
     cublasHandle_t blas_handle;
     void *gemm_ws, *gemm_w, *gemm_x; /* workspace, BF16 weight chunk, BF16 activation chunk */
+    void *attn_counters;     /* split attention's per-(row, head) counters, zero between launches (cuda_attn.cu) */
     uint64_t gemm_calls;     /* cublasGemmEx calls issued */
     size_t gemm_w_cap, gemm_x_cap; /* bytes of gemm_w / gemm_x used (tests shrink them) */
     int sm;                  /* compute capability x 10 + minor (89, 90, 100, 120, ...) */
+    int attn_split_pos;      /* the fast mode's split attention: positions per partition (cuda_attn.cu) */
     int lt_state[TD_CU_LT_N]; /* TD_CU_GEMM_*: each cuBLASLt path (cuda_lt.cu) */
     td_cu_lt lt;
     cublasLtHandle_t lt_handle;
