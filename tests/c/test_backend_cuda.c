@@ -317,15 +317,17 @@ static td_backend *cuda_with_sm(const char *sm) {
     return b;
 }
 
-/* The weight of an lt path: FP8 per-tensor, NVFP4 (positive scales: ue4m3), FP8 with 128 x 128 block scales (f32 or bf16). */
+/* The weight of an lt path: 0 FP8 per-tensor, 1 NVFP4 (positive scales: ue4m3), 2 FP8 with 128 x 128 block scales,
+ * 3 FP8 per-channel ([N, 1] scales; the FP8B path's too) (f32 or bf16 scales). */
 static weight lt_weight(int path, int64_t N, int64_t K, int bf16_scales) {
     weight w = make_weight(path == 0 ? 3 : path == 1 ? 6 : 4, N, K);
     if (path == 1)
         for (int64_t i = 0; i < N * K / 16; i++) ((uint8_t *)w.scales)[i] = (uint8_t)(0x28 + rnd() % 24);
-    if (path == 2) {
+    if (path >= 2) {
         free(w.scales);
-        size_t ns = (size_t)(((N + 127) / 128) * ((K + 127) / 128));
-        w.W.scale_block[0] = w.W.scale_block[1] = 128;
+        size_t ns = path == 3 ? (size_t)N : (size_t)(((N + 127) / 128) * ((K + 127) / 128));
+        w.W.scale_block[0] = path == 3 ? 1 : 128;
+        w.W.scale_block[1] = path == 3 ? K : 128;
         w.W.scales_dtype = bf16_scales ? TD_DTYPE_BF16 : TD_DTYPE_F32;
         w.scales = malloc(ns * 4);
         for (size_t i = 0; i < ns; i++) {
@@ -334,7 +336,8 @@ static weight lt_weight(int path, int64_t N, int64_t K, int bf16_scales) {
             else ((float *)w.scales)[i] = v;
         }
         w.W.scales = w.scales;
-        w.name = bf16_scales ? "fp8 block 128x128 (bf16 scales)" : "fp8 block 128x128 (f32 scales)";
+        w.name = path == 3 ? (bf16_scales ? "fp8 per-channel (bf16 scales)" : "fp8 per-channel (f32 scales)")
+                           : (bf16_scales ? "fp8 block 128x128 (bf16 scales)" : "fp8 block 128x128 (f32 scales)");
     }
     return w;
 }
@@ -365,6 +368,7 @@ static double lt_tol = 1e-5;
 
 static void lt_case(td_backend *b, int path, int64_t N, int64_t K, int caps) {
     const int Ms[] = {129, 300};
+    const int ctr = path == 3 ? 2 : path; /* per-channel FP8 is the FP8B path's (counters, on[]) */
     const int MMAX = 300;
     weight w = lt_weight(path, N, K, caps);
     float *x = malloc(sizeof(float) * (size_t)(MMAX * K));
@@ -387,7 +391,7 @@ static void lt_case(td_backend *b, int path, int64_t N, int64_t K, int caps) {
     lt_dev dv = lt_dev_load(b, &w, x, MMAX, N, K);
     /* caps 1: 128 weight rows' tiled scales (NVFP4) / 256 scale floats (FP8) and ~100 / ~77 activation rows per chunk */
     int64_t cols4 = (K / 16 + 3) / 4 * 4;
-    CHECK(td_backend_cuda_gemm_caps(b, caps ? (size_t)(path == 1 ? 128 * cols4 : path == 0 ? 1024 : 0) : 0, caps ? 9072 : 0) == 0,
+    CHECK(td_backend_cuda_gemm_caps(b, caps ? (size_t)(path == 1 ? 128 * cols4 : path != 2 ? 1024 : 0) : 0, caps ? 9072 : 0) == 0,
           "caps");
     int sm, on[3];
     uint64_t c0[3], c1[3];
@@ -395,13 +399,13 @@ static void lt_case(td_backend *b, int path, int64_t N, int64_t K, int caps) {
         int M = Ms[mi];
         double *xq = malloc(sizeof(double) * (size_t)(M * K));
         td_backend_cuda_lt_info(b, &sm, on, c0);
-        host_quant(path, sm, x, M, K, xq);
+        host_quant(path == 3 ? 0 : path, sm, x, M, K, xq);
         b->ops->fill0(b, dv.dy, sizeof(float) * (size_t)(MMAX * N));
         b->ops->matmul(b, &dv.Wd, dv.dx, M, dv.dy);
         td_bk_download(b, got, dv.dy, sizeof(float) * (size_t)(M * N));
         td_backend_cuda_lt_info(b, &sm, on, c1);
-        CHECK(c1[path] > c0[path] + (caps ? 1 : 0), "%s sm_%d M=%d caps %d: %llu cublasLtMatmul calls", w.name, sm, M, caps,
-              (unsigned long long)(c1[path] - c0[path]));
+        CHECK(c1[ctr] > c0[ctr] + (caps ? 1 : 0), "%s sm_%d M=%d caps %d: %llu cublasLtMatmul calls", w.name, sm, M, caps,
+              (unsigned long long)(c1[ctr] - c0[ctr]));
         double worst = 0, worst_f = 0, want_at = 0;
         int64_t at = 0;
         /* FP8B takes rows in fours: the last M % 4 are the exact kernels' (the CPU's bits) */
@@ -422,7 +426,7 @@ static void lt_case(td_backend *b, int path, int64_t N, int64_t K, int caps) {
                 if (!(r <= worst)) { worst = r; at = m * N + n; want_at = want; }
                 /* against the unquantized f32 result: e4m3 keeps 3 mantissa bits (2^-4 of each
                    product), NVFP4's e2m1 1 bit under a rounded block scale (up to 1/3 of a product) */
-                double rf = fabs((double)got[m * N + n] - ref[m * N + n]) / (magx * (path ? 0.5 : 0x1p-3) + 1e-30);
+                double rf = fabs((double)got[m * N + n] - ref[m * N + n]) / (magx * (path == 1 ? 0.5 : 0x1p-3) + 1e-30);
                 if (!(rf <= worst_f)) worst_f = rf;
             }
         CHECK(worst <= 1.0, "%s sm_%d M=%d caps %d: %.9g vs host-quantized %.9g at %lld (%.3g of the %g bound)", w.name, sm, M, caps,
@@ -438,6 +442,7 @@ static void lt_case(td_backend *b, int path, int64_t N, int64_t K, int caps) {
 /* A shape or device a path does not take: the BF16 cuBLAS path (or the exact kernels up to 128 rows) instead. */
 static void lt_fallback(td_backend *b, int path, int64_t N, int64_t K, int M) {
     weight w = lt_weight(path, N, K, 0);
+    const int ctr = path == 3 ? 2 : path;
     float *x = malloc(sizeof(float) * (size_t)(M * K)), *y = malloc(sizeof(float) * (size_t)(M * N));
     for (int64_t i = 0; i < M * K; i++) x[i] = rndf();
     lt_dev dv = lt_dev_load(b, &w, x, M, N, K);
@@ -449,7 +454,7 @@ static void lt_fallback(td_backend *b, int path, int64_t N, int64_t K, int M) {
     td_bk_download(b, y, dv.dy, sizeof(float) * (size_t)(M * N));
     td_backend_cuda_lt_info(b, &sm, on, c1);
     td_backend_cuda_gemm_info(b, &gon, &g1);
-    CHECK(c1[path] == c0[path], "%s sm_%d N=%lld K=%lld M=%d: no cuBLASLt call", w.name, sm, (long long)N, (long long)K, M);
+    CHECK(c1[ctr] == c0[ctr], "%s sm_%d N=%lld K=%lld M=%d: no cuBLASLt call", w.name, sm, (long long)N, (long long)K, M);
     CHECK(g1 - g0 == (M > 128 ? 1u : 0u), "%s sm_%d N=%lld M=%d: %llu BF16 cuBLAS calls", w.name, sm, (long long)N, M,
           (unsigned long long)(g1 - g0));
     lt_dev_free(b, &dv);
@@ -486,8 +491,9 @@ static void test_matmul_lt(void) {
         const char *mode = td_backend_cuda_mode(b);
         CHECK(mode && (strstr(mode, "FP8") != NULL) == (on[0] != 0) && (strstr(mode, "NVFP4") != NULL) == (on[1] != 0), "mode line: %s",
               mode ? mode : "(null)");
-        for (int path = 0; path < 3; path++) {
+        for (int path = 0; path < 4; path++) { /* 3: FP8 per-channel, on the FP8B path (sm_90: outer-vector weight scales) */
             int64_t K = path == 2 ? 256 : 96;
+            const int ctr = path == 3 ? 2 : path;
             if (path == 2 && on[2]) {
                 /* 128 x 128 blocks: the heuristic decides (cuBLAS documents them for sm_90; cuemu has them on 90 only).
                    One matmul: taken, or refused and then off (its result is the BF16 path's, not checked here) */
@@ -506,7 +512,7 @@ static void test_matmul_lt(void) {
                     continue;
                 }
             }
-            if (on[path]) {
+            if (on[ctr]) {
                 for (int caps = 0; caps < 2; caps++) lt_case(b, path, 260, K, caps);
                 lt_case(b, path, 132, path == 2 ? 384 : 160, 0);
                 lt_fallback(b, path, 38, K, 150); /* N % 4 */

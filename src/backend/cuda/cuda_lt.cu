@@ -15,7 +15,9 @@
  *    per chunk of rows, absmax over the chunk / 448, as vLLM's dynamic
  *    per-tensor FP8 activations. Half the bytes of the BF16 path's
  *    activations, no weight copy, and FP8 tensor cores run at twice the BF16
- *    rate.
+ *    rate. FP8 per-channel weights ([N, 1] scales) take the same kernel on
+ *    sm_90 with those scales as the weight's outer vector (counted as the
+ *    FP8B path, which is sm_90's too); elsewhere they stay on BF16.
  *  - NVFP4 (TD_CU_LT_FP4, sm_100 and later: Blackwell, including the
  *    RTX 5090's sm_120): e2m1 weights with e4m3 scales per 16 inputs and a
  *    global multiplier (ModelOpt, compressed-tensors). Activations in NVFP4
@@ -98,7 +100,7 @@ static int load_lt(td_cu_lt *f, char *why, size_t cap) {
 }
 #endif
 
-static const char *const path_name[TD_CU_LT_N] = {"FP8", "NVFP4", "FP8 128x128-block"};
+static const char *const path_name[TD_CU_LT_N] = {"FP8", "NVFP4", "FP8 128x128-block / per-channel"};
 
 /* Called once the cuBLAS GEMM is on (its buffers and workspace exist). Each
  * path the device's generation has is tried; TANDEM_CUDA_LT=0 keeps both off
@@ -295,11 +297,17 @@ static int refused(td_cuda *cu, int path, int64_t nr, int64_t rows, int64_t K) {
     return 0;
 }
 
+static __global__ void __launch_bounds__(QT) wscale_f32_kernel(const void *sc, int dt, int64_t nb, int64_t kb, int64_t kb4, float *out);
+
 /* FP8 e4m3 per-tensor: weights in place, activation rows in chunks of gemm_x;
- * per-row activation scales on sm_90, one per chunk elsewhere. */
-static int gemm_fp8(td_backend *b, const td_cu_lt_weight *w, const float *x, int M, float *y) {
+ * per-row activation scales on sm_90, one per chunk elsewhere. Per-channel
+ * (channel: the weight's [N, 1] scales, sm_90 only, its FP8B path): the
+ * weight's scale vector is those scales instead of N copies of one. */
+static int gemm_fp8(td_backend *b, const td_cu_lt_weight *w, const float *x, int M, float *y, bool channel) {
     td_cuda *cu = td_cu(b);
     const bool outer = cu->sm == 90;
+    if (channel && !outer) return 0; /* tensor-wide scales cannot carry a scale per output row */
+    const int path = channel ? TD_CU_LT_FP8B : TD_CU_LT_FP8;
     const int32_t mode = outer ? CUBLASLT_MATMUL_MATRIX_SCALE_OUTER_VEC_32F : CUBLASLT_MATMUL_MATRIX_SCALE_SCALAR_32F;
     const int64_t N = w->N, K = w->K;
     /* chunk: q [mc, K] | s [mc] | absmax [mc] */
@@ -313,8 +321,10 @@ static int gemm_fp8(td_backend *b, const td_cu_lt_weight *w, const float *x, int
     uint8_t *q = (uint8_t *)cu->gemm_x;
     float *s = (float *)((uint8_t *)cu->gemm_x + align256((size_t)(mc * K))), *amax = s + align256((size_t)mc * 4) / 4;
     float *ws = (float *)cu->gemm_w;
-    TD_CU_KERNEL(fill_f32_kernel, td_cu_blocks((size_t)nc, QT), QT, st, ws, nc, w->mult); /* the same value for every chunk */
-    TD_CU_LAUNCH("fill_f32_kernel");
+    if (!channel) {
+        TD_CU_KERNEL(fill_f32_kernel, td_cu_blocks((size_t)nc, QT), QT, st, ws, nc, w->mult); /* the same value for every chunk */
+        TD_CU_LAUNCH("fill_f32_kernel");
+    }
     for (int64_t m0 = 0; m0 < M; m0 += mc) {
         int64_t rows = M - m0 < mc ? M - m0 : mc;
         TD_CU_KERNEL(row_absmax_kernel, (unsigned)rows, QT, st, x + m0 * K, K, amax);
@@ -327,15 +337,20 @@ static int gemm_fp8(td_backend *b, const td_cu_lt_weight *w, const float *x, int
         TD_CU_LAUNCH("fp8_rows_kernel");
         for (int64_t n0 = 0; n0 < N; n0 += nc) {
             int64_t nr = N - n0 < nc ? N - n0 : nc;
+            if (channel) { /* this chunk's rows' scales as f32 (the checkpoint's [N, 1] in f32, bf16 or f16) */
+                const uint8_t *src = (const uint8_t *)w->scales + (size_t)n0 * (w->scales_dtype == TD_DTYPE_F32 ? 4 : 2);
+                TD_CU_KERNEL(wscale_f32_kernel, td_cu_blocks((size_t)nr, QT), QT, st, (const void *)src, w->scales_dtype, nr, 1, 1, ws);
+                TD_CU_LAUNCH("wscale_f32_kernel");
+            }
             /* tensor-wide: cuBLASLt reads ws[0] and s[0] */
             lt_call c = {CUDA_R_8F_E4M3, mode, mode, w->data + n0 * K, q, ws, s, NULL, NULL, false, nr, rows, K, N, y + m0 * N + n0};
             if (!lt_run(cu, c)) {
-                if (m0 == 0 && n0 == 0) return refused(cu, TD_CU_LT_FP8, nr, rows, K);
+                if (m0 == 0 && n0 == 0) return refused(cu, path, nr, rows, K);
                 fprintf(stderr, "%s:%d: cuBLASLt refused a later FP8 chunk (%lld x %lld x %lld)\n", __FILE__, __LINE__, (long long)nr,
                         (long long)rows, (long long)K);
                 abort(); /* part of y is written: nothing to fall back to */
             }
-            cu->lt_calls[TD_CU_LT_FP8]++;
+            cu->lt_calls[path]++;
         }
     }
     return M;
@@ -400,6 +415,7 @@ static __global__ void __launch_bounds__(128) fp8_blocks_kernel(const float *x, 
     q[m * K + i] = td_cu_f32_to_e4m3(v / sc);
 }
 
+/* f32 copy of a [nb, kb] scale grid, rows padded to kb4 with zeros. */
 static __global__ void __launch_bounds__(QT) wscale_f32_kernel(const void *sc, int dt, int64_t nb, int64_t kb, int64_t kb4, float *out) {
     int64_t e = (int64_t)blockIdx.x * QT + threadIdx.x;
     if (e >= nb * kb4) return;
@@ -456,7 +472,8 @@ extern "C" int td_cuda_lt_gemm(td_backend *b, int path, const td_cu_lt_weight *w
     if (path < 0 || path >= TD_CU_LT_N || cu->lt_state[path] != TD_CU_GEMM_ON) return 0;
     if (w->K % 32 || w->N % 4 || w->K > 1 << 24 || w->N > INT32_MAX || !(w->mult == w->mult)) return 0;
     if (((uintptr_t)w->data | (uintptr_t)x | (uintptr_t)y) & 15) return 0;
-    return path == TD_CU_LT_FP8 ? gemm_fp8(b, w, x, M, y) : path == TD_CU_LT_FP4 ? gemm_fp4(b, w, x, M, y) : gemm_fp8b(b, w, x, M, y);
+    if (path == TD_CU_LT_FP8B && w->bn == 1 && w->bk >= w->K) return gemm_fp8(b, w, x, M, y, true); /* per-channel */
+    return path == TD_CU_LT_FP8 ? gemm_fp8(b, w, x, M, y, false) : path == TD_CU_LT_FP4 ? gemm_fp4(b, w, x, M, y) : gemm_fp8b(b, w, x, M, y);
 }
 
 extern "C" int td_backend_cuda_lt_info(td_backend *b, int *sm, int on[3], uint64_t calls[3]) {
