@@ -211,7 +211,7 @@ int td_backend_cuda_graph_info(td_backend *b, int *graphs, size_t *nodes, size_t
 #define TD_CUDA_GEMM_W_BYTES (64ull << 20)  /* one chunk of weight rows, dequantized to BF16 */
 #define TD_CUDA_GEMM_X_BYTES (32ull << 20)  /* one chunk of activation rows, rounded to BF16 */
 /* The fast mode's split attention (backend/cuda/cuda_attn.cu): one counter per
- * (row, head) for up to 128 rows of TD_CUDA_ATTN_MAX_HEADS heads (its partials
+ * (row, KV head) for up to 128 rows of TD_CUDA_ATTN_MAX_HEADS KV heads (its partials
  * live in the weight staging buffer). */
 #define TD_CUDA_ATTN_MAX_HEADS 1024
 #define TD_CUDA_ATTN_COUNTER_BYTES (128ull * TD_CUDA_ATTN_MAX_HEADS * 4)

@@ -1171,18 +1171,19 @@ static void test_fill_random(void) {
 }
 
 /* ---- the fast mode's split attention (cuda_attn.cu): long contexts in partitions ----
- * Partitions of 32 positions (TD_CUDA_ATTN_SPLIT) and max_position_embeddings 320: Z = 10.
+ * Partitions of 32 positions (TD_CUDA_ATTN_SPLIT) and max_position_embeddings 320: Z = 10; blocks per
+ * (row, KV head, partition), each for the KV head's query heads.
  * Three segments in one batch: A, 3 rows at positions 297..299 (10 partitions); B, 2 rows at
  * 10..11 (one partition); C, 1 row at position 339 (past Z x P: the per-row computation).
  * Checked against the CPU within 1e-5 (f32 and bf16 KV), A's bits not the per-row kernel's
  * (the split ran and merged), B's and C's bits the per-row kernel's, and A alone gives its
  * bits in the batch (batch invariance). */
-static void test_attention_split(void) {
+static void test_attention_split(int nh, int nkv, int hd) {
     td_config g;
     memset(&g, 0, sizeof g);
-    g.n_heads = 4; g.n_kv_heads = 2; g.head_dim = 48; g.attn_output_gate = true; g.max_position_embeddings = 320;
+    g.n_heads = nh; g.n_kv_heads = nkv; g.head_dim = hd; g.attn_output_gate = true; g.max_position_embeddings = 320;
     enum { M = 6 };
-    const int nh = 4, hd = 48, nkv = 2, ad = nh * hd, kvd = nkv * hd, NB = 48;
+    const int ad = nh * hd, kvd = nkv * hd, NB = 48;
     setenv("TD_CUDA_ATTN_SPLIT", "32", 1);
     td_backend *fast = cuda_with_sm("90");
     unsetenv("TD_CUDA_ATTN_SPLIT");
@@ -1245,7 +1246,7 @@ static void test_attention_split(void) {
             b->ops->free(b, d); b->ops->free(b, dq); b->ops->free(b, dg); b->ops->free(b, dout);
         }
         const char *kvn = st[si] == TD_KV_F32 ? "f32" : "bf16";
-        CHECK(max_abs_norm(got[1], ref, (size_t)M * ad) < 1e-5, "split attention (kv %s) vs cpu: %g", kvn,
+        CHECK(max_abs_norm(got[1], ref, (size_t)M * ad) < 1e-5, "split attention (%d/%d heads, dim %d, kv %s) vs cpu: %g", nh, nkv, hd, kvn,
               max_abs_norm(got[1], ref, (size_t)M * ad));
         CHECK(max_abs_norm(got[0], ref, (size_t)M * ad) < 1e-5, "per-row attention (kv %s) vs cpu: %g", kvn,
               max_abs_norm(got[0], ref, (size_t)M * ad));
@@ -1296,7 +1297,10 @@ int main(void) {
     if (!standin) test_matmul_fast(); /* cuBLAS: the CUDA backend's own (a stand-in has none) */
     else printf("backend_cuda: the fast GEMM is CUDA's: not checked on the stand-in\n");
     if (!standin) test_matmul_lt(); /* cuBLASLt, likewise */
-    if (!standin) test_attention_split(); /* the fast mode's, likewise */
+    if (!standin) { /* the fast mode's split attention, likewise: 2 and 3 query heads per KV head, 1 and 2 dims per thread */
+        test_attention_split(4, 2, 48);
+        test_attention_split(6, 2, 160);
+    }
     test_rows();
     test_kv();
     test_sample(standin);

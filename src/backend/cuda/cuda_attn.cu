@@ -16,20 +16,21 @@
  * buffers made) and for at most ATTN_SPLIT_MAX_ROWS rows (decode, draft and
  * verify forwards; prompt chunks have M x nh blocks already), positions are
  * cut into fixed partitions of P (cu->attn_split_pos, 2048; env
- * TD_CUDA_ATTN_SPLIT for tests, 0 = off): one block per (row, head, partition)
- * computes its partition's max, sum and weighted values exactly as the
- * per-row kernel does over that range, into the 64 MiB weight staging
- * buffer, and the last block of each (row, head) to finish merges the
- * partitions in increasing order (max of maxes, sums and values rescaled by
- * e^(m_z - max)); its counters are the fast mode's 512 KiB
- * (TD_CUDA_ATTN_COUNTER_BYTES, in the plan's TD_CUDA_GEMM_BYTES). The grid's partition count Z =
- * ceil(max_position_embeddings / P) is fixed per model, so graphs capture
- * it; blocks past a row's positions return at once. A row's partitions
- * depend on its own position only, so its bits are the same in any batch
- * (batch invariance holds, and greedy at depth k = depth 0 in the fast
- * mode); a row of at most P positions gives the per-row kernel's bits; a
- * row past Z x P positions is computed by one block as the per-row kernel
- * does. The split rounds differently from the CPU's single pass:
+ * TD_CUDA_ATTN_SPLIT for tests, 0 = off): one block per (row, KV head,
+ * partition) reads each K and V row of its range once for the KV head's
+ * G query heads (GQA: a block per query head would read them G times) and
+ * keeps an online softmax per head; its max, sum and weighted values go to
+ * the 64 MiB weight staging buffer, and the last block of each (row, KV
+ * head) merges the partitions in increasing order (max of maxes, sums and
+ * values rescaled by e^(m_z - max)); its counters are the fast mode's
+ * 512 KiB (TD_CUDA_ATTN_COUNTER_BYTES, in the plan's TD_CUDA_GEMM_BYTES).
+ * The grid's partition count Z = ceil(max_position_embeddings / P) is
+ * fixed per model, so graphs capture it; blocks past a row's positions
+ * return at once. A row's partitions depend on its own position only, so
+ * its bits are the same in any batch (batch invariance holds, and greedy
+ * at depth k = depth 0 in the fast mode); a row of at most P positions, or
+ * past Z x P, is computed by one block as the per-row kernel does (its
+ * bits). The split rounds differently from the CPU's single pass:
  * the tolerance is test_backend_cuda's. */
 #include "backend/cuda/cuda_internal.cuh"
 
@@ -235,65 +236,148 @@ static __global__ void __launch_bounds__(ATTN_THREADS) attention_kernel(attn_arg
     attend_out(a, m, h, sum, acc);
 }
 
-/* Split attention: grid (M, nh, Z); block (m, h, z) takes partition z of
- * row m, head h: positions [z P, min(n, (z + 1) P)). A row of one partition
- * is the per-row kernel's computation. Otherwise each block writes its max,
- * sum and hd weighted values to part[((m nh + h) Z + z) (hd + 2)], and the
- * last of the row's blocks to finish (a counter per (row, head), reset by
- * that block for the next launch: one kernel, one graph node, as the per-row
- * kernel) merges the partitions in increasing z: max of maxes, sums and
- * values rescaled by e^(m_z - max). A row past Z partitions: block 0 runs
- * the per-row computation. */
+/* Split attention: grid (M, nkv, Z); block (m, kh, z) takes partition z of
+ * row m for the G = nh / nkv query heads of KV head kh (each K and V row is
+ * read once for the group, as FlashInfer's decode does): positions
+ * [z P, min(n, (z + 1) P)) in chunks of CH, each chunk's K and V rows
+ * loaded into shared memory by all threads (coalesced), the G x CH scores
+ * (the 16-lane dot order of score_at), then per head an online softmax
+ * (running max m, sum l and values, rescaled by e^(m - m') when the max
+ * grows). Each head's max, sum and hd values go to part[((m nh + h) Z + z)
+ * (hd + 2)], and the last of the row's blocks for kh to finish (a counter
+ * per (row, KV head), reset by that block for the next launch: one kernel,
+ * one graph node, as the per-row kernel) merges each head's partitions in
+ * increasing z: max of maxes, sums and values rescaled by e^(m_z - max).
+ * A row of one partition, or past Z partitions: block 0 runs the per-row
+ * computation for each head of the group (the per-row kernel's bits).
+ * Shapes: G x hd + 2 CH x hd + 2 G x CH floats fit SPLIT_POOL with CH >= 1,
+ * and G x ceil(hd / 128) <= SPLIT_ACC (the host checks; else per-row). */
+#define SPLIT_POOL 11264 /* floats (44 KiB) of shared memory, also the per-row fallback's attn_smem */
+#define SPLIT_CH 16
+#define SPLIT_ACC 16
+static_assert(sizeof(attn_smem) <= SPLIT_POOL * sizeof(float), "the per-row fallback's shared memory fits the pool");
+
 static __global__ void __launch_bounds__(ATTN_THREADS) attention_split_kernel(attn_args a, int P, float *part, unsigned *counters) {
-    __shared__ attn_smem sm;
+    __shared__ float pool[SPLIT_POOL];
     __shared__ bool last;
-    int m = blockIdx.x, h = blockIdx.y, z = blockIdx.z, Z = gridDim.z, n;
+    int m = blockIdx.x, kh = blockIdx.y, z = blockIdx.z, Z = gridDim.z, n;
+    const int G = a.nh / a.nkv, hd = a.hd, tid = threadIdx.x;
     const int32_t *sg = row_segment(a, m, &n);
     int nz = (n + P - 1) / P;
-    float mx, sum, acc[ATTN_MAX_DIMS_PER_THREAD];
     if (nz == 1 || nz > Z) { /* block-uniform, as every branch below */
         if (z) return;
-        attend_range(a, sg, m, h, 0, n, sm, mx, sum, acc);
-        attend_out(a, m, h, sum, acc);
+        attn_smem &sm = *reinterpret_cast<attn_smem *>(pool);
+        for (int g = 0; g < G; g++) {
+            float mx, sum, acc[ATTN_MAX_DIMS_PER_THREAD];
+            attend_range(a, sg, m, kh * G + g, 0, n, sm, mx, sum, acc);
+            attend_out(a, m, kh * G + g, sum, acc);
+            __syncthreads(); /* the next head's q load reuses the pool */
+        }
         return;
     }
     if (z >= nz) return;
-    int lo = z * P, hi = n - lo < P ? n : lo + P;
-    attend_range(a, sg, m, h, lo, hi, sm, mx, sum, acc);
-    const size_t stride = (size_t)(a.hd + 2);
-    float *pz = part + ((size_t)m * a.nh + h) * (size_t)Z * stride, *o = pz + (size_t)z * stride;
-    if (threadIdx.x == 0) o[0] = mx, o[1] = sum;
+    const int lo = z * P, hi = n - lo < P ? n : lo + P;
+    int ch = (SPLIT_POOL - G * hd - 2 * G * SPLIT_CH) / (2 * hd);
+    if (ch > SPLIT_CH) ch = SPLIT_CH;
+    float *qs = pool, *ks = qs + G * hd, *vs = ks + ch * hd, *sc = vs + ch * hd, *pr = sc + G * SPLIT_CH;
+    const float scale = 1.0f / sqrtf((float)hd);
+    const size_t qo = (size_t)m * a.nh * hd + (size_t)kh * G * hd; /* the group's heads are consecutive */
+    for (int i = tid; i < G * hd; i += ATTN_THREADS) qs[i] = a.q[qo + i];
+    float mrun[SPLIT_ACC], lrun[SPLIT_ACC], acc[SPLIT_ACC]; /* mrun, lrun: [g]; acc: [g x dims-per-thread + d] */
+    const int dpt = (hd + ATTN_THREADS - 1) / ATTN_THREADS;
 #pragma unroll
-    for (int d = 0; d < ATTN_MAX_DIMS_PER_THREAD; d++) {
-        int i = threadIdx.x + d * ATTN_THREADS;
-        if (i < a.hd) o[2 + i] = acc[d];
+    for (int i = 0; i < SPLIT_ACC; i++) mrun[i] = -INFINITY, lrun[i] = 0.0f, acc[i] = 0.0f;
+    for (int c0 = lo; c0 < hi; c0 += ch) {
+        const int cn = hi - c0 < ch ? hi - c0 : ch;
+        __syncthreads(); /* q loaded; the previous chunk's rows, scores and weights no longer read */
+        for (int e = tid; e < cn * hd; e += ATTN_THREADS) {
+            int j = e / hd, i = e % hd;
+            size_t row = td_cu_kv_row(a.block_tables, sg, c0 + j + a.shift);
+            ks[e] = td_cu_kv_read(a.kv, a.kv.k, a.kv.ks, row, kh, i);
+            vs[e] = td_cu_kv_read(a.kv, a.kv.v, a.kv.vs, row, kh, i);
+        }
+        __syncthreads();
+        for (int e = tid; e < G * cn; e += ATTN_THREADS) { /* score (g, j) in score_at's order */
+            int g = e / cn, j = e % cn;
+            const float *q = qs + g * hd, *k = ks + j * hd;
+            float l16[16];
+#pragma unroll
+            for (int t = 0; t < 16; t++) l16[t] = 0.0f;
+            for (int c = 0; c < hd; c += 16) {
+#pragma unroll
+                for (int t = 0; t < 16; t++)
+                    if (c + t < hd) l16[t] = l16[t] + q[c + t] * k[c + t];
+            }
+            float s8[8], s4[4];
+#pragma unroll
+            for (int t = 0; t < 8; t++) s8[t] = l16[t] + l16[t + 8];
+#pragma unroll
+            for (int t = 0; t < 4; t++) s4[t] = s8[t] + s8[t + 4];
+            sc[g * SPLIT_CH + j] = ((s4[0] + s4[2]) + (s4[1] + s4[3])) * scale;
+        }
+        __syncthreads();
+        for (int e = tid; e < G * cn; e += ATTN_THREADS) { /* weights against each head's new max */
+            int g = e / cn, j = e % cn;
+            float mn = mrun[g];
+            for (int t = 0; t < cn; t++) mn = fmaxf(mn, sc[g * SPLIT_CH + t]);
+            pr[g * SPLIT_CH + j] = expf(sc[g * SPLIT_CH + j] - mn);
+        }
+        __syncthreads();
+        for (int g = 0; g < G; g++) { /* every thread: the running max, sum and its dims of each head */
+            float mn = mrun[g];
+            for (int t = 0; t < cn; t++) mn = fmaxf(mn, sc[g * SPLIT_CH + t]);
+            float alpha = expf(mrun[g] - mn); /* 0 at the first chunk (m = -inf) */
+            float l = lrun[g] * alpha;
+            for (int t = 0; t < cn; t++) l += pr[g * SPLIT_CH + t];
+            lrun[g] = l;
+            mrun[g] = mn;
+            for (int d = 0; d < dpt; d++) {
+                int i = tid + d * ATTN_THREADS;
+                if (i >= hd) break;
+                float v = acc[g * dpt + d] * alpha;
+                for (int t = 0; t < cn; t++) v += pr[g * SPLIT_CH + t] * vs[t * hd + i];
+                acc[g * dpt + d] = v;
+            }
+        }
     }
-    __threadfence(); /* this block's partial is visible device-wide before the counter moves */
+    const size_t stride = (size_t)(hd + 2);
+    for (int g = 0; g < G; g++) {
+        float *o = part + (((size_t)m * a.nh + kh * G + g) * Z + z) * stride;
+        if (tid == 0) o[0] = mrun[g], o[1] = lrun[g];
+        for (int d = 0; d < dpt; d++) {
+            int i = tid + d * ATTN_THREADS;
+            if (i < hd) o[2 + i] = acc[g * dpt + d];
+        }
+    }
+    __threadfence(); /* this block's partials are visible device-wide before the counter moves */
     __syncthreads();
-    if (threadIdx.x == 0) {
-        unsigned *c = counters + (size_t)m * a.nh + h;
+    if (tid == 0) {
+        unsigned *c = counters + (size_t)m * a.nkv + kh;
         last = atomicAdd(c, 1u) == (unsigned)nz - 1;
-        if (last) *c = 0; /* every other block of this row and head has counted: ready for the next launch */
+        if (last) *c = 0; /* every other block of this row and KV head has counted: ready for the next launch */
     }
     __syncthreads();
     if (!last) return;
     __threadfence();
-    mx = -INFINITY;
-    for (int k = 0; k < nz; k++) mx = fmaxf(mx, __ldcg(pz + (size_t)k * stride)); /* L2: other SMs' writes */
-    sum = 0.0f;
+    for (int g = 0; g < G; g++) {
+        const int h = kh * G + g;
+        const float *pz = part + ((size_t)m * a.nh + h) * (size_t)Z * stride;
+        float mx = -INFINITY, sum = 0.0f, out[ATTN_MAX_DIMS_PER_THREAD];
+        for (int k = 0; k < nz; k++) mx = fmaxf(mx, __ldcg(pz + (size_t)k * stride)); /* L2: other SMs' writes */
 #pragma unroll
-    for (int d = 0; d < ATTN_MAX_DIMS_PER_THREAD; d++) acc[d] = 0.0f;
-    for (int k = 0; k < nz; k++) {
-        const float *ok = pz + (size_t)k * stride;
-        float f = expf(__ldcg(ok) - mx);
-        sum += __ldcg(ok + 1) * f;
+        for (int d = 0; d < ATTN_MAX_DIMS_PER_THREAD; d++) out[d] = 0.0f;
+        for (int k = 0; k < nz; k++) {
+            const float *ok = pz + (size_t)k * stride;
+            float f = expf(__ldcg(ok) - mx);
+            sum += __ldcg(ok + 1) * f;
 #pragma unroll
-        for (int d = 0; d < ATTN_MAX_DIMS_PER_THREAD; d++) {
-            int i = threadIdx.x + d * ATTN_THREADS;
-            if (i < a.hd) acc[d] += __ldcg(ok + 2 + i) * f;
+            for (int d = 0; d < ATTN_MAX_DIMS_PER_THREAD; d++) {
+                int i = tid + d * ATTN_THREADS;
+                if (i < hd) out[d] += __ldcg(ok + 2 + i) * f;
+            }
         }
+        attend_out(a, m, h, sum, out);
     }
-    attend_out(a, m, h, sum, acc);
 }
 
 extern "C" void td_cuda_attention(td_backend *b, const td_config *g, const td_batch *bt, const float *q, const float *gate,
@@ -312,10 +396,12 @@ extern "C" void td_cuda_attention(td_backend *b, const td_config *g, const td_ba
     const int P = cu->attn_split_pos;
     const int64_t Z = g->max_position_embeddings > 0 && P > 0 ? ((int64_t)g->max_position_embeddings + P - 1) / P : 0;
     const size_t part_bytes = (size_t)bt->M * (size_t)a.nh * (size_t)Z * (size_t)(a.hd + 2) * sizeof(float);
-    if (!b->batch_invariant && cu->gemm_state == TD_CU_GEMM_ON && bt->M <= ATTN_SPLIT_MAX_ROWS && a.nh <= TD_CUDA_ATTN_MAX_HEADS &&
-        Z > 1 && Z <= 65535 && part_bytes <= cu->gemm_w_cap) {
+    const int G = a.nh / a.nkv, dpt = (a.hd + ATTN_THREADS - 1) / ATTN_THREADS;
+    const bool fits = G * dpt <= SPLIT_ACC && G * a.hd + 2 * a.hd + 2 * G * SPLIT_CH <= SPLIT_POOL;
+    if (!b->batch_invariant && cu->gemm_state == TD_CU_GEMM_ON && bt->M <= ATTN_SPLIT_MAX_ROWS && a.nkv <= TD_CUDA_ATTN_MAX_HEADS &&
+        fits && Z > 1 && Z <= 65535 && part_bytes <= cu->gemm_w_cap) {
         float *part = (float *)cu->gemm_w; /* the staging buffer: stream-ordered, free between matmuls */
-        TD_CU_KERNEL(attention_split_kernel, dim3((unsigned)bt->M, (unsigned)a.nh, (unsigned)Z), ATTN_THREADS, cu->stream, a, P, part,
+        TD_CU_KERNEL(attention_split_kernel, dim3((unsigned)bt->M, (unsigned)a.nkv, (unsigned)Z), ATTN_THREADS, cu->stream, a, P, part,
                      (unsigned *)cu->attn_counters);
         TD_CU_LAUNCH("attention_split_kernel");
         return;
