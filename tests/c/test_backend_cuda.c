@@ -1242,6 +1242,20 @@ static void test_attention_split(int nh, int nkv, int hd) {
                 d1.n_seg = 1;
                 b->ops->attention(b, &g, &d1, dq, dg, &v, 0, dout);
                 td_bk_download(b, alone, dout, sizeof(float) * 3 * ad);
+                /* partials for 2 rows at a time (three launches): the same bits; for none: the per-row kernel's */
+                size_t row_bytes = (size_t)nh * 10 * (size_t)(hd + 2) * 4, at = 0;
+                float *chunked = malloc(sizeof(float) * M * ad);
+                CHECK(td_backend_cuda_gemm_caps(b, 2 * row_bytes, 0) == 0, "caps");
+                b->ops->fill0(b, dout, sizeof(float) * M * ad);
+                b->ops->attention(b, &g, &db, dq, dg, &v, 0, dout);
+                td_bk_download(b, chunked, dout, sizeof(float) * M * ad);
+                CHECK(same_bits(chunked, got[1], (size_t)M * ad, &at), "split attention in row chunks of 2 differs at %zu", at);
+                CHECK(td_backend_cuda_gemm_caps(b, row_bytes - 4, 0) == 0, "caps");
+                b->ops->attention(b, &g, &db, dq, dg, &v, 0, dout);
+                td_bk_download(b, chunked, dout, sizeof(float) * M * ad);
+                CHECK(same_bits(chunked, got[0], (size_t)M * ad, &at), "no room for a row's partials: not the per-row kernel's bits at %zu", at);
+                CHECK(td_backend_cuda_gemm_caps(b, 0, 0) == 0, "caps reset");
+                free(chunked);
             }
             b->ops->free(b, d); b->ops->free(b, dq); b->ops->free(b, dg); b->ops->free(b, dout);
         }

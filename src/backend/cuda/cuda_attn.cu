@@ -26,11 +26,13 @@
  * 512 KiB (TD_CUDA_ATTN_COUNTER_BYTES, in the plan's TD_CUDA_GEMM_BYTES).
  * The grid's partition count Z = ceil(max_position_embeddings / P) is
  * fixed per model, so graphs capture it; blocks past a row's positions
- * return at once. A row's partitions depend on its own position only, so
- * its bits are the same in any batch (batch invariance holds, and greedy
- * at depth k = depth 0 in the fast mode); a row of at most P positions, or
- * past Z x P, is computed by one block as the per-row kernel does (its
- * bits). The split rounds differently from the CPU's single pass:
+ * return at once. A row's partitions depend on its own position only, and
+ * whether rows split depends on the model and M <= 128 only (rows whose
+ * partials do not fit the buffer together go in row chunks), so a row's
+ * bits are the same in any batch of up to 128 rows (greedy at depth k =
+ * depth 0 in the fast mode); a row of at most P positions, or past Z x P,
+ * is computed head by head as the per-row kernel does (its bits), head g
+ * on block z = g mod Z. The split rounds differently from the CPU's single pass:
  * the tolerance is test_backend_cuda's. */
 #include "backend/cuda/cuda_internal.cuh"
 
@@ -250,24 +252,24 @@ static __global__ void __launch_bounds__(ATTN_THREADS) attention_kernel(attn_arg
  * increasing z: max of maxes, sums and values rescaled by e^(m_z - max).
  * A row of one partition, or past Z partitions: block 0 runs the per-row
  * computation for each head of the group (the per-row kernel's bits).
- * Shapes: G x hd + 2 CH x hd + 2 G x CH floats fit SPLIT_POOL with CH >= 1,
+ * Shapes: G (hd + 1) + CH (2 hd + 1) + 2 G x SPLIT_CH floats fit SPLIT_POOL with CH >= 1,
  * and G x ceil(hd / 128) <= SPLIT_ACC (the host checks; else per-row). */
 #define SPLIT_POOL 11264 /* floats (44 KiB) of shared memory, also the per-row fallback's attn_smem */
 #define SPLIT_CH 16
 #define SPLIT_ACC 16
 static_assert(sizeof(attn_smem) <= SPLIT_POOL * sizeof(float), "the per-row fallback's shared memory fits the pool");
 
-static __global__ void __launch_bounds__(ATTN_THREADS) attention_split_kernel(attn_args a, int P, float *part, unsigned *counters) {
+static __global__ void __launch_bounds__(ATTN_THREADS) attention_split_kernel(attn_args a, int m0, int P, float *part, unsigned *counters) {
     __shared__ float pool[SPLIT_POOL];
     __shared__ bool last;
-    int m = blockIdx.x, kh = blockIdx.y, z = blockIdx.z, Z = gridDim.z, n;
+    /* rows m0 + blockIdx.x of the batch; partials and counters by blockIdx.x (launches in row chunks reuse them in stream order) */
+    int mb = blockIdx.x, m = m0 + mb, kh = blockIdx.y, z = blockIdx.z, Z = gridDim.z, n;
     const int G = a.nh / a.nkv, hd = a.hd, tid = threadIdx.x;
     const int32_t *sg = row_segment(a, m, &n);
     int nz = (n + P - 1) / P;
-    if (nz == 1 || nz > Z) { /* block-uniform, as every branch below */
-        if (z) return;
+    if (nz == 1 || nz > Z) { /* block-uniform, as every branch below; head g on block z = g mod Z */
         attn_smem &sm = *reinterpret_cast<attn_smem *>(pool);
-        for (int g = 0; g < G; g++) {
+        for (int g = z; g < G; g += Z) {
             float mx, sum, acc[ATTN_MAX_DIMS_PER_THREAD];
             attend_range(a, sg, m, kh * G + g, 0, n, sm, mx, sum, acc);
             attend_out(a, m, kh * G + g, sum, acc);
@@ -277,12 +279,14 @@ static __global__ void __launch_bounds__(ATTN_THREADS) attention_split_kernel(at
     }
     if (z >= nz) return;
     const int lo = z * P, hi = n - lo < P ? n : lo + P;
-    int ch = (SPLIT_POOL - G * hd - 2 * G * SPLIT_CH) / (2 * hd);
+    /* q and K rows at a stride of hd + 1: the score loop's threads read different rows at one column (no bank conflicts) */
+    const int hp = hd + 1;
+    int ch = (SPLIT_POOL - G * hp - 2 * G * SPLIT_CH) / (hp + hd);
     if (ch > SPLIT_CH) ch = SPLIT_CH;
-    float *qs = pool, *ks = qs + G * hd, *vs = ks + ch * hd, *sc = vs + ch * hd, *pr = sc + G * SPLIT_CH;
+    float *qs = pool, *ks = qs + G * hp, *vs = ks + ch * hp, *sc = vs + ch * hd, *pr = sc + G * SPLIT_CH;
     const float scale = 1.0f / sqrtf((float)hd);
     const size_t qo = (size_t)m * a.nh * hd + (size_t)kh * G * hd; /* the group's heads are consecutive */
-    for (int i = tid; i < G * hd; i += ATTN_THREADS) qs[i] = a.q[qo + i];
+    for (int i = tid; i < G * hd; i += ATTN_THREADS) qs[(i / hd) * hp + i % hd] = a.q[qo + i];
     float mrun[SPLIT_ACC], lrun[SPLIT_ACC], acc[SPLIT_ACC]; /* mrun, lrun: [g]; acc: [g x dims-per-thread + d] */
     const int dpt = (hd + ATTN_THREADS - 1) / ATTN_THREADS;
 #pragma unroll
@@ -293,13 +297,13 @@ static __global__ void __launch_bounds__(ATTN_THREADS) attention_split_kernel(at
         for (int e = tid; e < cn * hd; e += ATTN_THREADS) {
             int j = e / hd, i = e % hd;
             size_t row = td_cu_kv_row(a.block_tables, sg, c0 + j + a.shift);
-            ks[e] = td_cu_kv_read(a.kv, a.kv.k, a.kv.ks, row, kh, i);
+            ks[j * hp + i] = td_cu_kv_read(a.kv, a.kv.k, a.kv.ks, row, kh, i);
             vs[e] = td_cu_kv_read(a.kv, a.kv.v, a.kv.vs, row, kh, i);
         }
         __syncthreads();
         for (int e = tid; e < G * cn; e += ATTN_THREADS) { /* score (g, j) in score_at's order */
             int g = e / cn, j = e % cn;
-            const float *q = qs + g * hd, *k = ks + j * hd;
+            const float *q = qs + g * hp, *k = ks + j * hp;
             float l16[16];
 #pragma unroll
             for (int t = 0; t < 16; t++) l16[t] = 0.0f;
@@ -342,7 +346,7 @@ static __global__ void __launch_bounds__(ATTN_THREADS) attention_split_kernel(at
     }
     const size_t stride = (size_t)(hd + 2);
     for (int g = 0; g < G; g++) {
-        float *o = part + (((size_t)m * a.nh + kh * G + g) * Z + z) * stride;
+        float *o = part + (((size_t)mb * a.nh + kh * G + g) * Z + z) * stride;
         if (tid == 0) o[0] = mrun[g], o[1] = lrun[g];
         for (int d = 0; d < dpt; d++) {
             int i = tid + d * ATTN_THREADS;
@@ -352,7 +356,7 @@ static __global__ void __launch_bounds__(ATTN_THREADS) attention_split_kernel(at
     __threadfence(); /* this block's partials are visible device-wide before the counter moves */
     __syncthreads();
     if (tid == 0) {
-        unsigned *c = counters + (size_t)m * a.nkv + kh;
+        unsigned *c = counters + (size_t)mb * a.nkv + kh;
         last = atomicAdd(c, 1u) == (unsigned)nz - 1;
         if (last) *c = 0; /* every other block of this row and KV head has counted: ready for the next launch */
     }
@@ -361,7 +365,7 @@ static __global__ void __launch_bounds__(ATTN_THREADS) attention_split_kernel(at
     __threadfence();
     for (int g = 0; g < G; g++) {
         const int h = kh * G + g;
-        const float *pz = part + ((size_t)m * a.nh + h) * (size_t)Z * stride;
+        const float *pz = part + ((size_t)mb * a.nh + h) * (size_t)Z * stride;
         float mx = -INFINITY, sum = 0.0f, out[ATTN_MAX_DIMS_PER_THREAD];
         for (int k = 0; k < nz; k++) mx = fmaxf(mx, __ldcg(pz + (size_t)k * stride)); /* L2: other SMs' writes */
 #pragma unroll
@@ -395,15 +399,21 @@ extern "C" void td_cuda_attention(td_backend *b, const td_config *g, const td_ba
     td_cuda *cu = td_cu(b);
     const int P = cu->attn_split_pos;
     const int64_t Z = g->max_position_embeddings > 0 && P > 0 ? ((int64_t)g->max_position_embeddings + P - 1) / P : 0;
-    const size_t part_bytes = (size_t)bt->M * (size_t)a.nh * (size_t)Z * (size_t)(a.hd + 2) * sizeof(float);
+    const size_t row_bytes = (size_t)a.nh * (size_t)Z * (size_t)(a.hd + 2) * sizeof(float); /* one row's partials */
     const int G = a.nh / a.nkv, dpt = (a.hd + ATTN_THREADS - 1) / ATTN_THREADS;
-    const bool fits = G * dpt <= SPLIT_ACC && G * a.hd + 2 * a.hd + 2 * G * SPLIT_CH <= SPLIT_POOL;
+    const bool fits = G * dpt <= SPLIT_ACC && G * (a.hd + 1) + (2 * a.hd + 1) + 2 * G * SPLIT_CH <= SPLIT_POOL;
+    /* whether a row takes the split depends on the model and M <= 128 only (not on how many rows fit the
+       buffer: those go in row chunks), so a decode row's bits are the same alone or beside up to 127 others */
     if (!b->batch_invariant && cu->gemm_state == TD_CU_GEMM_ON && bt->M <= ATTN_SPLIT_MAX_ROWS && a.nkv <= TD_CUDA_ATTN_MAX_HEADS &&
-        fits && Z > 1 && Z <= 65535 && part_bytes <= cu->gemm_w_cap) {
+        fits && Z > 1 && Z <= 65535 && row_bytes <= cu->gemm_w_cap) {
         float *part = (float *)cu->gemm_w; /* the staging buffer: stream-ordered, free between matmuls */
-        TD_CU_KERNEL(attention_split_kernel, dim3((unsigned)bt->M, (unsigned)a.nkv, (unsigned)Z), ATTN_THREADS, cu->stream, a, P, part,
-                     (unsigned *)cu->attn_counters);
-        TD_CU_LAUNCH("attention_split_kernel");
+        const int per = (int)(cu->gemm_w_cap / row_bytes < (size_t)bt->M ? cu->gemm_w_cap / row_bytes : (size_t)bt->M);
+        for (int m0 = 0; m0 < bt->M; m0 += per) {
+            const int rows = bt->M - m0 < per ? bt->M - m0 : per;
+            TD_CU_KERNEL(attention_split_kernel, dim3((unsigned)rows, (unsigned)a.nkv, (unsigned)Z), ATTN_THREADS, cu->stream, a, m0, P,
+                         part, (unsigned *)cu->attn_counters);
+            TD_CU_LAUNCH("attention_split_kernel");
+        }
         return;
     }
     TD_CU_KERNEL(attention_kernel, grid, ATTN_THREADS, cu->stream, a);
