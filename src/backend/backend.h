@@ -222,7 +222,7 @@ int td_backend_cuda_graph_info(td_backend *b, int *graphs, size_t *nodes, size_t
 int td_backend_cuda_gemm_info(td_backend *b, int *on, uint64_t *calls);
 /* The CUDA fast mode's cuBLASLt paths (backend/cuda/cuda_lt.cu). sm: the
  * device's compute capability x 10 + minor. on[0] / on[1] / on[2]: the FP8
- * per-tensor / NVFP4 / FP8 128x128-block path is usable (set up, not refused
+ * per-tensor / NVFP4 / FP8 128x128-block and per-channel (sm_90) path is usable (set up, not refused
  * by the heuristic); calls[]: cublasLtMatmul calls each issued. TD_ERR_ARG for
  * another backend, TD_ERR_UNSUPPORTED without CUDA. */
 int td_backend_cuda_lt_info(td_backend *b, int *sm, int on[3], uint64_t calls[3]);

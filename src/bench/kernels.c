@@ -120,7 +120,8 @@ static int bench_model(const kbench_opts *o, double bw, FILE *out) {
     int maxp = 0;
     for (int i = 0; i < o->n_prefill; i++) if (o->prefill[i] > maxp) maxp = o->prefill[i];
     const int at = o->decode_at > 16 ? o->decode_at : 16;
-    td_engine_opts eo = {.n_threads = o->threads, .max_context = (maxp > at ? maxp : at) + 512, .spec_depth = o->max_k, .no_prefix_caching = true, .max_seqs = 1,
+    /* the decode / verify rows add up to reps x (max_k + 1) positions after the prompt */
+    td_engine_opts eo = {.n_threads = o->threads, .max_context = (maxp > at ? maxp : at) + 64 * 17 + 512, .spec_depth = o->max_k, .no_prefix_caching = true, .max_seqs = 1,
                           .quantize = o->quantize, .isa = o->isa, .precision = o->precision};
     eo.backend = o->backend;
     eo.enforce_eager = o->enforce_eager;

@@ -1184,9 +1184,14 @@ static void test_attention_split(int nh, int nkv, int hd) {
     g.n_heads = nh; g.n_kv_heads = nkv; g.head_dim = hd; g.attn_output_gate = true; g.max_position_embeddings = 320;
     enum { M = 6 };
     const int ad = nh * hd, kvd = nkv * hd, NB = 48;
+    const char *old = getenv("TD_CUEMU_SM");
+    char keep[16] = "";
+    if (old) snprintf(keep, sizeof keep, "%s", old);
     setenv("TD_CUDA_ATTN_SPLIT", "32", 1);
     td_backend *fast = cuda_with_sm("90");
     unsetenv("TD_CUDA_ATTN_SPLIT");
+    if (*keep) setenv("TD_CUEMU_SM", keep, 1); /* both are read at creation only */
+    else unsetenv("TD_CUEMU_SM");
     /* blocks: A 0..18 (19 x 16 >= 300), B 19, C 20..41 (22 x 16 >= 340) */
     int32_t seg[3 * TD_SEG_FIELDS] = {297, 3, 0, 0, 0, 0, 1,  10, 2, 3, 19, 0, 0, 1,  339, 1, 5, 20, 0, 0, 1};
     int32_t bts[42], row_seg[M] = {0, 0, 0, 1, 1, 2}, toks[M] = {0};

@@ -108,6 +108,7 @@ static void test_cache(td_backend *b) {
         copy_region ov = {.b = b, .dst = buf + 1, .src = buf, .n = 100};
         int k = 3000;
         CHECK(td_bk_graph(b, false, &k, sizeof k, copy_fn, &ov, &err) == 0 && ov.calls == 1, "overlapping copy captured");
+        CHECK(td_bk_graph(b, false, &k, sizeof k, copy_fn, &ov, &err) == 0 && ov.calls == 1, "overlapping copy replayed (calls %d)", ov.calls);
         CHECK(td_backend_cuda_graph_info(b, &graphs, &nodes, &bytes) == 0 && graphs > 0, "graphs held (%d)", graphs);
         b->ops->copy(b, buf + 1, buf, (N - 1) * sizeof(float)); /* the scratch buffer grows */
         CHECK(td_backend_cuda_graph_info(b, &graphs, &nodes, &bytes) == 0 && graphs == 0, "graphs dropped when the scratch grows (%d)",

@@ -218,8 +218,8 @@ cublasStatus_t cublasGemmEx(cublasHandle_t h, cublasOperation_t ta, cublasOperat
 
 /* ---- cuBLASLt: the subset of the quantized prefill GEMMs (cuda_lt.cu) ----
  * cublasLtMatmul takes what the backend issues: A transposed, B not, C = D
- * f32, compute and scale type 32F, beta 0, and A, B both e4m3 with outer-
- * vector f32 scales (sm >= 89), both e4m3 with A's 128 x 128 block scales
+ * f32, compute and scale type 32F, beta 0, and A, B both e4m3 with
+ * tensor-wide f32 scales (sm >= 89) or outer-vector ones (sm 90), both e4m3 with A's 128 x 128 block scales
  * ([ceil(m/128)][ceil(k/128) rounded up to 4], f32) and B's 1 x 128 ones
  * (block j of column c at j x n + c, n a multiple of 4; sm 90 only), or both
  * e2m1 with VEC16 ue4m3 block scales in the tiled layout cuBLAS documents

@@ -245,13 +245,14 @@ static __global__ void __launch_bounds__(ATTN_THREADS) attention_kernel(attn_arg
  * loaded into shared memory by all threads (coalesced), the G x CH scores
  * (the 16-lane dot order of score_at), then per head an online softmax
  * (running max m, sum l and values, rescaled by e^(m - m') when the max
- * grows). Each head's max, sum and hd values go to part[((m nh + h) Z + z)
- * (hd + 2)], and the last of the row's blocks for kh to finish (a counter
+ * grows). Each head's max, sum and hd values go to part[((mb nh + h) Z + z)
+ * (hd + 2)] (mb: the row within this launch's chunk of rows), and the last of the row's blocks for kh to finish (a counter
  * per (row, KV head), reset by that block for the next launch: one kernel,
  * one graph node, as the per-row kernel) merges each head's partitions in
  * increasing z: max of maxes, sums and values rescaled by e^(m_z - max).
- * A row of one partition, or past Z partitions: block 0 runs the per-row
- * computation for each head of the group (the per-row kernel's bits).
+ * A row of one partition, or past Z partitions: the per-row computation
+ * for each head of the group, head g on block z = g mod Z (the per-row
+ * kernel's bits).
  * Shapes: G (hd + 1) + CH (2 hd + 1) + 2 G x SPLIT_CH floats fit SPLIT_POOL with CH >= 1,
  * and G x ceil(hd / 128) <= SPLIT_ACC (the host checks; else per-row). */
 #define SPLIT_POOL 11264 /* floats (44 KiB) of shared memory, also the per-row fallback's attn_smem */

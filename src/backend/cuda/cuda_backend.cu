@@ -189,8 +189,8 @@ extern "C" int td_backend_cuda_create(int n_threads, td_backend **out, td_err *e
         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, cu->device) != cudaSuccess)
         major = minor = 0; /* unknown: no cuBLASLt path is tried (cuda_lt.cu) */
     cu->sm = major * 10 + minor;
-    /* TD_CUDA_ATTN_SPLIT=P (tests, A/B): the split attention's partition, 1..8192 positions (kept
-       scores fit shared memory); 0 turns the split off */
+    /* TD_CUDA_ATTN_SPLIT=P (tests, A/B): the split attention's partition, 1..8192 positions (a
+       partition is one block's serial walk); 0 turns the split off */
     const char *split = getenv("TD_CUDA_ATTN_SPLIT");
     cu->attn_split_pos = split && atoi(split) >= 0 && atoi(split) <= 8192 ? atoi(split) : 2048;
     b->ops = &cuda_ops;

@@ -109,7 +109,7 @@ extern "C" void td_cuda_gemm_prepare(td_backend *b) {
         cudaMalloc(&cu->attn_counters, TD_CUDA_ATTN_COUNTER_BYTES) != cudaSuccess ||
         cudaMemsetAsync(cu->attn_counters, 0, TD_CUDA_ATTN_COUNTER_BYTES, cu->stream) != cudaSuccess) {
         (void)cudaGetLastError();
-        snprintf(why, sizeof why, "no device memory for its %d MiB of buffers", (int)(TD_CUDA_GEMM_BYTES >> 20));
+        snprintf(why, sizeof why, "no device memory for its %.1f MiB of buffers", (double)TD_CUDA_GEMM_BYTES / 1048576.0);
         goto off;
     }
     if (f->set_stream(cu->blas_handle, cu->stream) != CUBLAS_STATUS_SUCCESS ||

@@ -79,7 +79,9 @@ typedef struct td_cu_lt {
  * activations with per-row scales (sm_90) or one scale per chunk (sm_89,
  * sm_100+), NVFP4 weights x NVFP4 activations with 16-element block scales
  * (sm_100+), FP8 e4m3 weights with 128 x 128 block scales x FP8 activations
- * with 1 x 128 block scales (sm_90). */
+ * with 1 x 128 block scales (sm_90), and on that path too FP8 per-channel
+ * weights (outer-vector weight scales, per-row activations; sm_90). A
+ * refusal of either turns both off. */
 enum { TD_CU_LT_FP8, TD_CU_LT_FP4, TD_CU_LT_FP8B, TD_CU_LT_N };
 
 /* A quantized weight as the cuBLASLt paths take it. */
@@ -109,7 +111,7 @@ typedef struct td_cuda {
     td_cu_blas blas;
     cublasHandle_t blas_handle;
     void *gemm_ws, *gemm_w, *gemm_x; /* workspace, BF16 weight chunk, BF16 activation chunk */
-    void *attn_counters;     /* split attention's per-(row, head) counters, zero between launches (cuda_attn.cu) */
+    void *attn_counters;     /* split attention's per-(row, KV head) counters, zero between launches (cuda_attn.cu) */
     uint64_t gemm_calls;     /* cublasGemmEx calls issued */
     size_t gemm_w_cap, gemm_x_cap; /* bytes of gemm_w / gemm_x used (tests shrink them) */
     int sm;                  /* compute capability x 10 + minor (89, 90, 100, 120, ...) */

@@ -103,7 +103,7 @@ static int load_lt(td_cu_lt *f, char *why, size_t cap) {
 static const char *const path_name[TD_CU_LT_N] = {"FP8", "NVFP4", "FP8 128x128-block / per-channel"};
 
 /* Called once the cuBLAS GEMM is on (its buffers and workspace exist). Each
- * path the device's generation has is tried; TANDEM_CUDA_LT=0 keeps both off
+ * path the device's generation has is tried; TANDEM_CUDA_LT=0 keeps all three off
  * (an A/B switch for scripts/gpu-check.sh). */
 extern "C" void td_cuda_lt_prepare(td_cuda *cu) {
     /* cuBLAS's support table: FP8 tensor-wide 8.9+ (outer-vector 9.0), FP4 10.0+, FP8 128x128 blocks 9.0 */
