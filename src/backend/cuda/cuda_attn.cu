@@ -139,6 +139,16 @@ typedef struct attn_args {
     int nh, nkv, hd, shift;
 } attn_args;
 
+/* The 16 lanes of a dot product summed as td_dot_f32's reduce16 does (halves, then quarters, then pairs). */
+static __device__ __forceinline__ float sum16(const float l[16]) {
+    float s8[8], s4[4];
+#pragma unroll
+    for (int j = 0; j < 8; j++) s8[j] = l[j] + l[j + 8];
+#pragma unroll
+    for (int j = 0; j < 4; j++) s4[j] = s8[j] + s8[j + 4];
+    return (s4[0] + s4[2]) + (s4[1] + s4[3]);
+}
+
 /* Score of position p: td_dot_f32(q, K[p]) * scale in its order (16 lanes:
  * lane j sums i = j, j+16, ... with a multiply then an add, then reduce16),
  * for one thread. q in shared memory. */
@@ -152,12 +162,7 @@ static __device__ __forceinline__ float score_at(const attn_args &a, const int32
         for (int j = 0; j < 16; j++)
             if (c + j < a.hd) acc[j] = acc[j] + qs[c + j] * td_cu_kv_read(a.kv, a.kv.k, a.kv.ks, row, kh, c + j);
     }
-    float s8[8], s4[4];
-#pragma unroll
-    for (int j = 0; j < 8; j++) s8[j] = acc[j] + acc[j + 8];
-#pragma unroll
-    for (int j = 0; j < 4; j++) s4[j] = s8[j] + s8[j + 4];
-    return ((s4[0] + s4[2]) + (s4[1] + s4[3])) * scale;
+    return sum16(acc) * scale;
 }
 
 /* Shared memory of one (row, head) block. */
@@ -313,12 +318,7 @@ static __global__ void __launch_bounds__(ATTN_THREADS) attention_split_kernel(at
                 for (int t = 0; t < 16; t++)
                     if (c + t < hd) l16[t] = l16[t] + q[c + t] * k[c + t];
             }
-            float s8[8], s4[4];
-#pragma unroll
-            for (int t = 0; t < 8; t++) s8[t] = l16[t] + l16[t + 8];
-#pragma unroll
-            for (int t = 0; t < 4; t++) s4[t] = s8[t] + s8[t + 4];
-            sc[g * SPLIT_CH + j] = ((s4[0] + s4[2]) + (s4[1] + s4[3])) * scale;
+            sc[g * SPLIT_CH + j] = sum16(l16) * scale;
         }
         __syncthreads();
         for (int e = tid; e < G * cn; e += ATTN_THREADS) { /* weights against each head's new max */
