@@ -101,7 +101,7 @@ $(BUILD)/libtandem.a: $(LIB_OBJ) $(CU_OBJ)
 $(BUILD)/tandem: $(CLI_OBJ) $(BUILD)/libtandem.a
 	$(CC) $(ALL_CFLAGS) -o $@ $^ $(LDLIBS)
 
-$(BUILD)/tests/%: tests/c/%.c $(BUILD)/libtandem.a tests/c/check.h
+$(BUILD)/tests/%: tests/c/%.c $(BUILD)/libtandem.a $(wildcard tests/c/*.h)
 	@mkdir -p $(dir $@)
 	$(CC) $(ALL_CFLAGS) -Itests/c -o $@ $< $(BUILD)/libtandem.a $(LDLIBS)
 
@@ -137,15 +137,18 @@ test-guard: all tests
 	@BUILD=$(BUILD) TANDEM_BACKEND=guard TANDEM_TESTS="$(GUARD_TESTS)" sh tests/run_all.sh
 
 # The CUDA backend's kernels run on the CPU (tests/cuemu/README.md): the op-by-op
-# test against the CPU backend, with the block's threads swept in both orders.
+# tests against the CPU backend (the exact kernels, then the fast mode's cuBLAS,
+# cuBLASLt and split attention), with the block's threads swept in both orders.
 # Then CUDA graphs (test_cuda_graphs: the capture cache, and the engine's decode,
 # draft and verify forwards replayed from graphs against enforce_eager, ~2-3 min),
 # and the fast mode's cuBLAS prefill against the CPU and the batch-invariant mode
 # (test_cuda_fast, on the emulator's cuBLAS).
 cuemu:
-	$(MAKE) BUILD=build-cuemu CUDA=emu build-cuemu/tests/test_backend_cuda build-cuemu/tests/test_cuda_graphs build-cuemu/tests/test_cuda_fast
+	$(MAKE) BUILD=build-cuemu CUDA=emu build-cuemu/tests/test_backend_cuda build-cuemu/tests/test_cuda_fast_ops build-cuemu/tests/test_cuda_graphs build-cuemu/tests/test_cuda_fast
 	build-cuemu/tests/test_backend_cuda
 	TD_CUEMU_ORDER=reverse build-cuemu/tests/test_backend_cuda
+	build-cuemu/tests/test_cuda_fast_ops
+	TD_CUEMU_ORDER=reverse build-cuemu/tests/test_cuda_fast_ops
 	build-cuemu/tests/test_cuda_graphs
 	build-cuemu/tests/test_cuda_fast
 

@@ -2,7 +2,7 @@
 # The CUDA backend's first check, for a session that is lent a GPU (H200:
 # about 8 minutes). Nothing in src/backend/cuda has run on a GPU before this.
 #   1. build with CUDA=1 for this GPU's architecture only (fast);
-#   2. test_backend_cuda: the CUDA ops against the CPU op by op (matmul in
+#   2. test_backend_cuda and test_cuda_fast_ops: the CUDA ops against the CPU op by op (matmul in
 #      every weight dtype and its batch invariance, KV rows, sampler, ...):
 #      a wrong kernel shows up here by name;
 #   3. the engine's C tests with TANDEM_BACKEND=cuda (golden logits against
@@ -18,7 +18,7 @@
 #      fast rows (cuBLAS BF16 GEMM), and test_cuda_fast (fast vs CPU tolerance);
 #   8. FP8 (128 x 128 blocks) prefill with TANDEM_CUDA_LT=0 (BF16 tensor cores)
 #      against step 5's fp8 rows (cuBLASLt FP8 tensor cores where taken), and
-#      which cuBLASLt paths test_backend_cuda found on this device;
+#      which cuBLASLt paths test_cuda_fast_ops found on this device;
 #   9. long context: NVFP4 decode / verify at position 8192, split attention
 #      (the fast mode's default, partitions of 2048) against
 #      TD_CUDA_ATTN_SPLIT=0 (one block per row and head); last, and only with
@@ -46,9 +46,11 @@ if ! run 180 make BUILD="$BUILD" CUDA=1 CUDA_ARCHS="${ARCH:-90}" -j"$(nproc)" al
   tail -n 30 "$BUILD/gpu-build.log"; echo "gpu-check: build failed"; exit 1
 fi
 
-echo "== 1. op by op (test_backend_cuda)"
+echo "== 1. op by op (test_backend_cuda, test_cuda_fast_ops)"
 run 60 "$BUILD/tests/test_backend_cuda" > "$BUILD/gpu-ops.log" 2>&1 || fail=1
-tail -n 25 "$BUILD/gpu-ops.log"
+run 60 "$BUILD/tests/test_cuda_fast_ops" >> "$BUILD/gpu-ops.log" 2>&1 || fail=1
+grep -E '^FAIL' "$BUILD/gpu-ops.log" | head -n 20
+grep -E ': [0-9]+ passed, [0-9]+ failed' "$BUILD/gpu-ops.log"
 
 echo "== 2. the C tests on the cuda backend"
 # The engine-core tests (as .ci/run runs on the guard); FULL=1 runs all of them.
