@@ -21,8 +21,10 @@
 #      which cuBLASLt paths test_cuda_fast_ops found on this device;
 #   9. long context: NVFP4 decode / verify at position 8192, split attention
 #      (the fast mode's default, partitions of 2048) against
-#      TD_CUDA_ATTN_SPLIT=0 (one block per row and head); last, and only with
-#      150 s of the budget left (else skipped, not failed).
+#      TD_CUDA_ATTN_SPLIT=0 (one block per row and head), only with
+#      150 s of the budget left (else skipped, not failed);
+#  10. prefill 4096 with TD_CUDA_ATTN_TILE=0 (per-row attention) against step
+#      5's tiled attention, with 60 s of the budget left (else skipped).
 # The whole script stays under BUDGET seconds (default 460, under 8 minutes): each
 # step's timeout is its own cap or what is left of the budget, whichever is smaller,
 # and a step with under 10 s left is skipped (and counts as failed).
@@ -108,6 +110,16 @@ if [ "$(t 150)" -ge 150 ]; then
   done
 else
   echo "gpu-check: step 8 skipped (under 150 s of the budget left)"
+fi
+
+echo "== 9. prefill 4096: tiled attention (step 4's nvfp4 rows) vs TD_CUDA_ATTN_TILE=0 (one block per row and head)"
+# optional: runs only when 60 s of the budget are left (a skip here is not a failure)
+if [ "$(t 60)" -ge 60 ]; then
+  run 50 env TD_CUDA_ATTN_TILE=0 "$BUILD/tandem" kernels --random-config tests/data/configs/qwen3.6-27b.config.json --device cuda \
+    --dtype nvfp4 --probe-mb 16 --mm-mb 0 --reps 1 --prefill 4096 --max-k 1 > "$BUILD/gpu-27b-notile.log" 2>&1 || fail=1
+  grep -h "prefill" "$BUILD/gpu-27b-nvfp4.log" "$BUILD/gpu-27b-notile.log"
+else
+  echo "gpu-check: step 9 skipped (under 60 s of the budget left)"
 fi
 
 [ $fail = 0 ] && echo "gpu-check: all steps passed" || echo "gpu-check: FAILED (logs in $BUILD/gpu-*.log)"

@@ -9,7 +9,9 @@
  *   equals fast mode's own depth 0 bit for bit (one request: its verify rows
  *   stay on the exact kernels, and its prompt is prefilled the same way;
  *   attention of decode and verify rows is split into partitions of 8
- *   positions and merged, cuda_attn.cu).
+ *   positions and merged, cuda_attn.cu). A prompt of more than 128 tokens
+ *   (its attention on the tiled kernel) is within the same 5e-2, as is the
+ *   per-row kernel's (TD_CUDA_ATTN_TILE=0), and their logits differ.
  * - batch-invariant (td_engine_opts.batch_invariant, and TANDEM_BATCH_INVARIANT=1
  *   for the suites): no cuBLAS call, no buffers made for it, prefill logits
  *   within 1e-4 of the CPU's and greedy equal to the CPU's token for token.
@@ -106,6 +108,30 @@ int main(void) {
           on, (unsigned long long)xc);
     CHECK(ex < 1e-4, "batch-invariant: prefill logits rel err %.3g vs the CPU", ex);
 
+    /* a prompt of more than 128 tokens (the prompt 4 times, 4T + 4 >= 136): its attention takes the
+       tiled kernel (cuda_attn.cu), TD_CUDA_ATTN_TILE=0 the per-row one; both within 5e-2 of the CPU */
+    const int TL = 4 * (int)T + 4;
+    int32_t *lp = malloc(sizeof(int32_t) * (size_t)TL);
+    for (int i = 0; i < TL; i++) lp[i] = prompt[i % T];
+    setenv("TD_CUDA_ATTN_TILE", "0", 1);
+    td_engine *rowk = load("cuda", false, 0);
+    unsetenv("TD_CUDA_ATTN_TILE");
+    size_t nll = (size_t)TL * (size_t)V, tl = (size_t)(TL - 8) * (size_t)V;
+    float *llc = malloc(nll * sizeof(float)), *llf = malloc(nll * sizeof(float)), *llr = malloc(nll * sizeof(float));
+    double eft = 1, efr = 1;
+    if (rowk) {
+        prefill(cpu, lp, TL, llc);
+        prefill(fast, lp, TL, llf);
+        prefill(rowk, lp, TL, llr);
+        eft = rel_err(llf + tl, llc + tl, 8 * (int64_t)V);
+        efr = rel_err(llr + tl, llc + tl, 8 * (int64_t)V);
+        CHECK(eft < 5e-2 && efr < 5e-2, "fast mode, %d-token prompt: logits rel err %.3g (tiled attention), %.3g (per-row) vs the CPU", TL,
+              eft, efr);
+        CHECK(memcmp(llf + tl, llr + tl, 8 * (size_t)V * sizeof(float)) != 0, "the %d-token prompt's logits are the per-row kernel's", TL);
+        td_engine_free(rowk);
+    }
+    free(lp); free(llc); free(llf); free(llr);
+
     int32_t gc[G], gf[G], gx[G], gd[G];
     greedy(cpu, prompt, (int)T, 0, gc);
     greedy(exact, prompt, (int)T, 0, gx);
@@ -122,8 +148,9 @@ int main(void) {
         same += ok;
     }
     printf("cuda fast: prefill logits rel err %.2e (fast, %llu cuBLAS calls for a %lld-token prompt) and %.2e (batch-invariant) vs the CPU; "
+           "a %d-token prompt %.2e (tiled attention) and %.2e (per-row); "
            "fast greedy agrees with the CPU for %d of %d tokens; fast depths 1-4 equal its depth 0: %d/4\n",
-           ef, (unsigned long long)(calls1 - calls0), (long long)T, ex, agree, G, same);
+           ef, (unsigned long long)(calls1 - calls0), (long long)T, ex, TL, eft, efr, agree, G, same);
     free(lc); free(lf); free(lx);
     td_engine_free(cpu);
     td_engine_free(fast);

@@ -182,6 +182,18 @@ uint64_t td_cuemu_shfl_down_bits(uint64_t v, unsigned delta, int width) {
     return r;
 }
 
+uint64_t td_cuemu_shfl_xor_bits(uint64_t v, unsigned mask, int width) {
+    if (S.cur < 0) die("warp shuffle outside a kernel");
+    if (width < 1 || width > 32 || (width & (width - 1))) die("warp shuffle width not a power of two <= 32");
+    if ((int)mask >= width) die("warp shuffle xor mask not below the width");
+    const int t = S.cur, o = t ^ (int)mask;
+    S.slot[t] = v;
+    yield(AT_WARP); /* every lane has written its value */
+    uint64_t r = o < S.n ? S.slot[o] : v;
+    yield(AT_WARP); /* every lane has read before any writes the next one */
+    return r;
+}
+
 void td_cuemu_run(dim3 grid, dim3 block, void (*fn)(void *), void *ctx) {
     const uint64_t nt = (uint64_t)block.x * block.y * block.z, nb = (uint64_t)grid.x * grid.y * grid.z;
     if (S.cur >= 0) die("kernel launch from inside a kernel");

@@ -119,6 +119,20 @@ template <class T> static inline T __shfl_down_sync(unsigned mask, T v, unsigned
     return r;
 }
 
+/* The value of lane ^ mask within the lane's segment of `width` lanes (mask <
+ * width: the partner is in the same segment). */
+uint64_t td_cuemu_shfl_xor_bits(uint64_t v, unsigned mask, int width);
+template <class T> static inline T __shfl_xor_sync(unsigned mask, T v, unsigned lane_mask, int width = 32) {
+    (void)mask; /* every caller passes the full warp */
+    static_assert(sizeof(T) <= 8, "shuffle of at most 8 bytes");
+    uint64_t b = 0;
+    memcpy(&b, &v, sizeof v);
+    b = td_cuemu_shfl_xor_bits(b, lane_mask, width);
+    T r;
+    memcpy(&r, &b, sizeof r);
+    return r;
+}
+
 /* Runs body() once per thread of the grid (see the top of this file), or,
  * while stream s captures, records that launch (body holds the kernel's
  * arguments by value). */

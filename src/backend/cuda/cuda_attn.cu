@@ -33,7 +33,11 @@
  * depth 0 in the fast mode); a row of at most P positions, or past Z x P,
  * is computed head by head as the per-row kernel does (its bits), head g
  * on block z = g mod Z. The split rounds differently from the CPU's single pass:
- * the tolerance is test_backend_cuda's. */
+ * the tolerance is test_cuda_fast_ops'.
+ *
+ * Prompt chunks in the fast mode (M > 128): the tiled kernel below
+ * (attention_tile_kernel), which reads each K and V row once per tile of
+ * rows and KV head instead of once per row and query head. */
 #include "backend/cuda/cuda_internal.cuh"
 
 #define PREP_THREADS 128
@@ -385,6 +389,117 @@ static __global__ void __launch_bounds__(ATTN_THREADS) attention_split_kernel(at
     }
 }
 
+/* Prompt chunks in the fast mode: tiled attention (flash-attention's
+ * schedule, on CUDA cores). The per-row kernel reads every K and V row of the
+ * context once per (row, query head): a 4096-row chunk at a 50k context
+ * reads the cache 4096 x nh times. Here grid (ceil(M / BR), nkv): block
+ * (t, kh) takes rows [t BR, t BR + BR) for the G query heads of KV head kh,
+ * TILE_Q >= BR G query vectors, and walks the positions in chunks of
+ * TILE_BC keys: the chunk's K and V rows go to shared memory once (coalesced,
+ * converted from the KV dtype) and serve all of the block's query vectors.
+ * A query vector has TILE_QT threads: thread `sub` holds q's dims sub + 4 i
+ * in registers and the same dims of its output; a score is the 4 threads'
+ * partial dots summed by two xor shuffles (every thread then has all
+ * TILE_BC scores), and an online softmax per query vector (running max m,
+ * sum l, output rescaled by e^(m - m') when the max grows) takes the chunk.
+ * Causal: key p counts for a row of n positions when p < n. The tile's rows
+ * are cut into runs of one segment (a prompt chunk is one run; decode rows
+ * of other sequences beside it are runs of one row), each run walking the
+ * positions up to its last row's. The first chunk always has key 0, so a
+ * running max is finite after it and a chunk past a row's positions adds 0.
+ * Rounding: f32 throughout, summed in another order than the CPU's two
+ * passes (test_cuda_fast_ops: within 1e-5 norm-wise). M > 128 only, so the
+ * decode, draft and verify rows keep the split / per-row kernels' bits. */
+#define TILE_THREADS 256
+#define TILE_QT 4
+#define TILE_Q (TILE_THREADS / TILE_QT) /* 64 query vectors */
+#define TILE_BC 16
+#define TILE_MAX_HD 256
+#define TILE_DPT (TILE_MAX_HD / TILE_QT) /* dims per thread */
+static_assert(TILE_QT == 4, "the score's all-reduce is two xor shuffles");
+
+static __global__ void __launch_bounds__(TILE_THREADS) attention_tile_kernel(attn_args a, int M, int BR) {
+    __shared__ float ks[TILE_BC * TILE_MAX_HD], vs[TILE_BC * TILE_MAX_HD];
+    const int G = a.nh / a.nkv, hd = a.hd, kh = blockIdx.y, tid = threadIdx.x;
+    const int qi = tid / TILE_QT, sub = tid % TILE_QT;
+    const float scale = 1.0f / sqrtf((float)hd);
+    const int t0 = (int)blockIdx.x * BR, t1 = M - t0 < BR ? M : t0 + BR;
+    for (int r0 = t0; r0 < t1;) { /* block-uniform: every thread walks the same runs */
+        const int segi = a.row_seg[r0];
+        int r1 = r0 + 1;
+        while (r1 < t1 && a.row_seg[r1] == segi) r1++;
+        const int32_t *sg = a.seg + (size_t)segi * TD_SEG_FIELDS;
+        const bool act = qi < (r1 - r0) * G;
+        const int m = r0 + qi / G, h = kh * G + qi % G;
+        const int n = act ? sg[TD_SEG_POS0] + (m - sg[TD_SEG_ROW0]) + 1 : 0;
+        const int nmax = sg[TD_SEG_POS0] + (r1 - 1 - sg[TD_SEG_ROW0]) + 1;
+        const size_t qo = ((size_t)m * a.nh + h) * hd;
+        float qr[TILE_DPT], acc[TILE_DPT];
+#pragma unroll
+        for (int i = 0; i < TILE_DPT; i++) {
+            const int d = sub + TILE_QT * i;
+            qr[i] = act && d < hd ? a.q[qo + d] : 0.0f;
+            acc[i] = 0.0f;
+        }
+        float mrun = -INFINITY, lrun = 0.0f;
+        for (int c0 = 0; c0 < nmax; c0 += TILE_BC) {
+            const int cn = nmax - c0 < TILE_BC ? nmax - c0 : TILE_BC;
+            __syncthreads(); /* the previous chunk's (or run's) K and V rows are no longer read */
+            for (int e = tid; e < cn * hd; e += TILE_THREADS) {
+                const int j = e / hd, i = e % hd;
+                const size_t row = td_cu_kv_row(a.block_tables, sg, c0 + j + a.shift);
+                ks[e] = td_cu_kv_read(a.kv, a.kv.k, a.kv.ks, row, kh, i);
+                vs[e] = td_cu_kv_read(a.kv, a.kv.v, a.kv.vs, row, kh, i);
+            }
+            __syncthreads();
+            float sc[TILE_BC];
+            float mn = mrun;
+#pragma unroll
+            for (int j = 0; j < TILE_BC; j++) {
+                float part = 0.0f;
+                if (j < cn) {
+#pragma unroll
+                    for (int i = 0; i < TILE_DPT; i++) {
+                        const int d = sub + TILE_QT * i;
+                        if (d < hd) part += qr[i] * ks[j * hd + d];
+                    }
+                }
+                /* every lane shuffles (warp-uniform), the 4 threads of a query vector sum alike */
+                part += __shfl_xor_sync(0xffffffffu, part, 1, TILE_QT);
+                part += __shfl_xor_sync(0xffffffffu, part, 2, TILE_QT);
+                sc[j] = j < cn && c0 + j < n ? part * scale : -INFINITY;
+                mn = fmaxf(mn, sc[j]);
+            }
+            if (!act) continue;
+            const float alpha = expf(mrun - mn); /* 0 at the first chunk (m = -inf, mn finite: key 0 counts) */
+            float l = lrun * alpha;
+#pragma unroll
+            for (int i = 0; i < TILE_DPT; i++) acc[i] *= alpha;
+#pragma unroll
+            for (int j = 0; j < TILE_BC; j++) {
+                if (j >= cn) break;
+                const float p = expf(sc[j] - mn); /* 0 past the row's positions */
+                l += p;
+#pragma unroll
+                for (int i = 0; i < TILE_DPT; i++) {
+                    const int d = sub + TILE_QT * i;
+                    if (d < hd) acc[i] += p * vs[j * hd + d];
+                }
+            }
+            lrun = l;
+            mrun = mn;
+        }
+        if (act) {
+#pragma unroll
+            for (int i = 0; i < TILE_DPT; i++) {
+                const int d = sub + TILE_QT * i;
+                if (d < hd) a.out[qo + d] = (acc[i] / lrun) * (a.gate ? td_cu_sigmoid(a.gate[qo + d]) : 1.0f);
+            }
+        }
+        r0 = r1;
+    }
+}
+
 extern "C" void td_cuda_attention(td_backend *b, const td_config *g, const td_batch *bt, const float *q, const float *gate,
                                   const td_kv_view *kv, int shift, float *out) {
     if (bt->M <= 0) return;
@@ -403,6 +518,13 @@ extern "C" void td_cuda_attention(td_backend *b, const td_config *g, const td_ba
     const size_t row_bytes = (size_t)a.nh * (size_t)Z * (size_t)(a.hd + 2) * sizeof(float); /* one row's partials */
     const int G = a.nh / a.nkv, dpt = (a.hd + ATTN_THREADS - 1) / ATTN_THREADS;
     const bool fits = G * dpt <= SPLIT_ACC && G * (a.hd + 1) + (2 * a.hd + 1) + 2 * G * SPLIT_CH <= SPLIT_POOL;
+    if (!b->batch_invariant && cu->attn_tile && bt->M > ATTN_SPLIT_MAX_ROWS && a.hd <= TILE_MAX_HD && G <= TILE_Q) {
+        const int BR = TILE_Q / G; /* rows per block */
+        TD_CU_KERNEL(attention_tile_kernel, dim3((unsigned)((bt->M + BR - 1) / BR), (unsigned)a.nkv), TILE_THREADS, cu->stream, a, bt->M,
+                     BR);
+        TD_CU_LAUNCH("attention_tile_kernel");
+        return;
+    }
     /* whether a row takes the split depends on the model and M <= 128 only (not on how many rows fit the
        buffer: those go in row chunks), so a decode row's bits are the same alone or beside up to 127 others */
     if (!b->batch_invariant && cu->gemm_state == TD_CU_GEMM_ON && bt->M <= ATTN_SPLIT_MAX_ROWS && a.nkv <= TD_CUDA_ATTN_MAX_HEADS &&

@@ -193,6 +193,9 @@ extern "C" int td_backend_cuda_create(int n_threads, td_backend **out, td_err *e
        partition is one block's serial walk); 0 turns the split off */
     const char *split = getenv("TD_CUDA_ATTN_SPLIT");
     cu->attn_split_pos = split && atoi(split) >= 0 && atoi(split) <= 8192 ? atoi(split) : 2048;
+    /* TD_CUDA_ATTN_TILE=0 (A/B): prompt chunks take the per-row attention kernel in the fast mode too */
+    const char *tile = getenv("TD_CUDA_ATTN_TILE");
+    cu->attn_tile = !(tile && !strcmp(tile, "0"));
     b->ops = &cuda_ops;
     b->impl = cu;
     b->n_threads = n_threads > 0 ? n_threads : 1; /* host threads: none used by the ops */

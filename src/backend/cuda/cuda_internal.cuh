@@ -116,6 +116,7 @@ typedef struct td_cuda {
     size_t gemm_w_cap, gemm_x_cap; /* bytes of gemm_w / gemm_x used (tests shrink them) */
     int sm;                  /* compute capability x 10 + minor (89, 90, 100, 120, ...) */
     int attn_split_pos;      /* the fast mode's split attention: positions per partition (cuda_attn.cu) */
+    bool attn_tile;          /* the fast mode's tiled attention for prompt chunks (cuda_attn.cu) */
     int lt_state[TD_CU_LT_N]; /* TD_CU_GEMM_*: each cuBLASLt path (cuda_lt.cu) */
     td_cu_lt lt;
     cublasLtHandle_t lt_handle;
