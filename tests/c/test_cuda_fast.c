@@ -10,8 +10,9 @@
  *   stay on the exact kernels, and its prompt is prefilled the same way;
  *   attention of decode and verify rows is split into partitions of 8
  *   positions and merged, cuda_attn.cu). A prompt of more than 128 tokens
- *   (its attention on the tiled kernel) is within the same 5e-2, as is the
- *   per-row kernel's (TD_CUDA_ATTN_TILE=0), and their logits differ.
+ *   (its attention on the tensor-core tiles, the emulator's sm_90) is within
+ *   the same 5e-2, as is the per-row kernel's (TD_CUDA_ATTN_TILE=0), and
+ *   their logits differ.
  * - batch-invariant (td_engine_opts.batch_invariant, and TANDEM_BATCH_INVARIANT=1
  *   for the suites): no cuBLAS call, no buffers made for it, prefill logits
  *   within 1e-4 of the CPU's and greedy equal to the CPU's token for token.
@@ -109,7 +110,7 @@ int main(void) {
     CHECK(ex < 1e-4, "batch-invariant: prefill logits rel err %.3g vs the CPU", ex);
 
     /* a prompt of more than 128 tokens (the prompt 4 times, 4T + 4 >= 136): its attention takes the
-       tiled kernel (cuda_attn.cu), TD_CUDA_ATTN_TILE=0 the per-row one; both within 5e-2 of the CPU */
+       tensor-core tiles (cuda_attn.cu), TD_CUDA_ATTN_TILE=0 the per-row kernel; both within 5e-2 of the CPU */
     const int TL = 4 * (int)T + 4;
     int32_t *lp = malloc(sizeof(int32_t) * (size_t)TL);
     for (int i = 0; i < TL; i++) lp[i] = prompt[i % T];
@@ -148,7 +149,7 @@ int main(void) {
         same += ok;
     }
     printf("cuda fast: prefill logits rel err %.2e (fast, %llu cuBLAS calls for a %lld-token prompt) and %.2e (batch-invariant) vs the CPU; "
-           "a %d-token prompt %.2e (tiled attention) and %.2e (per-row); "
+           "a %d-token prompt %.2e (tensor-core attention tiles) and %.2e (per-row); "
            "fast greedy agrees with the CPU for %d of %d tokens; fast depths 1-4 equal its depth 0: %d/4\n",
            ef, (unsigned long long)(calls1 - calls0), (long long)T, ex, TL, eft, efr, agree, G, same);
     free(lc); free(lf); free(lx);

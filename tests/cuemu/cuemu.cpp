@@ -194,6 +194,39 @@ uint64_t td_cuemu_shfl_xor_bits(uint64_t v, unsigned mask, int width) {
     return r;
 }
 
+void td_cuemu_mma_bf16_16816(float d[4], const uint32_t a[4], const uint32_t b[2]) {
+    static uint32_t frag[TD_CUEMU_MAX_THREADS][6]; /* one block runs at a time */
+    if (S.cur < 0) die("mma outside a kernel");
+    const int t = S.cur, w0 = t & ~31;
+    if (w0 + 32 > S.n) die("mma: a warp of fewer than 32 threads");
+    for (int i = 0; i < 4; i++) frag[t][i] = a[i];
+    frag[t][4] = b[0];
+    frag[t][5] = b[1];
+    yield(AT_WARP); /* every lane has written its fragments */
+    float A[16][16], B[16][8];
+    for (int l = 0; l < 32; l++) {
+        const int g = l >> 2, q = l & 3;
+        const uint32_t *f = frag[w0 + l];
+        for (int i = 0; i < 8; i++) { /* a_i: register i / 2, half i % 2 */
+            const uint16_t h = (uint16_t)(f[i / 2] >> (16 * (i % 2)));
+            const int row = (i < 2 || (i >= 4 && i < 6)) ? g : g + 8, col = q * 2 + (i & 1) + (i >= 4 ? 8 : 0);
+            A[row][col] = __uint_as_float((uint32_t)h << 16);
+        }
+        for (int i = 0; i < 4; i++) { /* b_i: register 4 + i / 2 */
+            const uint16_t h = (uint16_t)(f[4 + i / 2] >> (16 * (i % 2)));
+            B[q * 2 + (i & 1) + (i >= 2 ? 8 : 0)][g] = __uint_as_float((uint32_t)h << 16);
+        }
+    }
+    const int l = t - w0, g = l >> 2, q = l & 3;
+    for (int i = 0; i < 4; i++) { /* d_i: row g (i < 2) or g + 8, column 2 q + i % 2 */
+        const int row = i < 2 ? g : g + 8, col = q * 2 + (i & 1);
+        float acc = d[i];
+        for (int k = 0; k < 16; k++) acc += A[row][k] * B[k][col];
+        d[i] = acc;
+    }
+    yield(AT_WARP); /* every lane has read before any writes the next one */
+}
+
 void td_cuemu_run(dim3 grid, dim3 block, void (*fn)(void *), void *ctx) {
     const uint64_t nt = (uint64_t)block.x * block.y * block.z, nb = (uint64_t)grid.x * grid.y * grid.z;
     if (S.cur >= 0) die("kernel launch from inside a kernel");

@@ -133,6 +133,14 @@ template <class T> static inline T __shfl_xor_sync(unsigned mask, T v, unsigned 
     return r;
 }
 
+/* mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32, a warp-collective:
+ * d += A B with A 16 x 16 and B 16 x 8 in bf16 and d 16 x 8 in f32, each lane
+ * holding the fragments the PTX ISA lays out (lane = 4 groupID +
+ * threadID_in_group; a: 4 registers of 2 bf16, the lower index in the low
+ * half; b: 2; d: 4). Each element of D is c plus the 16 exact products summed
+ * in f32 in k order (a tensor core's order is its own: the tolerance covers it). */
+void td_cuemu_mma_bf16_16816(float d[4], const uint32_t a[4], const uint32_t b[2]);
+
 /* Runs body() once per thread of the grid (see the top of this file), or,
  * while stream s captures, records that launch (body holds the kernel's
  * arguments by value). */

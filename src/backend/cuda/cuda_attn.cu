@@ -500,6 +500,154 @@ static __global__ void __launch_bounds__(TILE_THREADS) attention_tile_kernel(att
     }
 }
 
+/* The same tiling on tensor cores (sm_80 and later): mma.sync m16n8k16 with
+ * Q, K, V and the softmax weights rounded to bf16, scores and outputs in
+ * f32 (flash-attention 2's schedule). Grid (ceil(M / BR), nkv) with BR =
+ * MMA_Q / G; three warps, warp w for query vectors [16 w, 16 w + 16) of the
+ * block's MMA_Q; lane (g = lane / 4, t = lane % 4) holds rows g and g + 8 of
+ * its warp's 16 (the accumulator layout). Per chunk of MMA_BC = 16 keys: K
+ * rows and V transposed go to shared memory in bf16 (rows padded by 8 so a
+ * fragment's 8 rows fall in different banks); S = Q K^T (hd / 16 mma per 8
+ * keys), scaled and masked (causal: key p for a row of n positions when p <
+ * n), the row max over the 4 lanes of a row by xor shuffles, the online
+ * softmax (rows' running max and each lane's share of the sum, rescaled by
+ * e^(m - m')), and O += P V, P taken straight from S's accumulator layout as
+ * the A fragment. Query vectors past the run (and rows of other runs) get
+ * n = 1 and zero q: finite, never written. Rounding: bf16 operands (2^-9
+ * relative each), so test_cuda_fast_ops bounds it by 1e-2 of the output's
+ * max norm-wise against the CPU, well inside the fast mode's logits
+ * tolerance; the f32 tile kernel above is the path without tensor cores. */
+#define MMA_WARPS 3
+#define MMA_THREADS (32 * MMA_WARPS)
+#define MMA_Q (16 * MMA_WARPS) /* 48 query vectors */
+#define MMA_BC 16
+#define MMA_QP (TILE_MAX_HD + 8) /* Q and K rows in shared memory (bf16 elements) */
+#define MMA_VP (MMA_BC + 8)      /* V transposed: a row per dim */
+
+static __device__ __forceinline__ uint32_t bf16_pair(float lo, float hi) {
+    return (uint32_t)td_cu_f32_to_bf16(lo) | (uint32_t)td_cu_f32_to_bf16(hi) << 16;
+}
+static __device__ __forceinline__ uint32_t smem_pair(const uint16_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 16; }
+
+static __global__ void __launch_bounds__(MMA_THREADS) attention_mma_kernel(attn_args a, int M, int BR) {
+    __shared__ uint16_t qs[MMA_Q * MMA_QP], ks[MMA_BC * MMA_QP], vt[TILE_MAX_HD * MMA_VP];
+    const int G = a.nh / a.nkv, hd = a.hd, kh = blockIdx.y, tid = threadIdx.x;
+    const int hd16 = (hd + 15) & ~15, warp = tid / 32, g = (tid % 32) / 4, t = tid % 4;
+    const float scale = 1.0f / sqrtf((float)hd);
+    const int t0 = (int)blockIdx.x * BR, t1 = M - t0 < BR ? M : t0 + BR;
+    for (int r0 = t0; r0 < t1;) { /* block-uniform: runs of one segment */
+        const int segi = a.row_seg[r0];
+        int r1 = r0 + 1;
+        while (r1 < t1 && a.row_seg[r1] == segi) r1++;
+        const int32_t *sg = a.seg + (size_t)segi * TD_SEG_FIELDS;
+        const int nq = (r1 - r0) * G, nmax = sg[TD_SEG_POS0] + (r1 - 1 - sg[TD_SEG_ROW0]) + 1;
+        __syncthreads(); /* the previous run's Q is no longer read */
+        for (int e = tid; e < MMA_Q * hd16; e += MMA_THREADS) {
+            const int qi = e / hd16, d = e % hd16, m = r0 + qi / G, h = kh * G + qi % G;
+            qs[qi * MMA_QP + d] = td_cu_f32_to_bf16(qi < nq && d < hd ? a.q[((size_t)m * a.nh + h) * hd + d] : 0.0f);
+        }
+        int nrow[2]; /* positions of this lane's rows g and g + 8 (1 for a vector past the run) */
+        for (int i = 0; i < 2; i++) {
+            const int qi = warp * 16 + g + 8 * i, m = r0 + qi / G;
+            nrow[i] = qi < nq ? sg[TD_SEG_POS0] + (m - sg[TD_SEG_ROW0]) + 1 : 1;
+        }
+        float o[TILE_MAX_HD / 8][4];
+#pragma unroll
+        for (int nt = 0; nt < TILE_MAX_HD / 8; nt++) o[nt][0] = o[nt][1] = o[nt][2] = o[nt][3] = 0.0f;
+        float mrun[2] = {-INFINITY, -INFINITY}, lrun[2] = {0.0f, 0.0f};
+        for (int c0 = 0; c0 < nmax; c0 += MMA_BC) {
+            const int cn = nmax - c0 < MMA_BC ? nmax - c0 : MMA_BC;
+            __syncthreads(); /* the previous chunk's K and V are no longer read */
+            for (int e = tid; e < MMA_BC * hd16; e += MMA_THREADS) {
+                const int j = e / hd16, d = e % hd16;
+                float kx = 0.0f, vx = 0.0f;
+                if (j < cn && d < hd) {
+                    const size_t row = td_cu_kv_row(a.block_tables, sg, c0 + j + a.shift);
+                    kx = td_cu_kv_read(a.kv, a.kv.k, a.kv.ks, row, kh, d);
+                    vx = td_cu_kv_read(a.kv, a.kv.v, a.kv.vs, row, kh, d);
+                }
+                ks[j * MMA_QP + d] = td_cu_f32_to_bf16(kx);
+                vt[d * MMA_VP + j] = td_cu_f32_to_bf16(vx);
+            }
+            __syncthreads();
+            float sc[2][4]; /* [keys 0-7 | 8-15][row g: keys 2t, 2t+1 | row g+8: the same] */
+#pragma unroll
+            for (int nt = 0; nt < 2; nt++) sc[nt][0] = sc[nt][1] = sc[nt][2] = sc[nt][3] = 0.0f;
+            const uint16_t *qa = qs + (warp * 16 + g) * MMA_QP, *qb = qa + 8 * MMA_QP;
+            for (int k0 = 0; k0 < hd16; k0 += 16) {
+                const uint32_t af[4] = {smem_pair(qa + k0 + 2 * t), smem_pair(qb + k0 + 2 * t), smem_pair(qa + k0 + 8 + 2 * t),
+                                        smem_pair(qb + k0 + 8 + 2 * t)};
+#pragma unroll
+                for (int nt = 0; nt < 2; nt++) {
+                    const uint16_t *kr = ks + (nt * 8 + g) * MMA_QP + k0;
+                    const uint32_t bf[2] = {smem_pair(kr + 2 * t), smem_pair(kr + 8 + 2 * t)};
+                    td_cu_mma_bf16(sc[nt], af, bf);
+                }
+            }
+            float alpha[2];
+#pragma unroll
+            for (int i = 0; i < 2; i++) { /* row g (i = 0) and g + 8: scale, mask, max over the row's 4 lanes */
+                float mx = mrun[i];
+#pragma unroll
+                for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+                    for (int c = 0; c < 2; c++) {
+                        const int j = nt * 8 + 2 * t + c;
+                        float &v = sc[nt][2 * i + c];
+                        v = j < cn && c0 + j < nrow[i] ? v * scale : -INFINITY;
+                        mx = fmaxf(mx, v);
+                    }
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1, 4));
+                mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2, 4));
+                alpha[i] = expf(mrun[i] - mx); /* 0 at the first chunk: key 0 counts for every row */
+                float l = lrun[i] * alpha[i];
+#pragma unroll
+                for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+                    for (int c = 0; c < 2; c++) {
+                        float &v = sc[nt][2 * i + c];
+                        v = expf(v - mx);
+                        l += v;
+                    }
+                lrun[i] = l; /* this lane's share; the 4 lanes are summed at the end */
+                mrun[i] = mx;
+            }
+            const uint32_t pf[4] = {bf16_pair(sc[0][0], sc[0][1]), bf16_pair(sc[0][2], sc[0][3]), bf16_pair(sc[1][0], sc[1][1]),
+                                    bf16_pair(sc[1][2], sc[1][3])};
+#pragma unroll
+            for (int nt = 0; nt < TILE_MAX_HD / 8; nt++) {
+                if (nt * 8 < hd16) { /* a guard, not a break: the unrolled loop keeps o in registers */
+                    o[nt][0] *= alpha[0]; o[nt][1] *= alpha[0];
+                    o[nt][2] *= alpha[1]; o[nt][3] *= alpha[1];
+                    const uint16_t *vr = vt + (nt * 8 + g) * MMA_VP;
+                    const uint32_t bf[2] = {smem_pair(vr + 2 * t), smem_pair(vr + 8 + 2 * t)};
+                    td_cu_mma_bf16(o[nt], pf, bf);
+                }
+            }
+        }
+#pragma unroll
+        for (int i = 0; i < 2; i++) {
+            lrun[i] += __shfl_xor_sync(0xffffffffu, lrun[i], 1, 4);
+            lrun[i] += __shfl_xor_sync(0xffffffffu, lrun[i], 2, 4);
+        }
+#pragma unroll
+        for (int i = 0; i < 2; i++) { /* unrolled: o's indices are constants (registers, not local memory) */
+            const int qi = warp * 16 + g + 8 * i;
+            if (qi >= nq) continue;
+            const int m = r0 + qi / G, h = kh * G + qi % G;
+            const size_t qo = ((size_t)m * a.nh + h) * hd;
+#pragma unroll
+            for (int nt = 0; nt < TILE_MAX_HD / 8; nt++)
+#pragma unroll
+                for (int c = 0; c < 2; c++) {
+                    const int d = nt * 8 + 2 * t + c;
+                    if (d < hd) a.out[qo + d] = (o[nt][2 * i + c] / lrun[i]) * (a.gate ? td_cu_sigmoid(a.gate[qo + d]) : 1.0f);
+                }
+        }
+        r0 = r1;
+    }
+}
+
 extern "C" void td_cuda_attention(td_backend *b, const td_config *g, const td_batch *bt, const float *q, const float *gate,
                                   const td_kv_view *kv, int shift, float *out) {
     if (bt->M <= 0) return;
@@ -518,7 +666,15 @@ extern "C" void td_cuda_attention(td_backend *b, const td_config *g, const td_ba
     const size_t row_bytes = (size_t)a.nh * (size_t)Z * (size_t)(a.hd + 2) * sizeof(float); /* one row's partials */
     const int G = a.nh / a.nkv, dpt = (a.hd + ATTN_THREADS - 1) / ATTN_THREADS;
     const bool fits = G * dpt <= SPLIT_ACC && G * (a.hd + 1) + (2 * a.hd + 1) + 2 * G * SPLIT_CH <= SPLIT_POOL;
-    if (!b->batch_invariant && cu->attn_tile && bt->M > ATTN_SPLIT_MAX_ROWS && a.hd <= TILE_MAX_HD && G <= TILE_Q) {
+    if (!b->batch_invariant && cu->attn_tile == TD_CU_ATTN_TILE_MMA && cu->sm >= 80 && bt->M > ATTN_SPLIT_MAX_ROWS && a.hd <= TILE_MAX_HD &&
+        G <= MMA_Q) {
+        const int BR = MMA_Q / G; /* rows per block */
+        TD_CU_KERNEL(attention_mma_kernel, dim3((unsigned)((bt->M + BR - 1) / BR), (unsigned)a.nkv), MMA_THREADS, cu->stream, a, bt->M,
+                     BR);
+        TD_CU_LAUNCH("attention_mma_kernel");
+        return;
+    }
+    if (!b->batch_invariant && cu->attn_tile != TD_CU_ATTN_TILE_OFF && bt->M > ATTN_SPLIT_MAX_ROWS && a.hd <= TILE_MAX_HD && G <= TILE_Q) {
         const int BR = TILE_Q / G; /* rows per block */
         TD_CU_KERNEL(attention_tile_kernel, dim3((unsigned)((bt->M + BR - 1) / BR), (unsigned)a.nkv), TILE_THREADS, cu->stream, a, bt->M,
                      BR);

@@ -193,9 +193,10 @@ extern "C" int td_backend_cuda_create(int n_threads, td_backend **out, td_err *e
        partition is one block's serial walk); 0 turns the split off */
     const char *split = getenv("TD_CUDA_ATTN_SPLIT");
     cu->attn_split_pos = split && atoi(split) >= 0 && atoi(split) <= 8192 ? atoi(split) : 2048;
-    /* TD_CUDA_ATTN_TILE=0 (A/B): prompt chunks take the per-row attention kernel in the fast mode too */
+    /* TD_CUDA_ATTN_TILE (A/B, tests): the fast mode's prompt-chunk attention, 0 the per-row kernel, 1 f32 tiles
+       on CUDA cores, 2 (default) bf16 tiles on tensor cores where the device has them */
     const char *tile = getenv("TD_CUDA_ATTN_TILE");
-    cu->attn_tile = !(tile && !strcmp(tile, "0"));
+    cu->attn_tile = tile && (!strcmp(tile, "0") || !strcmp(tile, "1")) ? atoi(tile) : TD_CU_ATTN_TILE_MMA;
     b->ops = &cuda_ops;
     b->impl = cu;
     b->n_threads = n_threads > 0 ? n_threads : 1; /* host threads: none used by the ops */

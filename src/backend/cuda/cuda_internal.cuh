@@ -95,6 +95,10 @@ typedef struct td_cu_lt_weight {
 
 /* Everything the backend owns: no process-wide state. Ops run on the
  * engine's thread (as on the CPU and guard backends). */
+/* The fast mode's attention for prompt chunks (TD_CUDA_ATTN_TILE=0/1/2, cuda_attn.cu): per-row kernel, f32 tiles on
+   CUDA cores, bf16 tiles on tensor cores (the default; sm_80 and later, else the f32 tiles). */
+enum { TD_CU_ATTN_TILE_OFF, TD_CU_ATTN_TILE_F32, TD_CU_ATTN_TILE_MMA };
+
 typedef struct td_cuda {
     int device;
     cudaStream_t stream;     /* every op and transfer is issued here, in order */
@@ -116,7 +120,7 @@ typedef struct td_cuda {
     size_t gemm_w_cap, gemm_x_cap; /* bytes of gemm_w / gemm_x used (tests shrink them) */
     int sm;                  /* compute capability x 10 + minor (89, 90, 100, 120, ...) */
     int attn_split_pos;      /* the fast mode's split attention: positions per partition (cuda_attn.cu) */
-    bool attn_tile;          /* the fast mode's tiled attention for prompt chunks (cuda_attn.cu) */
+    int attn_tile;           /* TD_CU_ATTN_TILE_*: the fast mode's tiled attention for prompt chunks (cuda_attn.cu) */
     int lt_state[TD_CU_LT_N]; /* TD_CU_GEMM_*: each cuBLASLt path (cuda_lt.cu) */
     td_cu_lt lt;
     cublasLtHandle_t lt_handle;
@@ -149,6 +153,19 @@ extern "C" void td_cuda_check(cudaError_t e, const char *what, const char *file,
 #else
 #define TD_CU_KERNEL(k, grid, block, st, ...) k<<<(grid), (block), 0, (st)>>>(__VA_ARGS__)
 #endif
+
+/* d += A B on a warp's tensor cores: mma.sync m16n8k16, bf16 in, f32
+ * accumulate (sm_80 and later), fragments as the PTX ISA lays them out
+ * (cuemu.h td_cuemu_mma_bf16_16816 restates them). The whole warp calls it. */
+static __device__ __forceinline__ void td_cu_mma_bf16(float d[4], const uint32_t a[4], const uint32_t b[2]) {
+#ifdef TD_CUEMU
+    td_cuemu_mma_bf16_16816(d, a, b);
+#else
+    asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+                 : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+                 : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+#endif
+}
 
 /* Grid size for n items of `per` each, at least 1 block. */
 static inline unsigned td_cu_blocks(size_t n, unsigned per) { return n ? (unsigned)((n + per - 1) / per) : 1u; }
