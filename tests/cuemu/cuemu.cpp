@@ -195,7 +195,7 @@ uint64_t td_cuemu_shfl_xor_bits(uint64_t v, unsigned mask, int width) {
 }
 
 void td_cuemu_mma_bf16_16816(float d[4], const uint32_t a[4], const uint32_t b[2]) {
-    static uint32_t frag[TD_CUEMU_MAX_THREADS][6]; /* one block runs at a time */
+    static thread_local uint32_t frag[TD_CUEMU_MAX_THREADS][6]; /* one block runs at a time per launching thread, as S */
     if (S.cur < 0) die("mma outside a kernel");
     const int t = S.cur, w0 = t & ~31;
     if (w0 + 32 > S.n) die("mma: a warp of fewer than 32 threads");
