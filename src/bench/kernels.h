@@ -17,6 +17,7 @@ typedef struct kbench_opts {
     int prefill[4], n_prefill;
     int max_k;              /* verify k = 1..max_k */
     int decode_at;          /* decode / verify rows after a prompt of this many tokens (>= 16) */
+    int prefill_at;         /* the prefill rows after a prompt of this many tokens (0: from position 0) */
     const char *mm_dtype;   /* bf16, f32, f16, fp8, nvfp4 */
     int quantize;           /* td_engine_opts.quantize for the model runs */
     int isa;                /* td_engine_opts.isa for the model runs (0 = best) */

@@ -8,7 +8,7 @@
 
 static int usage(void) {
     printf("usage: tandem kernels [-m DIR] [-t THREADS] [--reps N] [--probe-mb MB] [--mm-mb MB] [--mm-k K]\n"
-           "                      [--dtype bf16|f32|f16|fp8|nvfp4] [--prefill 512,4096] [--max-k 8] [--decode-at N] [--isa c|avx2|avx512]\n"
+           "                      [--dtype bf16|f32|f16|fp8|nvfp4] [--prefill 512,4096] [--max-k 8] [--decode-at N] [--prefill-at N] [--isa c|avx2|avx512]\n"
            "                      [--quantize none|q8] [--precision f32|bf16] [--device cpu|guard|cuda] [--enforce-eager] [--batch-invariant]\n"
            "                      [--random-config FILE [--mtp-mix F] [--hidden N] [--layers N] [--vocab N]]\n"
            "  bandwidth probe, matmul GB/s per ISA and M = 1..16 on a synthetic weight (--mm-mb 0 skips it),\n"
@@ -33,6 +33,8 @@ static int usage(void) {
            "  --max-k K           largest verify batch k+1 - 1, 1..16 (default 8)\n"
            "  --decode-at N       decode and verify rows after a prompt of N tokens, 16..1048576 (default 16): their\n"
            "                      attention reads N positions (the prompt is prefilled in chunks of 4096 first)\n"
+           "  --prefill-at N      the prefill rows after a prompt of N tokens, 0..1048576 (default 0): a prompt tail\n"
+           "                      after a prefix-cache hit (the N tokens are prefilled first, untimed, in chunks of 4096)\n"
            "  --isa c|avx2|avx512 model rows on this ISA (default: the best the CPU has)\n"
            "  --quantize none|q8  model weights to int8 at load (default none)\n"
            "  --precision f32|bf16 model runs with f32 (default) or bf16 matmul activations\n"
@@ -64,7 +66,7 @@ int td_cmd_kernels(int argc, char **argv) {
         if (!strcmp(a, "--enforce-eager")) { o.enforce_eager = true; continue; }
         if (!strcmp(a, "--batch-invariant")) { o.batch_invariant = true; continue; }
         static const char *const valued[] = {"-m", "--model", "-t", "--threads", "--reps", "--probe-mb", "--mm-mb", "--mm-k",
-                                             "--dtype", "--isa", "--max-k", "--decode-at", "--quantize", "--prefill", "--precision",
+                                             "--dtype", "--isa", "--max-k", "--decode-at", "--prefill-at", "--quantize", "--prefill", "--precision",
                                              "--random-config", "--mtp-mix", "--hidden", "--layers", "--vocab", "--device", "--backend"};
         bool known = false;
         for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++) known |= !strcmp(a, valued[k]);
@@ -80,6 +82,7 @@ int td_cmd_kernels(int argc, char **argv) {
         else if (!strcmp(a, "--mm-k")) rc = int_opt(a, v, 16, 1 << 20, &o.mm_k);
         else if (!strcmp(a, "--max-k")) rc = int_opt(a, v, 1, 16, &o.max_k);
         else if (!strcmp(a, "--decode-at")) rc = int_opt(a, v, 16, 1 << 20, &o.decode_at);
+        else if (!strcmp(a, "--prefill-at")) rc = int_opt(a, v, 0, 1 << 20, &o.prefill_at);
         else if (!strcmp(a, "--random-config")) o.random_config = v;
         else if (!strcmp(a, "--hidden")) rc = int_opt(a, v, 16, 1 << 16, &o.r_hidden);
         else if (!strcmp(a, "--layers")) rc = int_opt(a, v, 1, 1024, &o.r_layers);

@@ -60,3 +60,18 @@ def test_kernels_quantize_q8_reports_fewer_bytes():
         assert p.returncode == 0, p.stderr
         return int(re.search(r"(\d+) MB read per decode step", p.stdout).group(1))
     assert read_mb("--quantize", "q8") < read_mb()
+
+
+def test_kernels_rows_at_a_position():
+    """--decode-at N and --prefill-at N: the decode / verify rows and the prefill rows come
+    after an N-token prompt (long-context attention, a prompt tail after a prefix-cache hit),
+    and the report says so; a bad value fails with one line."""
+    p = run("kernels", "-m", TINY, "-t", "1", "--reps", "1", "--probe-mb", "16", "--mm-mb", "0", "--max-k", "2",
+            "--prefill", "16,24", "--decode-at", "40", "--prefill-at", "48")
+    assert p.returncode == 0, p.stderr
+    assert "decode and verify rows at position 40" in p.stdout
+    assert "prefill rows after a prompt of 48 tokens" in p.stdout
+    pre = [int(m.group(1)) for m in re.finditer(r"^\| (\d+) \| [0-9.]+ \| [0-9.]+ \|$", p.stdout, re.M)]
+    assert pre == [16, 24], p.stdout
+    bad = run("kernels", "--prefill-at", "-3")
+    assert bad.returncode == 2 and "--prefill-at must be an integer in [0, 1048576]" in bad.stderr
