@@ -41,6 +41,8 @@ t() { left=$(( END - $(date +%s) )); [ "$left" -lt "$1" ] && echo "$left" || ech
 # run CAP cmd...: the command under timeout t(CAP); skipped when under 10 s are left
 # (environment for the command: `run CAP env VAR=value cmd...`)
 run() { cap=$(t "$1"); shift; if [ "$cap" -lt 10 ]; then echo "gpu-check: out of time, skipped: $*"; return 1; fi; timeout "$cap" "$@"; }
+# the 27B rows: a random-weight model of the real config generated on the GPU (word-split: BUILD without spaces)
+K27="$BUILD/tandem kernels --random-config tests/data/configs/qwen3.6-27b.config.json --device cuda --probe-mb 16 --mm-mb 0"
 nvidia-smi -L || { echo "gpu-check: no GPU here (nvidia-smi failed)"; exit 1; }
 ARCH=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader | head -n 1 | tr -d ' .')
 echo "gpu-check: building $BUILD for sm_${ARCH:-90}"
@@ -81,32 +83,32 @@ run 30 "$BUILD/tandem" run --device cuda -m models/demo -p "The capital of Franc
 
 echo "== 4. timing: Qwen3.6-27B config, random weights generated on the GPU, bf16 / fp8 / nvfp4"
 for dt in bf16 fp8 nvfp4; do
-  run 60 "$BUILD/tandem" kernels --random-config tests/data/configs/qwen3.6-27b.config.json --device cuda --dtype $dt \
-    --probe-mb 16 --mm-mb 0 --reps 1 --prefill 512,4096 --max-k 4 > "$BUILD/gpu-27b-$dt.log" 2>&1 || fail=1
+  run 60 $K27 --dtype $dt \
+    --reps 1 --prefill 512,4096 --max-k 4 > "$BUILD/gpu-27b-$dt.log" 2>&1 || fail=1
   grep -v "^$" "$BUILD/gpu-27b-$dt.log" | tail -n 14
 done
 echo "== 5. CUDA graphs vs eager: the 27B config in nvfp4, decode and verify without graphs"
-run 45 "$BUILD/tandem" kernels --random-config tests/data/configs/qwen3.6-27b.config.json --device cuda --dtype nvfp4 \
-  --probe-mb 16 --mm-mb 0 --reps 1 --prefill 0 --max-k 4 --enforce-eager > "$BUILD/gpu-27b-eager.log" 2>&1 || fail=1
+run 45 $K27 --dtype nvfp4 \
+  --reps 1 --prefill 0 --max-k 4 --enforce-eager > "$BUILD/gpu-27b-eager.log" 2>&1 || fail=1
 grep -v "^$" "$BUILD/gpu-27b-eager.log" | tail -n 8
 grep -h "cuda graphs:" "$BUILD/gpu-suite.log" | head -n 2
 echo "== 6. prefill in the batch-invariant mode (exact kernels, no tensor cores) vs the fast rows of step 4"
-run 45 "$BUILD/tandem" kernels --random-config tests/data/configs/qwen3.6-27b.config.json --device cuda --dtype nvfp4 \
-  --probe-mb 16 --mm-mb 0 --reps 1 --prefill 512 --max-k 1 --batch-invariant > "$BUILD/gpu-27b-exact.log" 2>&1 || fail=1
+run 45 $K27 --dtype nvfp4 \
+  --reps 1 --prefill 512 --max-k 1 --batch-invariant > "$BUILD/gpu-27b-exact.log" 2>&1 || fail=1
 grep -v "^$" "$BUILD/gpu-27b-exact.log" | tail -n 6
 
 echo "== 7. FP8 prefill: cuBLASLt FP8 tensor cores (step 4's fp8 rows) vs TANDEM_CUDA_LT=0 (BF16 tensor cores)"
 grep -h "sm_[0-9]*: FP8 path\|cuBLASLt" "$BUILD/gpu-ops.log" | head -n 4
-run 45 env TANDEM_CUDA_LT=0 "$BUILD/tandem" kernels --random-config tests/data/configs/qwen3.6-27b.config.json --device cuda --dtype fp8 \
-  --probe-mb 16 --mm-mb 0 --reps 1 --prefill 512,4096 --max-k 1 > "$BUILD/gpu-27b-fp8-nolt.log" 2>&1 || fail=1
+run 45 env TANDEM_CUDA_LT=0 $K27 --dtype fp8 \
+  --reps 1 --prefill 512,4096 --max-k 1 > "$BUILD/gpu-27b-fp8-nolt.log" 2>&1 || fail=1
 grep -v "^$" "$BUILD/gpu-27b-fp8-nolt.log" | tail -n 6
 
 echo "== 8. decode / verify at position 8192: split attention (default) vs one block per row and head"
 # optional: runs only when 150 s of the budget are left (a skip here is not a failure)
 if [ "$(t 150)" -ge 150 ]; then
   for sp in 2048 0; do
-    run 75 env TD_CUDA_ATTN_SPLIT=$sp "$BUILD/tandem" kernels --random-config tests/data/configs/qwen3.6-27b.config.json --device cuda \
-      --dtype nvfp4 --probe-mb 16 --mm-mb 0 --reps 3 --prefill 0 --max-k 2 --decode-at 8192 > "$BUILD/gpu-27b-ctx8k-$sp.log" 2>&1 || fail=1
+    run 75 env TD_CUDA_ATTN_SPLIT=$sp $K27 \
+      --dtype nvfp4 --reps 3 --prefill 0 --max-k 2 --decode-at 8192 > "$BUILD/gpu-27b-ctx8k-$sp.log" 2>&1 || fail=1
     echo "split $sp:"; grep -E "^decode|^\| [12] \|" "$BUILD/gpu-27b-ctx8k-$sp.log"
   done
 else
@@ -119,13 +121,13 @@ echo "== 9. prefill attention: tensor-core tiles (default) vs f32 tiles (TD_CUDA
 # per-row kernel only at 512 from position 0 (at 32k it would read the cache once per row and head).
 if [ "$(t 150)" -ge 150 ]; then
   for tl in 2 1; do
-    run 60 env TD_CUDA_ATTN_TILE=$tl "$BUILD/tandem" kernels --random-config tests/data/configs/qwen3.6-27b.config.json --device cuda \
-      --dtype nvfp4 --probe-mb 16 --mm-mb 0 --reps 1 --prefill 4096 --prefill-at 32768 --max-k 1 > "$BUILD/gpu-27b-tile$tl.log" 2>&1 || fail=1
+    run 60 env TD_CUDA_ATTN_TILE=$tl $K27 \
+      --dtype nvfp4 --reps 1 --prefill 4096 --prefill-at 32768 --max-k 1 > "$BUILD/gpu-27b-tile$tl.log" 2>&1 || fail=1
     echo "TD_CUDA_ATTN_TILE=$tl, after 32768:"; grep -E "^\| 4096 \|" "$BUILD/gpu-27b-tile$tl.log"
   done
   grep -E "^\| 512 \|" "$BUILD/gpu-27b-nvfp4.log" | sed 's/^/tensor-core tiles, from 0: /'
-  run 40 env TD_CUDA_ATTN_TILE=0 "$BUILD/tandem" kernels --random-config tests/data/configs/qwen3.6-27b.config.json --device cuda \
-    --dtype nvfp4 --probe-mb 16 --mm-mb 0 --reps 1 --prefill 512 --max-k 1 > "$BUILD/gpu-27b-tile0.log" 2>&1 || fail=1
+  run 40 env TD_CUDA_ATTN_TILE=0 $K27 \
+    --dtype nvfp4 --reps 1 --prefill 512 --max-k 1 > "$BUILD/gpu-27b-tile0.log" 2>&1 || fail=1
   grep -E "^\| 512 \|" "$BUILD/gpu-27b-tile0.log" | sed 's/^/per-row, from 0: /'
 else
   echo "gpu-check: step 9 skipped (under 150 s of the budget left)"

@@ -108,30 +108,31 @@ void td_cuemu_syncthreads(void);
 /* The value of lane + delta of the lane's segment of `width` lanes (a power
  * of two <= 32), its own when that is past the segment's end. */
 uint64_t td_cuemu_shfl_down_bits(uint64_t v, unsigned delta, int width);
-template <class T> static inline T __shfl_down_sync(unsigned mask, T v, unsigned delta, int width = 32) {
-    (void)mask; /* every caller passes the full warp */
-    static_assert(sizeof(T) <= 8, "shuffle of at most 8 bytes");
-    uint64_t b = 0;
-    memcpy(&b, &v, sizeof v);
-    b = td_cuemu_shfl_down_bits(b, delta, width);
-    T r;
-    memcpy(&r, &b, sizeof r);
-    return r;
-}
-
 /* The value of lane ^ mask within the lane's segment of `width` lanes (mask <
  * width: the partner is in the same segment). */
 uint64_t td_cuemu_shfl_xor_bits(uint64_t v, unsigned mask, int width);
-template <class T> static inline T __shfl_xor_sync(unsigned mask, T v, unsigned lane_mask, int width = 32) {
-    (void)mask; /* every caller passes the full warp */
+/* A shuffle of any value of at most 8 bytes through one of the above. */
+template <class T> static inline T td_cuemu_shfl(uint64_t (*bits)(uint64_t, unsigned, int), T v, unsigned x, int width) {
     static_assert(sizeof(T) <= 8, "shuffle of at most 8 bytes");
     uint64_t b = 0;
     memcpy(&b, &v, sizeof v);
-    b = td_cuemu_shfl_xor_bits(b, lane_mask, width);
+    b = bits(b, x, width);
     T r;
     memcpy(&r, &b, sizeof r);
     return r;
 }
+/* every caller passes the full warp as the mask */
+template <class T> static inline T __shfl_down_sync(unsigned, T v, unsigned delta, int width = 32) {
+    return td_cuemu_shfl(td_cuemu_shfl_down_bits, v, delta, width);
+}
+template <class T> static inline T __shfl_xor_sync(unsigned, T v, unsigned lane_mask, int width = 32) {
+    return td_cuemu_shfl(td_cuemu_shfl_xor_bits, v, lane_mask, width);
+}
+
+/* Runs body() once per thread of the grid (see the top of this file), or,
+ * while stream s captures, records that launch (body holds the kernel's
+ * arguments by value). */
+void td_cuemu_run(dim3 grid, dim3 block, void (*fn)(void *), void *ctx);
 
 /* mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32, a warp-collective:
  * d += A B with A 16 x 16 and B 16 x 8 in bf16 and d 16 x 8 in f32, each lane
@@ -141,10 +142,6 @@ template <class T> static inline T __shfl_xor_sync(unsigned mask, T v, unsigned 
  * in f32 in k order (a tensor core's order is its own: the tolerance covers it). */
 void td_cuemu_mma_bf16_16816(float d[4], const uint32_t a[4], const uint32_t b[2]);
 
-/* Runs body() once per thread of the grid (see the top of this file), or,
- * while stream s captures, records that launch (body holds the kernel's
- * arguments by value). */
-void td_cuemu_run(dim3 grid, dim3 block, void (*fn)(void *), void *ctx);
 template <class F> static inline void td_cuemu_launch(cudaStream_t s, dim3 grid, dim3 block, F body) {
     if (td_cuemu_capturing(s)) {
         td_cuemu_record(s, [=]() mutable { td_cuemu_run(grid, block, [](void *c) { (*(F *)c)(); }, &body); });
