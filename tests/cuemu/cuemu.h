@@ -46,8 +46,10 @@
 #define __launch_bounds__(...)
 #define __shared__ static
 #define __constant__
+#define __align__(n) __attribute__((aligned(n)))
 
 /* ---- types ---- */
+struct alignas(16) float4 { float x, y, z, w; }; /* CUDA's vector type: one 16-byte load */
 struct dim3 {
     unsigned x, y, z;
     constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}

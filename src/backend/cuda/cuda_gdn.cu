@@ -171,12 +171,20 @@ static __device__ void gdn_chunk(const gdn_args &a, int h, int kh, int m0, int C
         }
     }
     __syncthreads();
+    const bool v4 = dk % 4 == 0; /* K and Q rows 16-byte aligned: read 4 floats per shared load, adding in the same order */
     for (int p = threadIdx.x; p < C * C; p += blockDim.x) {
         int t = p / C, i = p % C;
         if (i > t) continue;
         const float *ki = K + (size_t)i * dk, *kt = K + (size_t)t * dk, *qt = Q + (size_t)t * dk;
         float kk = 0.0f, kq = 0.0f;
-        for (int x = 0; x < dk; x++) {
+        int x = 0;
+        if (v4)
+            for (; x < dk; x += 4) {
+                const float4 a = *(const float4 *)(ki + x), b = *(const float4 *)(kt + x), c = *(const float4 *)(qt + x);
+                kk += a.x * b.x; kk += a.y * b.y; kk += a.z * b.z; kk += a.w * b.w;
+                kq += a.x * c.x; kq += a.y * c.y; kq += a.z * c.z; kq += a.w * c.w;
+            }
+        for (; x < dk; x++) {
             kk += ki[x] * kt[x];
             kq += ki[x] * qt[x];
         }
@@ -189,7 +197,18 @@ static __device__ void gdn_chunk(const gdn_args &a, int h, int kh, int m0, int C
     float u[GDN_CMAX], qs[GDN_CMAX], d[GDN_CMAX];
     if (e < dv) {
         for (int t = 0; t < C; t++) u[t] = qs[t] = 0.0f;
-        for (int i = 0; i < dk; i++) {
+        int i = 0;
+        if (v4) /* 4 rows of S per pass: each u[t] and qs[t] still adds its terms in increasing i */
+            for (; i < dk; i += 4) {
+                const float s0 = S[(size_t)i * dv + e], s1 = S[(size_t)(i + 1) * dv + e], s2 = S[(size_t)(i + 2) * dv + e],
+                            s3 = S[(size_t)(i + 3) * dv + e];
+                for (int t = 0; t < C; t++) {
+                    const float4 k = *(const float4 *)(K + (size_t)t * dk + i), q = *(const float4 *)(Q + (size_t)t * dk + i);
+                    u[t] += s0 * k.x; u[t] += s1 * k.y; u[t] += s2 * k.z; u[t] += s3 * k.w;
+                    qs[t] += s0 * q.x; qs[t] += s1 * q.y; qs[t] += s2 * q.z; qs[t] += s3 * q.w;
+                }
+            }
+        for (; i < dk; i++) {
             float s = S[(size_t)i * dv + e];
             for (int t = 0; t < C; t++) {
                 u[t] += s * K[(size_t)t * dk + i];
@@ -212,7 +231,20 @@ static __device__ void gdn_chunk(const gdn_args &a, int h, int kh, int m0, int C
     }
     if (e < dv) {
         float gC = expf(cum[C - 1]);
-        for (int i = 0; i < dk; i++) {
+        int i = 0;
+        if (v4) /* 4 rows of S per pass, each summed over t in order */
+            for (; i < dk; i += 4) {
+                float s0 = S[(size_t)i * dv + e] * gC, s1 = S[(size_t)(i + 1) * dv + e] * gC, s2 = S[(size_t)(i + 2) * dv + e] * gC,
+                      s3 = S[(size_t)(i + 3) * dv + e] * gC;
+                for (int t = 0; t < C; t++) {
+                    const float4 k = *(const float4 *)(K + (size_t)t * dk + i);
+                    const float g = gT[t];
+                    s0 += (g * k.x) * d[t]; s1 += (g * k.y) * d[t]; s2 += (g * k.z) * d[t]; s3 += (g * k.w) * d[t];
+                }
+                S[(size_t)i * dv + e] = s0; S[(size_t)(i + 1) * dv + e] = s1;
+                S[(size_t)(i + 2) * dv + e] = s2; S[(size_t)(i + 3) * dv + e] = s3;
+            }
+        for (; i < dk; i++) {
             float s = S[(size_t)i * dv + e] * gC;
             for (int t = 0; t < C; t++) s += (gT[t] * K[(size_t)t * dk + i]) * d[t];
             S[(size_t)i * dv + e] = s;
@@ -234,7 +266,7 @@ static __device__ void gdn_chunk(const gdn_args &a, int h, int kh, int m0, int C
  * inside the recurrence; the block synchronizes around the shared q / k and
  * the norm's sum. */
 static __global__ void __launch_bounds__(1024) gdn_recur_kernel(gdn_args a) {
-    __shared__ float pool[GDN_POOL];
+    __shared__ __align__(16) float pool[GDN_POOL]; /* 16: gdn_chunk reads K and Q rows as float4 */
     __shared__ float red[33];
     float *qv = pool, *kv = pool + TD_MAX_HEAD_DIM;
     int si = blockIdx.x / a.nv, h = blockIdx.x % a.nv, e = threadIdx.x;
