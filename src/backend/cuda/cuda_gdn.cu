@@ -157,7 +157,11 @@ static int chunk_tokens(int chunk, int dk) {
  * thread e then runs column e (S0's column read once, u = S0^T k_t and
  * qs = S0^T q_t for every t in one pass over i, d and o in registers), each
  * sum in td_gdn_chunk's order. */
-static __device__ void gdn_chunk(const gdn_args &a, int h, int kh, int m0, int C, float *S, float *pool, float *red) {
+/* C tokens, a constant: with REG (blocks of up to 256 threads, so up to 255
+ * registers a thread) the loops over t unroll and u, qs, d stay in registers
+ * instead of local memory; without (larger blocks: 64 registers) they do not. */
+template <int C, bool REG>
+static __device__ void gdn_chunk(const gdn_args &a, int h, int kh, int m0, float *S, float *pool, float *red) {
     const int dk = a.dk, dv = a.dv, nv = a.nv, key_dim = a.nk * dk, e = threadIdx.x;
     float *K = pool, *Q = K + (size_t)C * dk, *W1 = Q + (size_t)C * dk, *W2 = W1 + C * C, *cum = W2 + C * C;
     float *beta = cum + C, *gT = beta + C;
@@ -194,14 +198,16 @@ static __device__ void gdn_chunk(const gdn_args &a, int h, int kh, int m0, int C
     }
     for (int t = threadIdx.x; t < C; t += blockDim.x) gT[t] = expf(cum[C - 1] - cum[t]);
     __syncthreads();
-    float u[GDN_CMAX], qs[GDN_CMAX], d[GDN_CMAX];
+    float u[C], qs[C], d[C];
     if (e < dv) {
+#pragma unroll(REG ? C : 1)
         for (int t = 0; t < C; t++) u[t] = qs[t] = 0.0f;
         int i = 0;
         if (v4) /* 4 rows of S per pass: each u[t] and qs[t] still adds its terms in increasing i */
             for (; i < dk; i += 4) {
                 const float s0 = S[(size_t)i * dv + e], s1 = S[(size_t)(i + 1) * dv + e], s2 = S[(size_t)(i + 2) * dv + e],
                             s3 = S[(size_t)(i + 3) * dv + e];
+#pragma unroll(REG ? C : 1)
                 for (int t = 0; t < C; t++) {
                     const float4 k = *(const float4 *)(K + (size_t)t * dk + i), q = *(const float4 *)(Q + (size_t)t * dk + i);
                     u[t] += s0 * k.x; u[t] += s1 * k.y; u[t] += s2 * k.z; u[t] += s3 * k.w;
@@ -210,12 +216,14 @@ static __device__ void gdn_chunk(const gdn_args &a, int h, int kh, int m0, int C
             }
         for (; i < dk; i++) {
             float s = S[(size_t)i * dv + e];
+#pragma unroll(REG ? C : 1)
             for (int t = 0; t < C; t++) {
                 u[t] += s * K[(size_t)t * dk + i];
                 qs[t] += s * Q[(size_t)t * dk + i];
             }
         }
     }
+#pragma unroll(REG ? C : 1)
     for (int t = 0; t < C; t++) {
         int m = m0 + t;
         float o = 0.0f;
@@ -223,8 +231,10 @@ static __device__ void gdn_chunk(const gdn_args &a, int h, int kh, int m0, int C
             float gt = expf(cum[t]);
             float dd = a.conv_out[(size_t)m * a.conv_dim + 2 * (size_t)key_dim + (size_t)h * dv + e] - gt * u[t];
             o = gt * qs[t];
+#pragma unroll(REG ? C : 1)
             for (int i = 0; i < t; i++) dd -= W1[t * C + i] * d[i];
             d[t] = dd * beta[t];
+#pragma unroll(REG ? C : 1)
             for (int i = 0; i <= t; i++) o += W2[t * C + i] * d[i];
         }
         gdn_out(a, m, h, o, red);
@@ -236,6 +246,7 @@ static __device__ void gdn_chunk(const gdn_args &a, int h, int kh, int m0, int C
             for (; i < dk; i += 4) {
                 float s0 = S[(size_t)i * dv + e] * gC, s1 = S[(size_t)(i + 1) * dv + e] * gC, s2 = S[(size_t)(i + 2) * dv + e] * gC,
                       s3 = S[(size_t)(i + 3) * dv + e] * gC;
+#pragma unroll(REG ? C : 1)
                 for (int t = 0; t < C; t++) {
                     const float4 k = *(const float4 *)(K + (size_t)t * dk + i);
                     const float g = gT[t];
@@ -246,6 +257,7 @@ static __device__ void gdn_chunk(const gdn_args &a, int h, int kh, int m0, int C
             }
         for (; i < dk; i++) {
             float s = S[(size_t)i * dv + e] * gC;
+#pragma unroll(REG ? C : 1)
             for (int t = 0; t < C; t++) s += (gT[t] * K[(size_t)t * dk + i]) * d[t];
             S[(size_t)i * dv + e] = s;
         }
@@ -265,7 +277,8 @@ static __device__ void gdn_chunk(const gdn_args &a, int h, int kh, int m0, int C
  * A column's update reads only that column, so no thread waits for another
  * inside the recurrence; the block synchronizes around the shared q / k and
  * the norm's sum. */
-static __global__ void __launch_bounds__(1024) gdn_recur_kernel(gdn_args a) {
+template <int MAXT> /* 256 (dv <= 256): up to 255 registers a thread for gdn_chunk's unrolled arrays; 1024 otherwise */
+static __global__ void __launch_bounds__(MAXT) gdn_recur_kernel(gdn_args a) {
     __shared__ __align__(16) float pool[GDN_POOL]; /* 16: gdn_chunk reads K and Q rows as float4 */
     __shared__ float red[33];
     float *qv = pool, *kv = pool + TD_MAX_HEAD_DIM;
@@ -277,7 +290,13 @@ static __global__ void __launch_bounds__(1024) gdn_recur_kernel(gdn_args a) {
     float *S = layer_state(a, si, sg[TD_SEG_SLOT]) + head;
     int t = 0;
     if (a.chunk > 1 && !ck)
-        for (; t + a.chunk <= n; t += a.chunk) gdn_chunk(a, h, kh, row0 + t, a.chunk, S, pool, red);
+        for (; t + a.chunk <= n; t += a.chunk) switch (a.chunk) { /* chunk_tokens: a power of two in 2..GDN_CMAX */
+            case 32: gdn_chunk<32, MAXT <= 256>(a, h, kh, row0 + t, S, pool, red); break;
+            case 16: gdn_chunk<16, MAXT <= 256>(a, h, kh, row0 + t, S, pool, red); break;
+            case 8: gdn_chunk<8, MAXT <= 256>(a, h, kh, row0 + t, S, pool, red); break;
+            case 4: gdn_chunk<4, MAXT <= 256>(a, h, kh, row0 + t, S, pool, red); break;
+            default: gdn_chunk<2, MAXT <= 256>(a, h, kh, row0 + t, S, pool, red); break;
+            }
     for (; t < n; t++) {
         int m = row0 + t;
         const float *row = a.conv_out + (size_t)m * a.conv_dim;
@@ -321,6 +340,7 @@ extern "C" void td_cuda_gdn_recur(td_backend *b, const td_config *g, const td_ba
     a.z = z; a.b_in = b_in; a.a_in = a_in; a.o = o;
     a.chunk = chunk > 1 ? chunk_tokens(chunk, a.dk) : 0;
     unsigned threads = (unsigned)((a.dv + 31) / 32 * 32);
-    TD_CU_KERNEL(gdn_recur_kernel, (unsigned)(bt->n_seg * a.nv), threads, td_cu(b)->stream, a);
+    if (threads <= 256) TD_CU_KERNEL(gdn_recur_kernel<256>, (unsigned)(bt->n_seg * a.nv), threads, td_cu(b)->stream, a);
+    else TD_CU_KERNEL(gdn_recur_kernel<1024>, (unsigned)(bt->n_seg * a.nv), threads, td_cu(b)->stream, a);
     TD_CU_LAUNCH("gdn_recur_kernel");
 }
