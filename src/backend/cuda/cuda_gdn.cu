@@ -277,6 +277,56 @@ static __device__ void gdn_chunk(const gdn_args &a, int h, int kh, int m0, float
  * A column's update reads only that column, so no thread waits for another
  * inside the recurrence; the block synchronizes around the shared q / k and
  * the norm's sum. */
+/* Tokens [t, n) of one (segment, value head) token by token with the
+ * thread's state column in registers (DK = dk, a constant: the loops over i
+ * unroll): loaded once, updated per token in the kernel's order (the same
+ * multiplies and adds as the loop below, so the same bits), and stored once
+ * at the end, or, for a verify segment, after each token into that token's
+ * slot. The loop below reads and writes the column in global memory twice a
+ * token (a 4096-token prompt: 8192 passes over the state instead of 2).
+ * Every thread of the block calls it. */
+template <int DK>
+static __device__ void gdn_tokens_reg(const gdn_args &a, int si, int h, int kh, const int32_t *sg, float *S, size_t head, int t, float *qv,
+                                      float *kv, float *red) {
+    const int e = threadIdx.x, dv = a.dv, nv = a.nv, key_dim = a.nk * DK;
+    const int n = sg[TD_SEG_N], row0 = sg[TD_SEG_ROW0], ck = sg[TD_SEG_CKPT];
+    float s[DK];
+    if (e < dv)
+#pragma unroll
+        for (int i = 0; i < DK; i++) s[i] = S[(size_t)i * dv + e];
+    for (; t < n; t++) {
+        const int m = row0 + t;
+        gdn_qk(a, m, kh, qv, kv, red);
+        const float beta = td_cu_sigmoid(a.b_in[(size_t)m * nv + h]);
+        const float decay = expf(a.neg_A[h] * softplus(a.a_in[(size_t)m * nv + h] + a.dt_bias[h]));
+        float o = 0.0f;
+        if (e < dv) {
+            float mem = 0.0f;
+#pragma unroll
+            for (int i = 0; i < DK; i++) {
+                s[i] = s[i] * decay;
+                mem += s[i] * kv[i];
+            }
+            const float d = (a.conv_out[(size_t)m * a.conv_dim + 2 * (size_t)key_dim + (size_t)h * dv + e] - mem) * beta;
+#pragma unroll
+            for (int i = 0; i < DK; i++) {
+                s[i] = s[i] + kv[i] * d;
+                o += s[i] * qv[i];
+            }
+            if (ck) { /* token t's state in its own slot */
+                float *dst = layer_state(a, si, out_slot(sg, t)) + head;
+#pragma unroll
+                for (int i = 0; i < DK; i++) dst[(size_t)i * dv + e] = s[i];
+            }
+        }
+        gdn_out(a, m, h, o, red);
+        __syncthreads(); /* qv / kv are rewritten by the next token */
+    }
+    if (!ck && e < dv)
+#pragma unroll
+        for (int i = 0; i < DK; i++) S[(size_t)i * dv + e] = s[i];
+}
+
 template <int MAXT> /* 256 (dv <= 256): up to 255 registers a thread for gdn_chunk's unrolled arrays; 1024 otherwise */
 static __global__ void __launch_bounds__(MAXT) gdn_recur_kernel(gdn_args a) {
     __shared__ __align__(16) float pool[GDN_POOL]; /* 16: gdn_chunk reads K and Q rows as float4 */
@@ -297,6 +347,13 @@ static __global__ void __launch_bounds__(MAXT) gdn_recur_kernel(gdn_args a) {
             case 4: gdn_chunk<4, MAXT <= 256>(a, h, kh, row0 + t, S, pool, red); break;
             default: gdn_chunk<2, MAXT <= 256>(a, h, kh, row0 + t, S, pool, red); break;
             }
+    if (MAXT <= 256 && t < n && (dk == 128 || dk == 64 || dk == 32 || dk == 16)) { /* the state column in registers (block-uniform) */
+        if (dk == 128) gdn_tokens_reg<128>(a, si, h, kh, sg, S, head, t, qv, kv, red); /* Qwen3.5 / 3.6 */
+        else if (dk == 64) gdn_tokens_reg<64>(a, si, h, kh, sg, S, head, t, qv, kv, red);
+        else if (dk == 32) gdn_tokens_reg<32>(a, si, h, kh, sg, S, head, t, qv, kv, red); /* the demo model */
+        else gdn_tokens_reg<16>(a, si, h, kh, sg, S, head, t, qv, kv, red);                /* tiny-a, test_backend_cuda */
+        return;
+    }
     for (; t < n; t++) {
         int m = row0 + t;
         const float *row = a.conv_out + (size_t)m * a.conv_dim;
