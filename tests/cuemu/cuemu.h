@@ -49,7 +49,8 @@
 #define __align__(n) __attribute__((aligned(n)))
 
 /* ---- types ---- */
-struct alignas(16) float4 { float x, y, z, w; }; /* CUDA's vector type: one 16-byte load */
+struct alignas(16) float4 { float x, y, z, w; }; /* CUDA's vector types: one 16-byte load */
+struct alignas(16) uint4 { unsigned x, y, z, w; };
 struct dim3 {
     unsigned x, y, z;
     constexpr dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}

@@ -530,11 +530,13 @@ static __device__ __forceinline__ uint32_t bf16_pair(float lo, float hi) {
 static __device__ __forceinline__ uint32_t smem_pair(const uint16_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 16; }
 
 static __global__ void __launch_bounds__(MMA_THREADS) attention_mma_kernel(attn_args a, int M, int BR) {
-    __shared__ uint16_t qs[MMA_Q * MMA_QP], ks[MMA_BC * MMA_QP], vt[TILE_MAX_HD * MMA_VP];
+    __shared__ __align__(16) uint16_t qs[MMA_Q * MMA_QP], ks[MMA_BC * MMA_QP], vt[TILE_MAX_HD * MMA_VP];
+    __shared__ size_t krow[MMA_BC]; /* the chunk's KV rows, looked up once */
     const int G = a.nh / a.nkv, hd = a.hd, kh = blockIdx.y, tid = threadIdx.x;
     const int hd16 = (hd + 15) & ~15, warp = tid / 32, g = (tid % 32) / 4, t = tid % 4;
     const float scale = 1.0f / sqrtf((float)hd);
     const int t0 = (int)blockIdx.x * BR, t1 = M - t0 < BR ? M : t0 + BR;
+    const bool bf16_rows = a.kv.store == TD_KV_BF16 && hd % 8 == 0; /* 16-byte aligned head rows */
     for (int r0 = t0; r0 < t1;) { /* block-uniform: runs of one segment */
         const int segi = a.row_seg[r0];
         int r1 = r0 + 1;
@@ -557,17 +559,34 @@ static __global__ void __launch_bounds__(MMA_THREADS) attention_mma_kernel(attn_
         float mrun[2] = {-INFINITY, -INFINITY}, lrun[2] = {0.0f, 0.0f};
         for (int c0 = 0; c0 < nmax; c0 += MMA_BC) {
             const int cn = nmax - c0 < MMA_BC ? nmax - c0 : MMA_BC;
-            __syncthreads(); /* the previous chunk's K and V are no longer read */
-            for (int e = tid; e < MMA_BC * hd16; e += MMA_THREADS) {
-                const int j = e / hd16, d = e % hd16;
-                float kx = 0.0f, vx = 0.0f;
-                if (j < cn && d < hd) {
-                    const size_t row = td_cu_kv_row(a.block_tables, sg, c0 + j + a.shift);
-                    kx = td_cu_kv_read(a.kv, a.kv.k, a.kv.ks, row, kh, d);
-                    vx = td_cu_kv_read(a.kv, a.kv.v, a.kv.vs, row, kh, d);
+            __syncthreads(); /* the previous chunk's K and V (and rows) are no longer read */
+            if (tid < MMA_BC) krow[tid] = tid < cn ? td_cu_kv_row(a.block_tables, sg, c0 + tid + a.shift) : 0;
+            __syncthreads();
+            if (bf16_rows) { /* bf16 KV: 8 dims (16 bytes) per load, copied as they are (the same bf16 values) */
+                for (int e = tid; e < MMA_BC * (hd16 / 8); e += MMA_THREADS) {
+                    const int j = e / (hd16 / 8), d = e % (hd16 / 8) * 8;
+                    uint4 kk = {0, 0, 0, 0}, vv = {0, 0, 0, 0};
+                    if (j < cn && d < hd) {
+                        const size_t off = krow[j] * (size_t)a.kv.kv_dim + (size_t)kh * hd + d;
+                        kk = *(const uint4 *)((const uint16_t *)a.kv.k + off);
+                        vv = *(const uint4 *)((const uint16_t *)a.kv.v + off);
+                    }
+                    *(uint4 *)(ks + j * MMA_QP + d) = kk;
+                    const unsigned vw[4] = {vv.x, vv.y, vv.z, vv.w};
+#pragma unroll
+                    for (int q = 0; q < 8; q++) vt[(d + q) * MMA_VP + j] = (uint16_t)(vw[q / 2] >> (16 * (q % 2)));
                 }
-                ks[j * MMA_QP + d] = td_cu_f32_to_bf16(kx);
-                vt[d * MMA_VP + j] = td_cu_f32_to_bf16(vx);
+            } else {
+                for (int e = tid; e < MMA_BC * hd16; e += MMA_THREADS) {
+                    const int j = e / hd16, d = e % hd16;
+                    float kx = 0.0f, vx = 0.0f;
+                    if (j < cn && d < hd) {
+                        kx = td_cu_kv_read(a.kv, a.kv.k, a.kv.ks, krow[j], kh, d);
+                        vx = td_cu_kv_read(a.kv, a.kv.v, a.kv.vs, krow[j], kh, d);
+                    }
+                    ks[j * MMA_QP + d] = td_cu_f32_to_bf16(kx);
+                    vt[d * MMA_VP + j] = td_cu_f32_to_bf16(vx);
+                }
             }
             __syncthreads();
             float sc[2][4]; /* [keys 0-7 | 8-15][row g: keys 2t, 2t+1 | row g+8: the same] */
