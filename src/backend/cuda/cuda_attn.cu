@@ -418,6 +418,19 @@ static __global__ void __launch_bounds__(ATTN_THREADS) attention_split_kernel(at
 #define TILE_DPT (TILE_MAX_HD / TILE_QT) /* dims per thread */
 static_assert(TILE_QT == 4, "the score's all-reduce is two xor shuffles");
 
+/* The run of rows from r0 (before the tile's end t1) in r0's segment: its
+ * end *r1, its segment, and *nmax, the positions its last row attends (the
+ * run's rows are consecutive positions). Every thread calls it alike. */
+static __device__ __forceinline__ const int32_t *tile_run(const attn_args &a, int r0, int t1, int *r1, int *nmax) {
+    const int segi = a.row_seg[r0];
+    int e = r0 + 1;
+    while (e < t1 && a.row_seg[e] == segi) e++;
+    const int32_t *sg = a.seg + (size_t)segi * TD_SEG_FIELDS;
+    *r1 = e;
+    *nmax = sg[TD_SEG_POS0] + (e - 1 - sg[TD_SEG_ROW0]) + 1;
+    return sg;
+}
+
 static __global__ void __launch_bounds__(TILE_THREADS) attention_tile_kernel(attn_args a, int M, int BR) {
     __shared__ float ks[TILE_BC * TILE_MAX_HD], vs[TILE_BC * TILE_MAX_HD];
     const int G = a.nh / a.nkv, hd = a.hd, kh = blockIdx.y, tid = threadIdx.x;
@@ -425,14 +438,11 @@ static __global__ void __launch_bounds__(TILE_THREADS) attention_tile_kernel(att
     const float scale = 1.0f / sqrtf((float)hd);
     const int t0 = (int)blockIdx.x * BR, t1 = M - t0 < BR ? M : t0 + BR;
     for (int r0 = t0; r0 < t1;) { /* block-uniform: every thread walks the same runs */
-        const int segi = a.row_seg[r0];
-        int r1 = r0 + 1;
-        while (r1 < t1 && a.row_seg[r1] == segi) r1++;
-        const int32_t *sg = a.seg + (size_t)segi * TD_SEG_FIELDS;
+        int r1, nmax;
+        const int32_t *sg = tile_run(a, r0, t1, &r1, &nmax);
         const bool act = qi < (r1 - r0) * G;
         const int m = r0 + qi / G, h = kh * G + qi % G;
         const int n = act ? sg[TD_SEG_POS0] + (m - sg[TD_SEG_ROW0]) + 1 : 0;
-        const int nmax = sg[TD_SEG_POS0] + (r1 - 1 - sg[TD_SEG_ROW0]) + 1;
         const size_t qo = ((size_t)m * a.nh + h) * hd;
         float qr[TILE_DPT], acc[TILE_DPT];
 #pragma unroll
@@ -538,11 +548,9 @@ static __global__ void __launch_bounds__(MMA_THREADS) attention_mma_kernel(attn_
     const int t0 = (int)blockIdx.x * BR, t1 = M - t0 < BR ? M : t0 + BR;
     const bool bf16_rows = a.kv.store == TD_KV_BF16 && hd % 8 == 0; /* 16-byte aligned head rows */
     for (int r0 = t0; r0 < t1;) { /* block-uniform: runs of one segment */
-        const int segi = a.row_seg[r0];
-        int r1 = r0 + 1;
-        while (r1 < t1 && a.row_seg[r1] == segi) r1++;
-        const int32_t *sg = a.seg + (size_t)segi * TD_SEG_FIELDS;
-        const int nq = (r1 - r0) * G, nmax = sg[TD_SEG_POS0] + (r1 - 1 - sg[TD_SEG_ROW0]) + 1;
+        int r1, nmax;
+        const int32_t *sg = tile_run(a, r0, t1, &r1, &nmax);
+        const int nq = (r1 - r0) * G;
         __syncthreads(); /* the previous run's Q is no longer read */
         for (int e = tid; e < MMA_Q * hd16; e += MMA_THREADS) {
             const int qi = e / hd16, d = e % hd16, m = r0 + qi / G, h = kh * G + qi % G;
