@@ -3,10 +3,11 @@
  * time by kernels.c.
  *
  * Register tiles: up to 4 weight rows x 6 activation rows (AVX-512); AVX2:
- * 4x1 for decode, and for 2..31 rows and prefill half-lane tiles (two passes
- * over K, one ymm accumulator per output: see htile256) that take every row
- * of a verify of up to 5 tokens at once; each weight chunk is loaded and
- * dequantized once per tile and used for every activation row in it. Every output element still has its
+ * 4x1 for decode, half-lane tiles for 2..31 rows (two passes over K, one ymm
+ * accumulator per output: see htile256) that take every row of a verify of up
+ * to 5 tokens at once, and for prefill outer products over one residue mod 16
+ * at a time (rpanel256); each weight chunk is loaded and dequantized once per
+ * tile and used for every activation row in it. Every output element still has its
  * own 16-lane accumulator over the whole K, filled in increasing k with one
  * FMA per element, then reduced with the same fixed tree as kernels.c: the
  * tile shape changes only which elements are computed together, never how
@@ -356,7 +357,7 @@ DRIVER256(mm256_q8, KQ8)
  * range twice, once per half, with one ymm per output instead of two: twice
  * the outputs per register file, which is what lets one weight chunk be
  * loaded and dequantized once for every activation row of a verify (up to
- * 5 rows) or for 3 x 4 outputs of a prefill block. Each half still gets one
+ * 5 rows). Each half still gets one
  * FMA per element in increasing k, and the halves meet in the same reduce16:
  * bit-identical to tile256 and to the AVX-512 kernels. */
 
@@ -366,12 +367,9 @@ T256 INL __m256 f8x8_256(__m128i b /* 8 bytes in the low half */) {
     return _mm256_cvtph_ps(h);
 }
 
-enum { KPAN = 7 }; /* an f32 panel row (prefill): element i at row + (i - kb) */
-
-T256 INL __m256 w8_256(const wd *d, const int kind, const uint8_t *row, int64_t n, int64_t i, int64_t kb, int h) {
+T256 INL __m256 w8_256(const wd *d, const int kind, const uint8_t *row, int64_t n, int64_t i, int h) {
     const int64_t j = i + 8 * h;
     switch (kind) {
-    case KPAN: return _mm256_loadu_ps((const float *)row + (j - kb));
     case KF32: return _mm256_loadu_ps((const float *)row + j);
     case KBF16:
         return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + j))), 16));
@@ -397,7 +395,7 @@ T256 INL __m256 w8_256(const wd *d, const int kind, const uint8_t *row, int64_t 
  * running 16-lane sum). pf (may be NULL): rows to prefetch, at the same
  * offsets from k0 as this tile reads. */
 T256 INL void htile256(const wd *d, const int kind, const int RN, const int RM, const uint8_t *const *row, int64_t n,
-                       const float *const *xr, int64_t k0, int64_t k1, int64_t kb, float *acc, int64_t ar,
+                       const float *const *xr, int64_t k0, int64_t k1, float *acc, int64_t ar,
                        const uint8_t *const *pf, int64_t step, const bool first) {
     for (int h = 0; h < 2; h++) {
         __m256 a[4][5];
@@ -408,7 +406,7 @@ T256 INL void htile256(const wd *d, const int kind, const int RN, const int RM, 
             if (pf && h == 0 && (off & 63) == 0)
                 for (int r = 0; r < RN; r++) _mm_prefetch((const char *)pf[r] + off, _MM_HINT_T0);
             __m256 w[4];
-            for (int r = 0; r < RN; r++) w[r] = w8_256(d, kind, row[r], n + r, i, kb, h);
+            for (int r = 0; r < RN; r++) w[r] = w8_256(d, kind, row[r], n + r, i, h);
             for (int q = 0; q < RM; q++) {
                 __m256 xv = _mm256_loadu_ps(xr[q] + i + 8 * h);
                 /* one load per activation chunk, not one per FMA (gcc folds it into every FMA, and the
@@ -427,9 +425,9 @@ T256 INL void htile256(const wd *d, const int kind, const int RN, const int RM, 
  * measured slower than 2 x 4: spills). */
 static inline int rn_for(int rm) { return rm <= 2 ? 4 : rm == 3 ? 3 : 2; }
 
-#define HT(RN_, RM_) htile256(d, kind, RN_, RM_, row, n, xr, k0, k1, kb, acc, ar, pf, step, first)
+#define HT(RN_, RM_) htile256(d, kind, RN_, RM_, row, n, xr, k0, k1, acc, ar, pf, step, first)
 T256 INL void htile_any(const wd *d, const int kind, int rn, int rm, const uint8_t *const *row, int64_t n,
-                        const float *const *xr, int64_t k0, int64_t k1, int64_t kb, float *acc, int64_t ar,
+                        const float *const *xr, int64_t k0, int64_t k1, float *acc, int64_t ar,
                         const uint8_t *const *pf, int64_t step, const bool first) {
 #define HT_RN4(RM_) switch (rn) { case 4: HT(4, RM_); break; case 3: HT(3, RM_); break; case 2: HT(2, RM_); break; default: HT(1, RM_); }
 #define HT_RN3(RM_) switch (rn) { case 3: HT(3, RM_); break; case 2: HT(2, RM_); break; default: HT(1, RM_); }
@@ -532,7 +530,7 @@ T256 INL void verify256(const wd *d, const int kind, const float *x, int m0, int
                         int64_t p = pn + j < n1 ? pn + j : n1 - 1;
                         pf[j] = d->data + p * rb + pk / 16 * step;
                     }
-                    htile_any(d, kind, t, rm, row, g + r, xr, k0, k1, 0, acc + (int64_t)r * VM * 16, VM * 16, pf, step, false);
+                    htile_any(d, kind, t, rm, row, g + r, xr, k0, k1, acc + (int64_t)r * VM * 16, VM * 16, pf, step, false);
                     r += t;
                 }
             }
@@ -541,41 +539,157 @@ T256 INL void verify256(const wd *d, const int kind, const float *x, int m0, int
     }
 }
 
-/* Prefill (PANEL_MIN_M rows and more): as panel_block512, a panel of PN
- * weight rows x PK columns is dequantized once into f32 and used by every
- * activation row of the block, in 3 x 4 tiles (12 accumulators, 3 weights,
- * 1 activation). */
-enum { PN = 24, PK = 256, PM = 64, PSTR = PK + 16 };
+/* Prefill (PANEL_MIN_M rows and more), outer products over residues. Every
+ * output's accumulator is 16 lanes, lane j summing the products of k = j,
+ * j + 16, j + 32, ... in increasing k; the 16 chains are independent, so a
+ * panel runs them one after another (residue-major) instead of side by side.
+ * Within one residue a ymm then holds that lane for 8 outputs (weight rows),
+ * and a step is the classic GEMM outer product: 2 weight vectors (16 rows at
+ * k) and 6 broadcast activations make 12 FMAs (a 6 x 16 register tile, 8
+ * loads per 12 FMAs, no shuffles). The half-lane tiles it replaces kept each
+ * output's lanes across a ymm, so every FMA needed an activation and a weight
+ * vector of its own k range (7 loads per 12 FMAs), and each pass over K read
+ * every cache line for half its floats. Each FMA is still fma(x[k], w[k],
+ * lane k mod 16) in increasing k, the K % 16 tail is one more zero-padded
+ * step, and the 16 lanes meet in reduce16's tree: the same bits as tile256,
+ * verify256 and the AVX-512 kernels (test_kernels checks prefill rows against
+ * M = 1 bit for bit).
+ *
+ * Weights: a panel of 16 rows x RPK columns is dequantized into f32 once per
+ * activation block, transposed residue-major (wp[j][t][16 rows], k = k0 +
+ * 16 t + j; 16 KiB, L1) and used by every 6-row group of the block. The
+ * activations are read in place (a group's 6 x RPK slice stays in L1 over
+ * the 16 residues). Accumulators between K slices: acc[q][j][16 rows]. */
+enum { RPK = 256, RPT = RPK / 16, RPN = 16, RMR = 6, RPM = 64 };
 
-T256 INL void panel_block256(const wd *d, const int kind, const float *x, int m, int mm, int64_t n, int nn, float *y,
-                             int64_t ldy, float *wpan, float *acc) {
-    const int64_t K = d->K, Kfull = K & ~(int64_t)15;
-    if (Kfull == 0) memset(acc, 0, sizeof(float) * (size_t)nn * PM * 16); /* K < 16: only finish256's tail */
-    const float *xr[PM];
-    for (int q = 0; q < mm; q++) xr[q] = x + (int64_t)(m + q) * K;
-    for (int64_t k0 = 0; k0 < Kfull; k0 += PK) {
-        const int64_t k1 = Kfull - k0 < PK ? Kfull : k0 + PK;
-        for (int r = 0; r < nn; r++) {
-            const uint8_t *row = d->data + (n + r) * d->row_bytes;
-            for (int64_t i = k0; i < k1; i += 16) {
-                v16 w = w16_256(d, kind, row, n + r, i);
-                _mm256_storeu_ps(wpan + r * PSTR + (i - k0), w.lo);
-                _mm256_storeu_ps(wpan + r * PSTR + (i - k0) + 8, w.hi);
+/* 8 x 8 transpose: r[i] lane l -> r[l] lane i. */
+T256 INL void tr8x8_256(__m256 r[8]) {
+    __m256 t[8], u[8];
+    for (int i = 0; i < 4; i++) {
+        t[2 * i] = _mm256_unpacklo_ps(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm256_unpackhi_ps(r[2 * i], r[2 * i + 1]);
+    }
+    for (int i = 0; i < 2; i++) { /* u[4i + c]: column c | c + 4 of rows 4i .. 4i + 3 */
+        u[4 * i + 0] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+        u[4 * i + 1] = _mm256_shuffle_ps(t[4 * i], t[4 * i + 2], 0xee);
+        u[4 * i + 2] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+        u[4 * i + 3] = _mm256_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xee);
+    }
+    for (int c = 0; c < 4; c++) {
+        r[c] = _mm256_permute2f128_ps(u[c], u[4 + c], 0x20);
+        r[c + 4] = _mm256_permute2f128_ps(u[c], u[4 + c], 0x31);
+    }
+}
+
+/* Weight rows [n, n + nn) (nn <= 16; the rest zero) over chunks k0 + 16 t,
+ * t < nt, into wp[j][t][16] (row stride of a residue: ts chunks). */
+T256 INL void pack_rows256(const wd *d, const int kind, int64_t n, int nn, int64_t k0, int nt, int ts, float *wp) {
+    for (int t = 0; t < nt; t++) {
+        const int64_t i = k0 + 16 * (int64_t)t;
+        for (int h = 0; h < 2; h++) /* rows 8h .. 8h + 7 */
+            for (int e = 0; e < 2; e++) { /* residues 8e .. 8e + 7 */
+                __m256 v[8];
+                for (int r = 0; r < 8; r++)
+                    v[r] = 8 * h + r < nn ? w8_256(d, kind, d->data + (n + 8 * h + r) * d->row_bytes, n + 8 * h + r, i, e)
+                                          : _mm256_setzero_ps();
+                tr8x8_256(v); /* v[j]: residue 8e + j of the 8 rows */
+                for (int j = 0; j < 8; j++) _mm256_storeu_ps(wp + ((int64_t)(8 * e + j) * ts + t) * RPN + 8 * h, v[j]);
             }
-        }
-        for (int q = 0; q < mm;) {
-            const int rm = mm - q >= 4 ? 4 : mm - q, rn = rm == 4 ? 3 : rn_for(rm);
-            for (int r = 0; r < nn;) {
-                const int t = nn - r < rn ? nn - r : rn;
-                const uint8_t *row[4];
-                for (int j = 0; j < t; j++) row[j] = (const uint8_t *)(wpan + (r + j) * PSTR);
-                htile_any(d, KPAN, t, rm, row, n + r, xr + q, k0, k1, k0, acc + ((int64_t)r * PM + q) * 16, PM * 16, NULL, 0, k0 == 0);
-                r += t;
-            }
-            q += rm;
+    }
+}
+
+/* RM (<= 6) activation rows x 16 weight rows, residue j, nt steps: xr[q]
+ * points at row q's element k0 + j (step t reads xr[q][16 t]), w at wp[j][0],
+ * a at acc[q = 0][j] (row stride aq floats). */
+T256 INL void rtile256(const int RM, const float *const *xr, const float *w, int nt, float *a, int64_t aq, const bool first) {
+    __m256 c[RMR][2];
+    for (int q = 0; q < RM; q++)
+        for (int h = 0; h < 2; h++) c[q][h] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(a + q * aq + 8 * h);
+    for (int t = 0; t < nt; t++) {
+        const __m256 w0 = _mm256_loadu_ps(w + t * RPN), w1 = _mm256_loadu_ps(w + t * RPN + 8);
+        for (int q = 0; q < RM; q++) {
+            const __m256 xb = _mm256_broadcast_ss(xr[q] + 16 * t);
+            c[q][0] = _mm256_fmadd_ps(xb, w0, c[q][0]);
+            c[q][1] = _mm256_fmadd_ps(xb, w1, c[q][1]);
         }
     }
-    finish256(d, kind, x, m, mm, n, nn, acc, PM * 16, y, ldy);
+    for (int q = 0; q < RM; q++)
+        for (int h = 0; h < 2; h++) _mm256_storeu_ps(a + q * aq + 8 * h, c[q][h]);
+}
+
+T256 INL void rtile_any256(int rm, const float *const *xr, const float *w, int nt, float *a, int64_t aq, const bool first) {
+    switch (rm) {
+    case 1: rtile256(1, xr, w, nt, a, aq, first); break;
+    case 2: rtile256(2, xr, w, nt, a, aq, first); break;
+    case 3: rtile256(3, xr, w, nt, a, aq, first); break;
+    case 4: rtile256(4, xr, w, nt, a, aq, first); break;
+    case 5: rtile256(5, xr, w, nt, a, aq, first); break;
+    default: rtile256(6, xr, w, nt, a, aq, first); break;
+    }
+}
+
+/* Weight rows [n, n + nn) (nn <= 16) x activation rows [m, m + mm) (mm <=
+ * RPM) over the whole K. wp: RPN * 16 * RPT floats; acc: RPM * 16 * RPN. */
+T256 INL void rpanel256(const wd *d, const int kind, const float *x, int m, int mm, int64_t n, int nn, float *y, int64_t ldy,
+                        float *wp, float *acc) {
+    const int64_t K = d->K, Kfull = K & ~(int64_t)15, aq = 16 * RPN;
+    const float *xr[RMR];
+    for (int64_t k0 = 0; k0 < Kfull; k0 += RPK) {
+        const int nt = (int)((Kfull - k0 < RPK ? Kfull - k0 : RPK) / 16);
+        pack_rows256(d, kind, n, nn, k0, nt, RPT, wp);
+        for (int g = 0; g < mm; g += RMR) {
+            const int rm = mm - g < RMR ? mm - g : RMR;
+            /* the next group's slice (else the first group's in the next slice), a line per row per residue:
+               the 16 residues read each line of this group's slice in turn, so its first pass would wait
+               on L2 for every step */
+            const int64_t gn = g + RMR < mm ? g + RMR : 0, kn = g + RMR < mm ? k0 : k0 + RPK;
+            const int rn = gn + RMR <= mm ? RMR : mm - (int)gn;
+            for (int j = 0; j < 16; j++) {
+                if (kn < Kfull)
+                    for (int q = 0; q < rn; q++) _mm_prefetch((const char *)(x + (m + gn + q) * K + kn + 16 * j), _MM_HINT_T0);
+                for (int q = 0; q < rm; q++) xr[q] = x + (int64_t)(m + g + q) * K + k0 + j;
+                rtile_any256(rm, xr, wp + (int64_t)j * RPT * RPN, nt, acc + (int64_t)g * aq + j * RPN, aq, k0 == 0);
+            }
+        }
+    }
+    if (Kfull < K || Kfull == 0) { /* one more step, zero padded as tile256's tail (lanes past K get fma(0, 0, a)) */
+        float xt[RMR][16];
+        if (Kfull == 0) memset(acc, 0, sizeof(float) * (size_t)mm * aq);
+        for (int r = 0; r < 16; r++) { /* wp[j][0][r] */
+            float wb[16] = {0};
+            if (r < nn && Kfull < K) w_tail(d, kind, d->data + (n + r) * d->row_bytes, n + r, Kfull, (int)(K - Kfull), wb);
+            for (int j = 0; j < 16; j++) wp[j * RPN + r] = wb[j];
+        }
+        for (int g = 0; g < mm; g += RMR) {
+            const int rm = mm - g < RMR ? mm - g : RMR;
+            for (int q = 0; q < rm; q++) {
+                memset(xt[q], 0, sizeof xt[q]);
+                memcpy(xt[q], x + (int64_t)(m + g + q) * K + Kfull, sizeof(float) * (size_t)(K - Kfull));
+            }
+            for (int j = 0; j < 16; j++) {
+                for (int q = 0; q < rm; q++) xr[q] = xt[q] + j;
+                rtile_any256(rm, xr, wp + j * RPN, 1, acc + (int64_t)g * aq + j * RPN, aq, false);
+            }
+        }
+    }
+    /* reduce16 down the residues, 8 outputs per ymm: lanes 8 apart, 4, then (0 + 2) + (1 + 3) */
+    for (int q = 0; q < mm; q++) {
+        const float *a = acc + (int64_t)q * aq;
+        float *yq = y + (int64_t)(m + q) * ldy + n;
+        for (int h = 0; h < nn; h += 8) {
+            __m256 s8[8], s4[4];
+            for (int j = 0; j < 8; j++) s8[j] = _mm256_add_ps(_mm256_loadu_ps(a + j * RPN + h), _mm256_loadu_ps(a + (j + 8) * RPN + h));
+            for (int j = 0; j < 4; j++) s4[j] = _mm256_add_ps(s8[j], s8[j + 4]);
+            __m256 r = _mm256_add_ps(_mm256_add_ps(s4[0], s4[2]), _mm256_add_ps(s4[1], s4[3]));
+            if (kind == KF8 || kind == KFP4) r = _mm256_mul_ps(r, _mm256_set1_ps(d->post));
+            if (nn - h >= 8) _mm256_storeu_ps(yq + h, r);
+            else {
+                float o[8];
+                _mm256_storeu_ps(o, r);
+                memcpy(yq + h, o, sizeof(float) * (size_t)(nn - h));
+            }
+        }
+    }
 }
 
 #define VERIFY256(NAME, KIND)                                                                                      \
@@ -587,16 +701,16 @@ VERIFY256(ver256_f32, KF32)
 VERIFY256(ver256_bf16, KBF16)
 VERIFY256(ver256_f16, KF16)
 
-/* Scratch on the stack: 26 KiB weight panel + 96 KiB accumulators. */
+/* Scratch on the stack: 16 KiB weight panel + 64 KiB accumulators. */
 #define PANEL256(NAME, KIND)                                                                                       \
     T256 __attribute__((noinline)) static void NAME(const wd *d, const float *x, int m0, int m1, int64_t n0,        \
                                                     int64_t n1, float *y, int64_t ldy) {                           \
-        _Alignas(32) float wpan[PN * PSTR];                                                                        \
-        _Alignas(32) float acc[PN * PM * 16];                                                                      \
-        for (int64_t n = n0; n < n1; n += PN)                                                                      \
-            for (int m = m0; m < m1; m += PM)                                                                      \
-                panel_block256(d, KIND, x, m, m1 - m < PM ? m1 - m : PM, n, n1 - n < PN ? (int)(n1 - n) : PN, y,   \
-                               ldy, wpan, acc);                                                                    \
+        _Alignas(32) float wp[16 * RPT * RPN];                                                                       \
+        _Alignas(32) float acc[RPM * 16 * RPN];                                                                     \
+        for (int64_t n = n0; n < n1; n += RPN)                                                                      \
+            for (int m = m0; m < m1; m += RPM)                                                                     \
+                rpanel256(d, KIND, x, m, m1 - m < RPM ? m1 - m : RPM, n, n1 - n < RPN ? (int)(n1 - n) : RPN, y, ldy, \
+                          wp, acc);                                                                                \
     }
 PANEL256(pan256_f32, KF32)
 PANEL256(pan256_bf16, KBF16)
