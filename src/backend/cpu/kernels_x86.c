@@ -500,8 +500,13 @@ T256 INL void finish256(const wd *d, const int kind, const float *x, int m, int 
  * memory once and is dequantized once per chunk of up to VM activation rows
  * (a verify of 5 tokens: once). Measured on the 27B-shaped matrices (Zen 4,
  * AVX2 forced): slicing K is worth 1.5x at M = 5 over full-K tiles (their
- * activation rows come from L2); the tile PFD ahead is prefetched. */
-enum { VG = 16, VK = 512, VM = 5, PFD = 2 };
+ * activation rows come from L2). Each tile prefetches the row slices PFR
+ * ahead of its own (a fixed distance in bytes: a distance in tiles, 2, was
+ * 4 row slices at M = 2..4 and 8 at 5 (M = 2 best), and 4 tiles the other
+ * way round; BF16, 1 GiB matrix, 2 threads, AVX2 on the Xeon: t(5)/t(1)
+ * 1.34-1.35 -> 1.27-1.30, t(2)/t(1) 1.05-1.06 -> 1.02-1.04; 6 and 12 no
+ * better, 16 1.8x worse). */
+enum { VG = 16, VK = 512, VM = 5, PFR = 8 };
 
 T256 INL void verify256(const wd *d, const int kind, const float *x, int m0, int m1, int64_t n0, int64_t n1, float *y, int64_t ldy) {
     const int64_t K = d->K, Kfull = K & ~(int64_t)15, rb = d->row_bytes;
@@ -520,9 +525,9 @@ T256 INL void verify256(const wd *d, const int kind, const float *x, int m0, int
                 for (int r = 0; r < gn;) {
                     const int t = gn - r < rn ? gn - r : rn;
                     const uint8_t *row[4], *pf[4];
-                    /* prefetch the tile PFD tiles ahead: later rows of this slice, else the group's
+                    /* prefetch the row slices PFR ahead: later rows of this slice, else the group's
                        rows in the next slice, else the next group's */
-                    const int64_t ahead = r + (int64_t)PFD * t;
+                    const int64_t ahead = r + (int64_t)PFR;
                     int64_t pn = g + ahead % gn, pk = k0 + ahead / gn * VK;
                     if (pk >= Kfull) { pn = g + gn + ahead % gn; pk = 0; }
                     for (int j = 0; j < t; j++) {
