@@ -252,11 +252,11 @@ T256 INL v16 w16_256(const wd *d, const int kind, const uint8_t *row, int64_t n,
         return (v16){_mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)), _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(p + 8)))};
     }
     case KF8: return f8x16_256(_mm_loadu_si128((const __m128i *)(row + i)));
-    case KQ8: {
-        __m128i b = _mm_loadu_si128((const __m128i *)(row + i));
+    case KQ8: { /* two 8-byte loads widened straight from memory (one shuffle uop each; a 16-byte load
+                   needed a third to bring its high half down) */
         __m256 sc = _mm256_set1_ps(d->sq[n * (d->K / 32) + i / 32]);
-        return (v16){_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(b)), sc),
-                     _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_unpackhi_epi64(b, b))), sc)};
+        return (v16){_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(row + i)))), sc),
+                     _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(row + i + 8)))), sc)};
     }
     case KF8B: {
         v16 v = f8x16_256(_mm_loadu_si128((const __m128i *)(row + i)));
@@ -288,6 +288,16 @@ T256 INL void tile256(const wd *d, const int kind, const int RN, const int RM, c
         v16 w[4];
         if ((off & 63) == 0)
             for (int r = 0; r < RN; r++) _mm_prefetch((const char *)row[r] + off + pf, _MM_HINT_T0);
+        if (RM == 1) { /* decode: each row's weights used as soon as they are converted, so at most
+                          one row's are live (all four at once spilled q8's to the stack) */
+            const __m256 xl = _mm256_loadu_ps(xr[0] + i), xh = _mm256_loadu_ps(xr[0] + i + 8);
+            for (int r = 0; r < RN; r++) {
+                const v16 wr = w16_256(d, kind, row[r], n + r, i);
+                lo[r][0] = _mm256_fmadd_ps(xl, wr.lo, lo[r][0]);
+                hi[r][0] = _mm256_fmadd_ps(xh, wr.hi, hi[r][0]);
+            }
+            continue;
+        }
         for (int r = 0; r < RN; r++) w[r] = w16_256(d, kind, row[r], n + r, i);
         for (int q = 0; q < RM; q++) {
             __m256 xl = _mm256_loadu_ps(xr[q] + i), xh = _mm256_loadu_ps(xr[q] + i + 8);
