@@ -665,7 +665,7 @@ T256 INL void rpanel256(const wd *d, const int kind, const float *x, int m, int 
             const int64_t gn = g + RMR < mm ? g + RMR : 0, kn = g + RMR < mm ? k0 : k0 + RPK;
             const int rn = gn + RMR <= mm ? RMR : mm - (int)gn;
             for (int j = 0; j < 16; j++) {
-                if (kn < Kfull)
+                if (kn + 16 * j < Kfull) /* a hint, but its address stays inside x */
                     for (int q = 0; q < rn; q++) _mm_prefetch((const char *)(x + (m + gn + q) * K + kn + 16 * j), _MM_HINT_T0);
                 for (int q = 0; q < rm; q++) xr[q] = x + (int64_t)(m + g + q) * K + k0 + j;
                 rtile_any256(rm, xr, wp + (int64_t)j * RPT * RPN, nt, acc + (int64_t)g * aq + j * RPN, aq, k0 == 0);
