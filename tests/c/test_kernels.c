@@ -317,13 +317,13 @@ int main(void) {
     }
     CHECK(bad == 0, "%d e4m3 bytes decode wrong", bad);
 
-    /* shapes: odd N (row tiles 4/2/1), K with and without a 16-tail */
-    static const int64_t float_shapes[][2] = {{13, 37}, {7, 256}, {33, 1000}};
+    /* shapes: odd N (row tiles 4/2/1), K with and without a 16-tail, K under 16 (only the tail) */
+    static const int64_t float_shapes[][2] = {{13, 37}, {7, 256}, {33, 1000}, {5, 9}};
     static const int64_t quant_shapes[][2] = {{13, 256}, {33, 400}, {130, 272}};
     static const int64_t q8_shapes[][2] = {{13, 256}, {33, 416}, {130, 288}};
     for (int c = 0; c < C_COUNT; c++) {
         const int64_t (*sh)[2] = c <= C_F8T ? float_shapes : c == C_Q8 ? q8_shapes : quant_shapes;
-        for (int s = 0; s < 3; s++) {
+        for (int s = 0; s < (sh == float_shapes ? 4 : 3); s++) {
             if (c >= C_FP4MO && sh[s][1] % 16) continue;
             if (c == C_F8B && sh[s][1] % 16) continue;
             test_case((wcase)c, sh[s][0], sh[s][1], isas, n_isas);
