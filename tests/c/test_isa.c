@@ -2,11 +2,14 @@
  * `isa` in td_engine_opts promises that AVX2 and AVX-512 give the same bits
  * and every ISA the same tokens. test_kernels checks single matmuls; this
  * checks whole forwards, where every path of a step is reached:
- *   - a 70-token prompt in one feed (the prefill panels, M >= 32, and their
- *     partial last groups),
+ *   - a 99-token prompt in one feed: the backend hands the kernels blocks of
+ *     64 rows, so this is a 64-row and a 35-row panel, and the compared last
+ *     row comes from a panel's last 6-row group of 5,
  *   - single tokens (the decode tiles),
  *   - 5 tokens at once (the verify tiles),
- *   - 40 more tokens (panels again, after a cached prefix).
+ *   - 37, 32 and 33 more tokens after a cached prefix (panels whose last
+ *     groups have 1, 2 and 3 rows; with the 64 and 35 above every group size
+ *     1..6 runs).
  * The models are tiny-b (BF16 and F32 weights, with the MTP layer) and the
  * trained demo model, each as stored and as q8 (quantized at load).
  * For each feed, the last token's logits of the AVX2 engine equal those of
@@ -20,7 +23,9 @@
 #include "backend/cpu/kernels.h"
 #include "tandem.h"
 
-enum { N_PROMPT = 70, N_MORE = 40, N_ALL = N_PROMPT + 3 + 5 + N_MORE };
+enum { N_FEEDS = 8 };
+static const int piece[N_FEEDS] = {99, 1, 1, 1, 5, 37, 32, 33};
+enum { N_ALL = 99 + 3 + 5 + 37 + 32 + 33 };
 
 static td_engine *load(const char *dir, int isa, int quantize) {
     td_err err = {0};
@@ -33,12 +38,11 @@ static td_engine *load(const char *dir, int isa, int quantize) {
 
 /* Feeds toks in the pieces above; the last token's logits of each feed to out[f]. */
 static int feeds(td_engine *e, const int32_t *toks, int vocab, float *out) {
-    static const int piece[] = {N_PROMPT, 1, 1, 1, 5, N_MORE};
     td_session *s = NULL;
     td_err err = {0};
     if (td_session_new(e, &s, &err)) return -1;
     int at = 0;
-    for (int f = 0; f < 6; f++) {
+    for (int f = 0; f < N_FEEDS; f++) {
         const float *lg = NULL;
         if (td_session_feed(s, toks + at, piece[f], &lg, &err)) {
             fprintf(stderr, "feed: %s\n", err.msg);
@@ -54,7 +58,8 @@ static int feeds(td_engine *e, const int32_t *toks, int vocab, float *out) {
 
 /* The same tokens one at a time: logits after the token that ends each feed. */
 static int one_by_one(td_engine *e, const int32_t *toks, int vocab, float *out) {
-    static const int ends[] = {N_PROMPT, N_PROMPT + 1, N_PROMPT + 2, N_PROMPT + 3, N_PROMPT + 8, N_ALL};
+    int ends[N_FEEDS];
+    for (int f = 0, at = 0; f < N_FEEDS; f++) ends[f] = at += piece[f];
     td_session *s = NULL;
     td_err err = {0};
     if (td_session_new(e, &s, &err)) return -1;
@@ -65,7 +70,7 @@ static int one_by_one(td_engine *e, const int32_t *toks, int vocab, float *out) 
             td_session_free(s);
             return -1;
         }
-        if (i + 1 == ends[f]) memcpy(out + (size_t)f++ * vocab, lg, sizeof(float) * (size_t)vocab);
+        if (f < N_FEEDS && i + 1 == ends[f]) memcpy(out + (size_t)f++ * vocab, lg, sizeof(float) * (size_t)vocab);
     }
     td_session_free(s);
     return 0;
@@ -87,13 +92,14 @@ static void one_model(const char *dir, int quantize, bool have512) {
         r = r * 6364136223846793005ull + 1442695040888963407ull;
         toks[i] = (int32_t)((r >> 33) % (uint64_t)V);
     }
-    float *la = malloc(sizeof(float) * 6 * (size_t)V), *lb = malloc(sizeof(float) * 6 * (size_t)V),
-          *l1 = malloc(sizeof(float) * 6 * (size_t)V);
+    float *la = malloc(sizeof(float) * N_FEEDS * (size_t)V), *lb = malloc(sizeof(float) * N_FEEDS * (size_t)V),
+          *l1 = malloc(sizeof(float) * N_FEEDS * (size_t)V);
     int rc = feeds(a, toks, V, la) | feeds(b, toks, V, lb) | one_by_one(a, toks, V, l1);
     CHECK(rc == 0, "%s q8 %d: a feed failed", dir, quantize);
     if (rc == 0) {
-        static const char *what[] = {"70-token prompt", "decode 1", "decode 2", "decode 3", "5 tokens", "40 more"};
-        for (int f = 0; f < 6; f++) {
+        static const char *what[N_FEEDS] = {"99-token prompt", "decode 1", "decode 2", "decode 3", "5 tokens", "37 more", "32 more",
+                                            "33 more"};
+        for (int f = 0; f < N_FEEDS; f++) {
             const float *x = la + (size_t)f * V, *y = lb + (size_t)f * V, *z = l1 + (size_t)f * V;
             if (have512)
                 CHECK(memcmp(x, y, sizeof(float) * (size_t)V) == 0, "%s q8 %d, %s: avx2 and avx512 logits differ (rel %.3g)", dir,
