@@ -36,44 +36,22 @@ static td_engine *load(const char *dir, int isa, int quantize) {
     return rc ? NULL : e;
 }
 
-/* Feeds toks in the pieces above; the last token's logits of each feed to out[f]. */
-static int feeds(td_engine *e, const int32_t *toks, int vocab, float *out) {
+/* Feeds toks in the pieces above (one_at_a_time: the same tokens one per
+ * feed); the logits after the last token of each piece to out[f]. */
+static int feeds(td_engine *e, const int32_t *toks, int vocab, bool one_at_a_time, float *out) {
     td_session *s = NULL;
     td_err err = {0};
     if (td_session_new(e, &s, &err)) return -1;
-    int at = 0;
-    for (int f = 0; f < N_FEEDS; f++) {
+    int at = 0, rc = 0;
+    for (int f = 0; f < N_FEEDS && rc == 0; f++) {
+        const int end = at + piece[f];
         const float *lg = NULL;
-        if (td_session_feed(s, toks + at, piece[f], &lg, &err)) {
-            fprintf(stderr, "feed: %s\n", err.msg);
-            td_session_free(s);
-            return -1;
-        }
-        memcpy(out + (size_t)f * vocab, lg, sizeof(float) * (size_t)vocab);
-        at += piece[f];
+        for (; at < end && rc == 0; at += one_at_a_time ? 1 : piece[f])
+            if ((rc = td_session_feed(s, toks + at, one_at_a_time ? 1 : piece[f], &lg, &err))) fprintf(stderr, "feed: %s\n", err.msg);
+        if (rc == 0) memcpy(out + (size_t)f * vocab, lg, sizeof(float) * (size_t)vocab);
     }
     td_session_free(s);
-    return 0;
-}
-
-/* The same tokens one at a time: logits after the token that ends each feed. */
-static int one_by_one(td_engine *e, const int32_t *toks, int vocab, float *out) {
-    int ends[N_FEEDS];
-    for (int f = 0, at = 0; f < N_FEEDS; f++) ends[f] = at += piece[f];
-    td_session *s = NULL;
-    td_err err = {0};
-    if (td_session_new(e, &s, &err)) return -1;
-    int f = 0;
-    for (int i = 0; i < N_ALL; i++) {
-        const float *lg = NULL;
-        if (td_session_feed(s, toks + i, 1, &lg, &err)) {
-            td_session_free(s);
-            return -1;
-        }
-        if (f < N_FEEDS && i + 1 == ends[f]) memcpy(out + (size_t)f++ * vocab, lg, sizeof(float) * (size_t)vocab);
-    }
-    td_session_free(s);
-    return 0;
+    return rc ? -1 : 0;
 }
 
 static void one_model(const char *dir, int quantize, bool have512) {
@@ -94,7 +72,7 @@ static void one_model(const char *dir, int quantize, bool have512) {
     }
     float *la = malloc(sizeof(float) * N_FEEDS * (size_t)V), *lb = malloc(sizeof(float) * N_FEEDS * (size_t)V),
           *l1 = malloc(sizeof(float) * N_FEEDS * (size_t)V);
-    int rc = feeds(a, toks, V, la) | feeds(b, toks, V, lb) | one_by_one(a, toks, V, l1);
+    int rc = feeds(a, toks, V, false, la) | feeds(b, toks, V, false, lb) | feeds(a, toks, V, true, l1);
     CHECK(rc == 0, "%s q8 %d: a feed failed", dir, quantize);
     if (rc == 0) {
         static const char *what[N_FEEDS] = {"99-token prompt", "decode 1", "decode 2", "decode 3", "5 tokens", "37 more", "32 more",
