@@ -602,8 +602,8 @@ T256 INL void tr8x8_256(__m256 r[8]) {
 }
 
 /* Weight rows [n, n + nn) (nn <= 16; the rest zero) over chunks k0 + 16 t,
- * t < nt, into wp[j][t][16] (row stride of a residue: ts chunks). */
-T256 INL void pack_rows256(const wd *d, const int kind, int64_t n, int nn, int64_t k0, int nt, int ts, float *wp) {
+ * t < nt, into wp[j][t][16] (a residue's rows RPT chunks apart). */
+T256 INL void pack_rows256(const wd *d, const int kind, int64_t n, int nn, int64_t k0, int nt, float *wp) {
     for (int t = 0; t < nt; t++) {
         const int64_t i = k0 + 16 * (int64_t)t;
         for (int h = 0; h < 2; h++) /* rows 8h .. 8h + 7 */
@@ -613,7 +613,7 @@ T256 INL void pack_rows256(const wd *d, const int kind, int64_t n, int nn, int64
                     v[r] = 8 * h + r < nn ? w8_256(d, kind, d->data + (n + 8 * h + r) * d->row_bytes, n + 8 * h + r, i, e)
                                           : _mm256_setzero_ps();
                 tr8x8_256(v); /* v[j]: residue 8e + j of the 8 rows */
-                for (int j = 0; j < 8; j++) _mm256_storeu_ps(wp + ((int64_t)(8 * e + j) * ts + t) * RPN + 8 * h, v[j]);
+                for (int j = 0; j < 8; j++) _mm256_storeu_ps(wp + ((int64_t)(8 * e + j) * RPT + t) * RPN + 8 * h, v[j]);
             }
     }
 }
@@ -656,7 +656,7 @@ T256 INL void rpanel256(const wd *d, const int kind, const float *x, int m, int 
     const float *xr[RMR];
     for (int64_t k0 = 0; k0 < Kfull; k0 += RPK) {
         const int nt = (int)((Kfull - k0 < RPK ? Kfull - k0 : RPK) / 16);
-        pack_rows256(d, kind, n, nn, k0, nt, RPT, wp);
+        pack_rows256(d, kind, n, nn, k0, nt, wp);
         for (int g = 0; g < mm; g += RMR) {
             const int rm = mm - g < RMR ? mm - g : RMR;
             /* the next group's slice (else the first group's in the next slice), a line per row per residue:
