@@ -3,9 +3,10 @@
  * time by kernels.c.
  *
  * Register tiles: up to 4 weight rows x 6 activation rows (AVX-512); AVX2:
- * 4x1 for decode, half-lane tiles for 2..31 rows (two passes over K, one ymm
- * accumulator per output: see htile256) that take every row of a verify of up
- * to 5 tokens at once, and for prefill outer products over one residue mod 16
+ * half-lane tiles for 1..31 rows (two passes over K, one ymm accumulator per
+ * output: see htile256) that take every row of a verify of up to 5 tokens at
+ * once (quantized weights: full-width 4x1 tiles for decode, 2x2 and 1x5 for
+ * verify), and for prefill outer products over one residue mod 16
  * at a time (rpanel256); each weight chunk is loaded and dequantized once per
  * tile and used for every activation row in it. Every output element still has its
  * own 16-lane accumulator over the whole K, filled in increasing k with one
@@ -330,8 +331,9 @@ T256 INL void tile256(const wd *d, const int kind, const int RN, const int RM, c
         }
 }
 
-/* 4 weight rows per group; within it 2x2 tiles while two activation rows
- * remain, then 4x1 (so decode, M = 1, still shares nothing but streams 4 rows). */
+/* Quantized weights, 1 or 2 rows: 4 weight rows per group; within it 2x2
+ * tiles while two activation rows remain, then 4x1 (so decode, M = 1, still
+ * shares nothing but streams 4 rows). */
 #define DRIVER256(NAME, KIND)                                                                              \
     T256 __attribute__((noinline)) static void NAME(const wd *d, const float *x, int m0, int m1, int64_t n0, \
                                                     int64_t n1, float *y, int64_t ldy) {                   \
@@ -353,9 +355,6 @@ T256 INL void tile256(const wd *d, const int kind, const int RN, const int RM, c
             n += rn;                                                                                       \
         }                                                                                                  \
     }
-DRIVER256(mm256_f32, KF32)
-DRIVER256(mm256_bf16, KBF16)
-DRIVER256(mm256_f16, KF16)
 DRIVER256(mm256_f8, KF8)
 DRIVER256(mm256_f8b, KF8B)
 DRIVER256(mm256_fp4, KFP4)
@@ -509,7 +508,8 @@ T256 INL void finish256(const wd *d, const int kind, const float *x, int m, int 
     }
 }
 
-/* Verify (2 .. PANEL_MIN_M - 1 activation rows): groups of VG weight rows;
+/* Verify (2 .. PANEL_MIN_M - 1 activation rows; 1 too, for unquantized
+ * weights: see tiles256): groups of VG weight rows;
  * for each K slice of VK elements (its activation rows stay in L1) every
  * tile of the group runs over the slice, so each weight chunk streams from
  * memory once and is dequantized once per chunk of up to VM activation rows
@@ -767,7 +767,16 @@ QVERIFY256(qver256_f8b, KF8B, mm256_f8b)
 QVERIFY256(qver256_fp4, KFP4, mm256_fp4)
 QVERIFY256(qver256_q8, KQ8, mm256_q8)
 
-static const mm_fn tiles256[] = {mm256_f32, mm256_bf16, mm256_f16, mm256_f8, mm256_f8b, mm256_fp4, mm256_q8};
+/* Decode (M = 1): unquantized weights (f32, bf16, f16) also take verify256,
+ * K sliced and rows prefetched PFR slices ahead, a 4 x 1 half-lane tile:
+ * it streams the weights faster than tile256's 4 full rows side by side
+ * (BF16, AVX2 forced on the Intel Xeon VM, 2 threads, fuzz lanes stopped,
+ * 2026-12-05: the 27B-proportioned 1.5 GB model's decode 13.0-13.7 -> 15.3-15.8
+ * tokens/s, 23.1-23.8 GB/s = the read probe; bench/verify_matmul M = 1 46-49 ->
+ * 41-45 ms). The quantized formats keep tile256 at M = 1 (q8 through verify256
+ * decoded at 16.6-17.0 tokens/s against tile256's 19.0-19.2: it is compute-bound,
+ * and the half-lane tiles dequantize 8 lanes per step, not 16). */
+static const mm_fn tiles256[] = {ver256_f32, ver256_bf16, ver256_f16, mm256_f8, mm256_f8b, mm256_fp4, mm256_q8};
 /* The quantized formats keep full-width tiles for verify (qverify256: 1 x 3..5
  * from 3 rows, DRIVER256's 2 x 2 at 2): their dequantization per 8 lanes
  * (q8: load, widen, convert, scale) made the half-lane tiles slower than
