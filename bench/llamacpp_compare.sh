@@ -16,6 +16,13 @@
 #   LLAMA_ARGS  extra llama-bench arguments                     [--repack 0]
 #   ROUNDS [3]  THREADS [2]  NGEN [64]  NPROMPT [512]  REPS [8] (tandem decode reps)
 #
+# Getting llama.cpp without git: the llama-cpp-python source package on PyPI vendors it
+# (0.3.36 = llama.cpp 0c1e57098, the commit of bench/results/):
+#   pip download llama-cpp-python==0.3.36 --no-binary :all: --no-deps; tar xzf llama_cpp_python-0.3.36.tar.gz
+#   cp -r llama_cpp_python-0.3.36/vendor/llama.cpp build/llama.cpp && cd build/llama.cpp
+#   cmake -B build -DCMAKE_BUILD_TYPE=Release -DLLAMA_CURL=OFF [-DGGML_NATIVE=OFF -DGGML_AVX2=ON -DGGML_FMA=ON
+#         -DGGML_F16C=ON -DGGML_AVX512=OFF: the AVX2 path] && cmake --build build -j --target llama-bench llama-quantize
+#   (the converter below needs torch, transformers and numpy: a virtualenv outside the repo)
 # Preparing the models (once; nothing of llama.cpp is in this repo):
 #   python3 tools/bench/make_random_model.py build/rand-27b-scaled
 #   python tools/bench/make_fp8_copy.py build/rand-27b-scaled build/rand-27b-scaled-fp8
