@@ -209,6 +209,98 @@ DRIVER512(mm512_f8b, KF8B)
 DRIVER512(mm512_fp4, KFP4)
 DRIVER512(mm512_q8, KQ8)
 
+/* Decode (one activation row) with K sliced, the traversal the AVX2 decode
+ * takes (verify256): groups of DG5 weight rows, K in DK5-element slices, a
+ * tile of up to 4 rows over one slice, each tile prefetching the row slices
+ * DPF5 ahead (later rows of this slice, else the group's next slice, else the
+ * next group's), the running 16-lane sums kept in acc between slices. Per
+ * output the same arithmetic as tile512 (one FMA per element in increasing k,
+ * the zero-padded K % 16 step, reduce16's tree): the same bits.
+ *
+ * Not yet what td_mm_avx512 runs for M = 1 (tile512 is): the issue-16 fuzz
+ * run counts executions of the code on AVX-512 machines, so the switch waits
+ * for it. Measured side by side on the Intel Xeon VM (2 threads, 2026-12-05,
+ * bench/results/avx2-decode-llamacpp-2026-12-05.md): the 27B-proportioned
+ * model's decode BF16 14.03-14.19 -> 16.29-16.49 tokens/s, q8 19.73-20.07 ->
+ * 21.20-21.21. */
+enum { DG5 = 16, DK5 = 512, DPF5 = 8 };
+
+T512 INL void dtile512(const wd *d, const int kind, const int RN, const uint8_t *const *row, int64_t n, const float *xr,
+                       int64_t k0, int64_t k1, float *acc, const uint8_t *const *pf, int64_t step) {
+    __m512 a[4];
+    for (int r = 0; r < RN; r++) a[r] = _mm512_loadu_ps(acc + r * 16);
+    int64_t off = 0;
+    for (int64_t i = k0; i < k1; i += 16, off += step) {
+        if ((off & 63) == 0)
+            for (int r = 0; r < RN; r++) _mm_prefetch((const char *)pf[r] + off, _MM_HINT_T0);
+        const __m512 xv = _mm512_loadu_ps(xr + i);
+        for (int r = 0; r < RN; r++) a[r] = _mm512_fmadd_ps(xv, w16_512(d, kind, row[r], n + r, i), a[r]);
+    }
+    for (int r = 0; r < RN; r++) _mm512_storeu_ps(acc + r * 16, a[r]);
+}
+
+T512 INL void decode512(const wd *d, const int kind, const float *x, int m, int64_t n0, int64_t n1, float *y, int64_t ldy) {
+    const int64_t K = d->K, Kfull = K & ~(int64_t)15, rb = d->row_bytes, step = 16 * rb / K;
+    _Alignas(64) float acc[DG5 * 16];
+    const float *xr = x + (int64_t)m * K;
+    for (int64_t g = n0; g < n1; g += DG5) {
+        const int gn = n1 - g < DG5 ? (int)(n1 - g) : DG5;
+        memset(acc, 0, sizeof acc);
+        for (int64_t k0 = 0; k0 < Kfull; k0 += DK5) {
+            const int64_t k1 = Kfull - k0 < DK5 ? Kfull : k0 + DK5;
+            for (int r = 0; r < gn;) {
+                const int t = gn - r < 4 ? gn - r : 4;
+                const uint8_t *row[4], *pf[4];
+                const int64_t ahead = r + (int64_t)DPF5;
+                int64_t pn = g + ahead % gn, pk = k0 + ahead / gn * DK5;
+                if (pk >= Kfull) { pn = g + gn + ahead % gn; pk = 0; }
+                for (int j = 0; j < t; j++) {
+                    row[j] = d->data + (g + r + j) * rb;
+                    const int64_t p = pn + j < n1 ? pn + j : n1 - 1;
+                    pf[j] = d->data + p * rb + pk / 16 * step;
+                }
+                switch (t) {
+                case 4: dtile512(d, kind, 4, row, g + r, xr, k0, k1, acc + r * 16, pf, step); break;
+                case 3: dtile512(d, kind, 3, row, g + r, xr, k0, k1, acc + r * 16, pf, step); break;
+                case 2: dtile512(d, kind, 2, row, g + r, xr, k0, k1, acc + r * 16, pf, step); break;
+                default: dtile512(d, kind, 1, row, g + r, xr, k0, k1, acc + r * 16, pf, step); break;
+                }
+                r += t;
+            }
+        }
+        if (Kfull < K) { /* as tile512's tail */
+            const int rem = (int)(K - Kfull);
+            float wb[16], xb[16] = {0};
+            memcpy(xb, xr + Kfull, (size_t)rem * sizeof(float));
+            const __m512 xv = _mm512_loadu_ps(xb);
+            for (int r = 0; r < gn; r++) {
+                w_tail(d, kind, d->data + (g + r) * rb, g + r, Kfull, rem, wb);
+                _mm512_storeu_ps(acc + r * 16, _mm512_fmadd_ps(xv, _mm512_loadu_ps(wb), _mm512_loadu_ps(acc + r * 16)));
+            }
+        }
+        float *yq = y + (int64_t)m * ldy + g;
+        if (gn == DG5) finish16(d, kind, acc, 16, yq);
+        else
+            for (int r = 0; r < gn; r++) {
+                const float v = reduce16(acc + r * 16);
+                yq[r] = kind == KF8 || kind == KFP4 ? v * d->post : v;
+            }
+    }
+}
+
+#define DECODE512(NAME, KIND)                                                                                   \
+    T512 __attribute__((noinline)) static void NAME(const wd *d, const float *x, int m0, int m1, int64_t n0,     \
+                                                    int64_t n1, float *y, int64_t ldy) {                        \
+        for (int m = m0; m < m1; m++) decode512(d, KIND, x, m, n0, n1, y, ldy);                                 \
+    }
+DECODE512(dec512_f32, KF32)
+DECODE512(dec512_bf16, KBF16)
+DECODE512(dec512_f16, KF16)
+DECODE512(dec512_f8, KF8)
+DECODE512(dec512_f8b, KF8B)
+DECODE512(dec512_fp4, KFP4)
+DECODE512(dec512_q8, KQ8)
+
 /* Activation blocks of at least this many rows (prefill) take the panel path;
  * below that (decode, verify) the weights stream once through the register tiles. */
 #define PANEL_MIN_M 32
@@ -222,6 +314,14 @@ void td_mm_avx512(const td_tensor *W, const float *x, int m0, int m1, int64_t n0
     wd d;
     int kind = setup(W, &d);
     (m1 - m0 >= PANEL_MIN_M ? panels512 : tiles512)[kind](&d, x, m0, m1, n0, n1, y, ldy);
+}
+
+static const mm_fn decodes512[] = {dec512_f32, dec512_bf16, dec512_f16, dec512_f8, dec512_f8b, dec512_fp4, dec512_q8};
+
+void td_mm_avx512_decode(const td_tensor *W, const float *x, int m0, int m1, int64_t n0, int64_t n1, float *y, int64_t ldy) {
+    wd d;
+    int kind = setup(W, &d);
+    decodes512[kind](&d, x, m0, m1, n0, n1, y, ldy);
 }
 
 /* ======================= AVX2 ======================= */
