@@ -225,6 +225,23 @@ DRIVER512(mm512_q8, KQ8)
  * 21.20-21.21. */
 enum { DG5 = 16, DK5 = 512, DPF5 = 8 };
 
+/* The sliced kernels' tile of t rows at group row r (rows g + r ..): its row
+ * pointers, and the row slices it prefetches, pfr slices ahead of its own
+ * (later rows of this slice, else the group's rows in the next slice, else the
+ * next group's; clamped to n1 - 1). Used by decode512 and verify256. */
+static inline void slice_rows(const wd *d, int64_t g, int gn, int r, int t, int64_t k0, int64_t Kfull, int64_t n1, int64_t vk,
+                              int pfr, int64_t step, const uint8_t **row, const uint8_t **pf) {
+    const int64_t rb = d->row_bytes, ahead = r + (int64_t)pfr;
+    int64_t pn = g + ahead % gn, pk = k0 + ahead / gn * vk;
+    if (pk >= Kfull) { pn = g + gn + ahead % gn; pk = 0; }
+    for (int j = 0; j < t; j++) {
+        row[j] = d->data + (g + r + j) * rb;
+        const int64_t p = pn + j < n1 ? pn + j : n1 - 1;
+        pf[j] = d->data + p * rb + pk / 16 * step;
+    }
+}
+
+
 T512 INL void dtile512(const wd *d, const int kind, const int RN, const uint8_t *const *row, int64_t n, const float *xr,
                        int64_t k0, int64_t k1, float *acc, const uint8_t *const *pf, int64_t step) {
     __m512 a[4];
@@ -251,14 +268,7 @@ T512 INL void decode512(const wd *d, const int kind, const float *x, int m, int6
             for (int r = 0; r < gn;) {
                 const int t = gn - r < 4 ? gn - r : 4;
                 const uint8_t *row[4], *pf[4];
-                const int64_t ahead = r + (int64_t)DPF5;
-                int64_t pn = g + ahead % gn, pk = k0 + ahead / gn * DK5;
-                if (pk >= Kfull) { pn = g + gn + ahead % gn; pk = 0; }
-                for (int j = 0; j < t; j++) {
-                    row[j] = d->data + (g + r + j) * rb;
-                    const int64_t p = pn + j < n1 ? pn + j : n1 - 1;
-                    pf[j] = d->data + p * rb + pk / 16 * step;
-                }
+                slice_rows(d, g, gn, r, t, k0, Kfull, n1, DK5, DPF5, step, row, pf);
                 switch (t) {
                 case 4: dtile512(d, kind, 4, row, g + r, xr, k0, k1, acc + r * 16, pf, step); break;
                 case 3: dtile512(d, kind, 3, row, g + r, xr, k0, k1, acc + r * 16, pf, step); break;
@@ -640,16 +650,7 @@ T256 INL void verify256(const wd *d, const int kind, const float *x, int m0, int
                 for (int r = 0; r < gn;) {
                     const int t = gn - r < rn ? gn - r : rn;
                     const uint8_t *row[4], *pf[4];
-                    /* prefetch the row slices PFR ahead: later rows of this slice, else the group's
-                       rows in the next slice, else the next group's */
-                    const int64_t ahead = r + (int64_t)PFR;
-                    int64_t pn = g + ahead % gn, pk = k0 + ahead / gn * VK;
-                    if (pk >= Kfull) { pn = g + gn + ahead % gn; pk = 0; }
-                    for (int j = 0; j < t; j++) {
-                        row[j] = d->data + (g + r + j) * rb;
-                        int64_t p = pn + j < n1 ? pn + j : n1 - 1;
-                        pf[j] = d->data + p * rb + pk / 16 * step;
-                    }
+                    slice_rows(d, g, gn, r, t, k0, Kfull, n1, VK, PFR, step, row, pf);
                     htile_any(d, kind, t, rm, row, g + r, xr, k0, k1, acc + (int64_t)r * VM * 16, VM * 16, pf, step, false);
                     r += t;
                 }
