@@ -126,28 +126,6 @@ PANEL512(pan512_fp4, KFP4)
 PANEL512(pan512_q8, KQ8)
 
 
-/* Decode and verify, AVX-512 (sliced512 below): weight rows in groups of
- * DG5, K in DK5-element slices, each tile prefetching the row slices DPF5
- * ahead of its own. */
-enum { DG5 = 16, DK5 = 512, DPF5 = 8 };
-
-/* The sliced kernels' tile of t rows at group row r (rows g + r ..): its row
- * pointers, and the row slices it prefetches, pfr slices ahead of its own
- * (later rows of this slice, else the group's rows in the next slice, else the
- * next group's; clamped to n1 - 1). Used by sliced512 and verify256. */
-static inline void slice_rows(const wd *d, int64_t g, int gn, int r, int t, int64_t k0, int64_t Kfull, int64_t n1, int64_t vk,
-                              int pfr, int64_t step, const uint8_t **row, const uint8_t **pf) {
-    const int64_t rb = d->row_bytes, ahead = r + (int64_t)pfr;
-    int64_t pn = g + ahead % gn, pk = k0 + ahead / gn * vk;
-    if (pk >= Kfull) { pn = g + gn + ahead % gn; pk = 0; }
-    for (int j = 0; j < t; j++) {
-        row[j] = d->data + (g + r + j) * rb;
-        const int64_t p = pn + j < n1 ? pn + j : n1 - 1;
-        pf[j] = d->data + p * rb + pk / 16 * step;
-    }
-}
-
-
 /* RN weight rows x RM activation rows over k in [k0, k1) (multiples of 16);
  * output (r, q)'s running 16-lane sum at acc + r * ar + q * 16. Each weight
  * chunk is dequantized once and used by all RM rows (up to 4 x 6 = 24
