@@ -4,9 +4,7 @@
  * halves), on one ISA. Prints the median of 9 per M and t(M)/t(1): the cost of
  * checking M - 1 drafted tokens against a decode step (issue 18's verify goal
  * is t(5)/t(1) <= 1.25).
- *   usage: verify_matmul [N] [avx2|avx512|avx512-decode]
- * (avx512-decode: M = 1 through td_mm_avx512_decode, the K-sliced decode kernel
- * not yet dispatched, and M = 2..5 as avx512)
+ *   usage: verify_matmul [N] [avx2|avx512]
  * Built against the internal headers (as bench/prefill_matmul.c):
  *   gcc -O2 -std=c11 -D_GNU_SOURCE -Iinclude -Isrc -o build/verify_matmul bench/verify_matmul.c build/libtandem.a \
  *       -ljansson -lpcre2-8 -lutf8proc -lxxhash -lmicrohttpd -lm -pthread [-L/usr/local/cuda/lib64 -lcudart_static -ldl -lrt -lstdc++] */
@@ -27,7 +25,6 @@ typedef struct {
     int M;
     int64_t N;
     td_isa isa;
-    bool sliced; /* M = 1 through td_mm_avx512_decode */
 } job;
 
 typedef struct {
@@ -43,8 +40,7 @@ static void *run_half(void *arg) {
     const int64_t n0 = p->half * j->N / 2, n1 = (p->half + 1) * j->N / 2;
     for (int64_t n = n0; n < n1; n += 16) {
         const int64_t e = n + 16 < n1 ? n + 16 : n1;
-        if (j->sliced && j->M == 1) td_mm_avx512_decode(&j->W, j->x, 0, 1, n, e, j->y, j->N);
-        else td_matmul_block(j->isa, &j->W, j->x, 0, j->M, n, e, j->y, j->N);
+        td_matmul_block(j->isa, &j->W, j->x, 0, j->M, n, e, j->y, j->N);
     }
     return NULL;
 }
@@ -69,18 +65,17 @@ static double median_time(job *j, int M) {
 
 int main(int argc, char **argv) {
     const int64_t N = argc > 1 ? atoll(argv[1]) : 262144, K = 2048;
-    const bool sliced = argc > 2 && !strcmp(argv[2], "avx512-decode");
-    const td_isa isa = argc > 2 && (sliced || !strcmp(argv[2], "avx512")) ? TD_ISA_AVX512 : TD_ISA_AVX2;
-    if (N < 32 || N > (int64_t)1 << 24) { fprintf(stderr, "usage: verify_matmul [N, 32..16777216] [avx2|avx512|avx512-decode]\n"); return 2; }
+    const td_isa isa = argc > 2 && !strcmp(argv[2], "avx512") ? TD_ISA_AVX512 : TD_ISA_AVX2;
+    if (N < 32 || N > (int64_t)1 << 24) { fprintf(stderr, "usage: verify_matmul [N, 32..16777216] [avx2|avx512]\n"); return 2; }
     if (!td_kernels_have_isa(isa)) { fprintf(stderr, "this CPU has no %s\n", td_isa_name(isa)); return 1; }
     uint16_t *w = malloc(sizeof *w * (size_t)(N * K));
     float *x = malloc(sizeof *x * 5 * (size_t)K), *y = malloc(sizeof *y * 5 * (size_t)N);
     if (!w || !x || !y) return 1;
     for (int64_t i = 0; i < N * K; i++) w[i] = (uint16_t)(0x3f80 ^ (((uint64_t)i * 2654435761u) >> 20 & 0x7f)); /* values in [0.5, 2) */
     for (int64_t i = 0; i < 5 * K; i++) x[i] = (float)((i * 7919) % 1000) / 1000.0f - 0.5f;
-    job j = {.W = {.dtype = TD_DTYPE_BF16, .ndim = 2, .shape = {N, K}, .data = w}, .x = x, .y = y, .N = N, .isa = isa, .sliced = sliced};
+    job j = {.W = {.dtype = TD_DTYPE_BF16, .ndim = 2, .shape = {N, K}, .data = w}, .x = x, .y = y, .N = N, .isa = isa};
     const double t1 = median_time(&j, 1);
-    printf("%s N %lld K %lld, 2 threads: M=1 %.2f ms (%.1f GB/s)", sliced ? "avx512 (M=1 sliced)" : td_isa_name(isa), (long long)N, (long long)K, t1 * 1e3,
+    printf("%s N %lld K %lld, 2 threads: M=1 %.2f ms (%.1f GB/s)", td_isa_name(isa), (long long)N, (long long)K, t1 * 1e3,
            (double)N * K * 2 / t1 / 1e9);
     for (int m = 2; m <= 5; m++) {
         const double t = median_time(&j, m);

@@ -226,24 +226,6 @@ static void test_case(wcase c, int64_t N, int64_t K, const td_isa *isas, int n_i
               (long long)K, diff_rows, MBIG - 1);
         CHECK(diff_m == 0, "%s %s N=%lld K=%lld: %d batch sizes differ from M=16", case_names[c], in, (long long)N, (long long)K, diff_m);
         CHECK(diff_t == 0, "%s %s: %d thread counts differ", case_names[c], in, diff_t);
-#if defined(__x86_64__) && defined(__GNUC__)
-        /* the sliced AVX-512 decode kernel (not yet dispatched) equals the dispatched result, row by row,
-           over the whole N and over two parts split inside a 16-row group */
-        if (isas[ii] == TD_ISA_AVX512) {
-            int diff_dec = 0;
-            const int64_t cut = N / 2 + 1 < N ? N / 2 + 1 : N;
-            for (int m = 0; m < 16; m++) {
-                td_mm_avx512_decode(&w.t, x, m, m + 1, 0, N, y, N);
-                if (memcmp(y + (int64_t)m * N, y16 + (int64_t)m * N, sizeof(float) * (size_t)N)) diff_dec++;
-                memset(y + (int64_t)m * N, 0, sizeof(float) * (size_t)N);
-                td_mm_avx512_decode(&w.t, x, m, m + 1, 0, cut, y, N);
-                td_mm_avx512_decode(&w.t, x, m, m + 1, cut, N, y, N);
-                if (memcmp(y + (int64_t)m * N, y16 + (int64_t)m * N, sizeof(float) * (size_t)N)) diff_dec++;
-            }
-            CHECK(diff_dec == 0, "%s N=%lld K=%lld: %d sliced avx512 decode rows differ", case_names[c], (long long)N, (long long)K,
-                  diff_dec);
-        }
-#endif
         /* AVX2 and AVX-512 round alike */
         if (isas[ii] == TD_ISA_AVX2) memcpy(first, y16, sizeof(float) * (size_t)(16 * N));
         if (isas[ii] == TD_ISA_AVX512 && ii > 0 && isas[ii - 1] == TD_ISA_AVX2)

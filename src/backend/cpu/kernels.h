@@ -71,8 +71,4 @@ float td_fp8_e4m3_to_f32(uint8_t b);
 /* Per-ISA entry points (kernels_x86.c); same contract as td_matmul_block. */
 void td_mm_avx2(const td_tensor *W, const float *x, int m0, int m1, int64_t n0, int64_t n1, float *y, int64_t ldy);
 void td_mm_avx512(const td_tensor *W, const float *x, int m0, int m1, int64_t n0, int64_t n1, float *y, int64_t ldy);
-/* The AVX-512 decode kernel with K sliced (kernels_x86.c: decode512), row by
- * row for any M; bit-identical to td_mm_avx512. Tested and benchmarked, not
- * yet td_mm_avx512's choice for M = 1 (see kernels_x86.c). */
-void td_mm_avx512_decode(const td_tensor *W, const float *x, int m0, int m1, int64_t n0, int64_t n1, float *y, int64_t ldy);
 #endif

@@ -67,72 +67,107 @@ INL float finish(const wd *d, const int kind, const float *a) {
     return kind == KF8 || kind == KFP4 ? v * d->post : v;
 }
 
-/* Decode and verify: tiles of up to 4 weight rows x 6 activation rows, as tile512. */
-TBF INL void tilebf(const wd *d, const int kind, const int RN, const int RM, const uint16_t *xb, int64_t ldb, int m, int64_t n,
-                    float *y, int64_t ldy) {
-    const int64_t K = d->K;
-    __m512 acc[4][6];
-    const uint8_t *row[4];
-    const uint16_t *xr[6];
-    for (int r = 0; r < RN; r++) row[r] = d->data + (n + r) * d->row_bytes;
-    for (int q = 0; q < RM; q++) xr[q] = xb + (int64_t)(m + q) * ldb;
+/* Decode and verify (M < 32) with K sliced, as kernels_x86.c's sliced512:
+ * weight rows in groups of DG5, activation rows in chunks of up to 6 (evenly
+ * split), K in DK5-element slices (whole 32-chunks), every tile of up to 4
+ * weight rows x the chunk's rows running over one slice while its activation
+ * rows stay in L1, each prefetching the row slices DPF5 ahead of its own;
+ * the running sums stay in acc between slices, and the zero-padded last
+ * chunk follows as in the panels. The same VDPBF16PS sequence per output as
+ * the full-K tiles it replaced (test_kernels: every M against M = 1).
+ * Measured side by side: bench/results/verify-sliced-2026-12-05.md. */
+TBF INL void stilebf(const wd *d, const int kind, const int RN, const int RM, const uint8_t *const *row, int64_t n,
+                     const uint16_t *const *xr, int64_t k0, int64_t k1, float *acc, int64_t ar, const uint8_t *const *pf,
+                     int64_t step32) {
+    __m512 a[4][6];
     for (int r = 0; r < RN; r++)
-        for (int q = 0; q < RM; q++) acc[r][q] = _mm512_setzero_ps();
-    const int64_t step = 32 * d->row_bytes / K, pf = RN * d->row_bytes; /* prefetch: see tile512 */
-    int64_t off = 0, i = 0;
-    for (; i + 32 <= K; i += 32, off += step) {
-        __m512bh w[4];
+        for (int q = 0; q < RM; q++) a[r][q] = _mm512_loadu_ps(acc + r * ar + q * 16);
+    int64_t off = 0;
+    for (int64_t i = k0; i < k1; i += 32, off += step32) {
         if ((off & 63) == 0)
-            for (int r = 0; r < RN; r++) _mm_prefetch((const char *)row[r] + off + pf, _MM_HINT_T0);
+            for (int r = 0; r < RN; r++) _mm_prefetch((const char *)pf[r] + off, _MM_HINT_T0);
+        __m512bh w[4];
         for (int r = 0; r < RN; r++) w[r] = wbf32(d, kind, row[r], n + r, i, 32);
         for (int q = 0; q < RM; q++) {
-            __m512bh xv = (__m512bh)_mm512_loadu_si512((const void *)(xr[q] + i));
-            for (int r = 0; r < RN; r++) acc[r][q] = _mm512_dpbf16_ps(acc[r][q], xv, w[r]);
+            const __m512bh xv = (__m512bh)_mm512_loadu_si512((const void *)(xr[q] + i));
+            for (int r = 0; r < RN; r++) a[r][q] = _mm512_dpbf16_ps(a[r][q], xv, w[r]);
         }
     }
-    if (i < K) /* the zero-padded last chunk: the same VDPBF16PS sequence as the panel's */
-        for (int r = 0; r < RN; r++) {
-            __m512bh wt = wbf32(d, kind, row[r], n + r, i, (int)(K - i));
-            for (int q = 0; q < RM; q++)
-                acc[r][q] = _mm512_dpbf16_ps(acc[r][q], (__m512bh)_mm512_loadu_si512((const void *)(xr[q] + i)), wt);
-        }
-    float a[16];
     for (int r = 0; r < RN; r++)
-        for (int q = 0; q < RM; q++) {
-            _mm512_storeu_ps(a, acc[r][q]);
-            y[(int64_t)(m + q) * ldy + n + r] = finish(d, kind, a);
-        }
+        for (int q = 0; q < RM; q++) _mm512_storeu_ps(acc + r * ar + q * 16, a[r][q]);
 }
 
-#define TBF_RM(K_, RN_)                                                         \
-    case 6: tilebf(d, K_, RN_, 6, xb, ldb, m, n, y, ldy); break;                \
-    case 5: tilebf(d, K_, RN_, 5, xb, ldb, m, n, y, ldy); break;                \
-    case 4: tilebf(d, K_, RN_, 4, xb, ldb, m, n, y, ldy); break;                \
-    case 3: tilebf(d, K_, RN_, 3, xb, ldb, m, n, y, ldy); break;                \
-    case 2: tilebf(d, K_, RN_, 2, xb, ldb, m, n, y, ldy); break;                \
-    default: tilebf(d, K_, RN_, 1, xb, ldb, m, n, y, ldy); break;
-#define DRIVERBF(NAME, KIND)                                                                                         \
+#define STBF_RN(RM_)                                                                              \
+    switch (t) {                                                                                  \
+    case 4: stilebf(d, kind, 4, RM_, row, g + r, xr, k0, k1, ap, ar, pf, 2 * step); break;        \
+    case 3: stilebf(d, kind, 3, RM_, row, g + r, xr, k0, k1, ap, ar, pf, 2 * step); break;        \
+    case 2: stilebf(d, kind, 2, RM_, row, g + r, xr, k0, k1, ap, ar, pf, 2 * step); break;        \
+    default: stilebf(d, kind, 1, RM_, row, g + r, xr, k0, k1, ap, ar, pf, 2 * step); break;       \
+    }
+
+TBF INL void slicedbf(const wd *d, const int kind, const uint16_t *xb, int64_t ldb, int m0, int m1, int64_t n0, int64_t n1,
+                      float *y, int64_t ldy) {
+    enum { CM = 6 };
+    const int64_t K = d->K, K32 = K & ~(int64_t)31, rb = d->row_bytes, step = 16 * rb / K, ar = CM * 16;
+    _Alignas(64) float acc[DG5 * CM * 16];
+    const int M = m1 - m0, nch = (M + CM - 1) / CM;
+    for (int64_t g = n0; g < n1; g += DG5) {
+        const int gn = n1 - g < DG5 ? (int)(n1 - g) : DG5;
+        for (int c = 0; c < nch; c++) {
+            const int cm0 = m0 + M * c / nch, rm = m0 + M * (c + 1) / nch - cm0;
+            const uint16_t *xr[CM];
+            for (int q = 0; q < rm; q++) xr[q] = xb + (int64_t)(cm0 + q) * ldb;
+            memset(acc, 0, sizeof(float) * (size_t)gn * ar);
+            for (int64_t k0 = 0; k0 < K32; k0 += DK5) {
+                const int64_t k1 = K32 - k0 < DK5 ? K32 : k0 + DK5;
+                for (int r = 0; r < gn;) {
+                    const int t = gn - r < 4 ? gn - r : 4;
+                    const uint8_t *row[4], *pf[4];
+                    float *ap = acc + (int64_t)r * ar;
+                    slice_rows(d, g, gn, r, t, k0, K32, n1, DK5, DPF5, step, row, pf);
+                    switch (rm) {
+                    case 1: STBF_RN(1) break;
+                    case 2: STBF_RN(2) break;
+                    case 3: STBF_RN(3) break;
+                    case 4: STBF_RN(4) break;
+                    case 5: STBF_RN(5) break;
+                    default: STBF_RN(6) break;
+                    }
+                    r += t;
+                }
+            }
+            if (K32 < K) /* the zero-padded last chunk: the same VDPBF16PS sequence as the panel's */
+                for (int r = 0; r < gn; r++) {
+                    const __m512bh wt = wbf32(d, kind, d->data + (g + r) * rb, g + r, K32, (int)(K - K32));
+                    for (int q = 0; q < rm; q++) {
+                        float *ap = acc + r * ar + q * 16;
+                        const __m512bh xv = (__m512bh)_mm512_loadu_si512((const void *)(xr[q] + K32));
+                        _mm512_storeu_ps(ap, _mm512_dpbf16_ps(_mm512_loadu_ps(ap), xv, wt));
+                    }
+                }
+            for (int q = 0; q < rm; q++) {
+                float *yq = y + (int64_t)(cm0 + q) * ldy + g;
+                if (gn == DG5) finish16(d, kind, acc + q * 16, ar, yq);
+                else
+                    for (int r = 0; r < gn; r++) yq[r] = finish(d, kind, acc + r * ar + q * 16);
+            }
+        }
+    }
+}
+#undef STBF_RN
+
+#define SLICEDBF(NAME, KIND)                                                                                          \
     TBF __attribute__((noinline)) static void NAME(const wd *d, const uint16_t *xb, int64_t ldb, int m0, int m1,      \
                                                    int64_t n0, int64_t n1, float *y, int64_t ldy) {                  \
-        for (int64_t n = n0; n < n1;) {                                                                              \
-            int rn = n1 - n >= 4 ? 4 : n1 - n >= 2 ? 2 : 1;                                                          \
-            for (int m = m0; m < m1;) {                                                                              \
-                int rm = m1 - m >= 6 ? 6 : m1 - m;                                                                   \
-                if (rn == 4) { switch (rm) { TBF_RM(KIND, 4) } }                                                     \
-                else if (rn == 2) { switch (rm) { TBF_RM(KIND, 2) } }                                                \
-                else { switch (rm) { TBF_RM(KIND, 1) } }                                                             \
-                m += rm;                                                                                             \
-            }                                                                                                        \
-            n += rn;                                                                                                 \
-        }                                                                                                            \
+        slicedbf(d, KIND, xb, ldb, m0, m1, n0, n1, y, ldy);                                                           \
     }
-DRIVERBF(tbf_f32, KF32)
-DRIVERBF(tbf_bf16, KBF16)
-DRIVERBF(tbf_f16, KF16)
-DRIVERBF(tbf_f8, KF8)
-DRIVERBF(tbf_f8b, KF8B)
-DRIVERBF(tbf_fp4, KFP4)
-DRIVERBF(tbf_q8, KQ8)
+SLICEDBF(tbf_f32, KF32)
+SLICEDBF(tbf_bf16, KBF16)
+SLICEDBF(tbf_f16, KF16)
+SLICEDBF(tbf_f8, KF8)
+SLICEDBF(tbf_f8b, KF8B)
+SLICEDBF(tbf_fp4, KFP4)
+SLICEDBF(tbf_q8, KQ8)
 
 /* Prefill: a panel of PB_N weight rows x PB_K columns converted to BF16 once
  * (L1-resident, 34 KiB) and reused by every activation row of the block; each
