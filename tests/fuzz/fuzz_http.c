@@ -20,6 +20,7 @@
  * Pipelined requests in one input work (HTTP/1.1 keep-alive).
  * Only 127.0.0.1 is used. */
 #include <arpa/inet.h>
+#include <errno.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
@@ -94,7 +95,22 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     FUZZ_ASSERT(fd >= 0, "socket");
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_port = htons((uint16_t)g_port)};
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    FUZZ_ASSERT(connect(fd, (struct sockaddr *)&a, sizeof a) == 0, "connect to the server");
+    /* A loopback connect can fail for reasons of the host, not the server:
+     * a signal (EINTR), or no free local port (EADDRNOTAVAIL, EAGAIN) while
+     * other processes churn through connections (seen once in 10 M runs, its
+     * errno unrecorded, the input clean on replay). Those are retried for up
+     * to 5 s; anything else, or still failing, stops the run with its errno. */
+    int rc = -1, e = 0;
+    for (int tries = 0; tries < 500; tries++) {
+        rc = connect(fd, (struct sockaddr *)&a, sizeof a);
+        e = errno;
+        if (rc == 0 || (e != EINTR && e != EADDRNOTAVAIL && e != EAGAIN)) break;
+        close(fd); /* the socket's state after a failed connect is unspecified */
+        fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+        FUZZ_ASSERT(fd >= 0, "socket");
+        nanosleep(&(struct timespec){.tv_nsec = 10 * 1000 * 1000}, NULL);
+    }
+    FUZZ_ASSERT(rc == 0, "connect to the server: %s", strerror(e));
     double t0 = now_s(), end = t0 + 2.0;
     int how = END_DEADLINE;
     size_t off = 0;
