@@ -133,13 +133,6 @@ T512 INL void finish_panel512(const wd *d, const int kind, const float *acc, int
     }
 }
 
-
-
-/* e4m3 byte -> f16 bits with the value scaled by 2^-8 (f16 bias 15 vs e4m3 7):
- * sign-extend the byte to 16 bits (bits 15..7 = sign, 6..0 = exponent and
- * mantissa), shift left 7 (sign lands in bit 15, magnitude in 13..7) and
- * clear bit 14, which holds a copy of the sign. Subnormals map to f16
- * subnormals, so every finite code is exact. */
 /* Decode and verify with K sliced (kernels_x86.c sliced512 and verify256,
  * kernels_bf16.c slicedbf): weight rows in groups of DG5, K in DK5-element
  * slices, each tile prefetching the row slices DPF5 ahead of its own. */
@@ -148,7 +141,7 @@ enum { DG5 = 16, DK5 = 512, DPF5 = 8 };
 /* The sliced kernels' tile of t rows at group row r (rows g + r ..): its row
  * pointers, and the row slices it prefetches, pfr slices ahead of its own
  * (later rows of this slice, else the group's rows in the next slice, else the
- * next group's; clamped to n1 - 1). Used by sliced512 and verify256. */
+ * next group's; clamped to n1 - 1). */
 static inline void slice_rows(const wd *d, int64_t g, int gn, int r, int t, int64_t k0, int64_t Kfull, int64_t n1, int64_t vk,
                               int pfr, int64_t step, const uint8_t **row, const uint8_t **pf) {
     const int64_t rb = d->row_bytes, ahead = r + (int64_t)pfr;
@@ -161,7 +154,11 @@ static inline void slice_rows(const wd *d, int64_t g, int gn, int r, int t, int6
     }
 }
 
-
+/* e4m3 byte -> f16 bits with the value scaled by 2^-8 (f16 bias 15 vs e4m3 7):
+ * sign-extend the byte to 16 bits (bits 15..7 = sign, 6..0 = exponent and
+ * mantissa), shift left 7 (sign lands in bit 15, magnitude in 13..7) and
+ * clear bit 14, which holds a copy of the sign. Subnormals map to f16
+ * subnormals, so every finite code is exact. */
 T512 INL __m512 f8x16_512(__m128i b) {
     __m256i h = _mm256_and_si256(_mm256_slli_epi16(_mm256_cvtepi8_epi16(b), 7), _mm256_set1_epi16((short)0xbfff));
     return _mm512_cvtph_ps(h);
