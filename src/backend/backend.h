@@ -82,6 +82,7 @@ typedef struct td_backend_counters {
     uint64_t downloads, download_bytes; /* backend -> host */
     uint64_t graph_captures, graph_replays, graph_evictions; /* graph_run: captured (and run once), launched again, dropped */
     uint64_t graph_eager;               /* td_bk_graph calls that ran fn directly (no graph_run, or eager) */
+    uint64_t weight_copy_bytes;         /* CPU: weight bytes weight_load copied into huge pages (copy_weights) */
 } td_backend_counters;
 
 /* fill_random: what each element is. */
@@ -101,7 +102,8 @@ typedef struct td_backend_ops {
     /* Waits for every op issued so far (the CPU runs ops synchronously). */
     void (*sync)(td_backend *b);
     /* A read-only backend copy of `bytes` of host weights (CPU: the host
-     * pointer itself, no copy); NULL when out of memory. weight_free undoes it. */
+     * pointer itself, or with copy_weights a copy in huge pages); NULL when out
+     * of memory. weight_free undoes it. */
     const void *(*weight_load)(td_backend *b, const void *host, size_t bytes);
     void (*weight_free)(td_backend *b, const void *dev);
     /* n elements of dtype (F32, BF16, F8_E4M3, NVFP4: n even, n/2 bytes; Q8: its int8 data) at dst, element i a
@@ -178,6 +180,9 @@ struct td_backend {
     bool batch_invariant; /* CUDA: every kernel keeps its fixed reduction order (td_engine_opts.batch_invariant);
                              false (the default) lets prefill matmuls use tensor cores. Set before the first
                              alloc. The CPU and guard backends are batch-invariant whatever it says. */
+    bool copy_weights; /* CPU: weight_load copies tensors into transparent huge pages (when the kernel
+                          offers them) instead of using the host pointer (td_engine_opts.mmap_weights off).
+                          Set before the first weight_load. Other backends copy to the device anyway. */
     td_backend_counters counters;
     void (*destroy)(td_backend *b);
 };

@@ -127,6 +127,7 @@ static int bench_model(const kbench_opts *o, double bw, FILE *out) {
     eo.backend = o->backend;
     eo.enforce_eager = o->enforce_eager;
     eo.batch_invariant = o->batch_invariant;
+    eo.mmap_weights = o->mmap_weights;
     td_engine *eng;
     double tgen = td_bench_now();
     if (o->random_config) {

@@ -25,6 +25,7 @@ typedef struct kbench_opts {
     const char *backend;    /* td_engine_opts.backend for the model runs (NULL: cpu / $TANDEM_BACKEND) */
     bool enforce_eager;     /* td_engine_opts.enforce_eager (CUDA: no graphs) */
     bool batch_invariant;   /* td_engine_opts.batch_invariant (CUDA: no cuBLAS prefill) */
+    bool mmap_weights;      /* td_engine_opts.mmap_weights (--mmap) */
     /* Instead of model_dir: a model generated in backend memory from this config
      * (td_engine_load_random), weights in random_dtype ("bf16", "f32", "fp8", "nvfp4"). */
     const char *random_config;

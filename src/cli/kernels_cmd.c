@@ -10,7 +10,7 @@ static int usage(void) {
     printf("usage: tandem kernels [-m DIR] [-t THREADS] [--reps N] [--probe-mb MB] [--mm-mb MB] [--mm-k K]\n"
            "                      [--dtype bf16|f32|f16|fp8|nvfp4] [--prefill 512,4096] [--max-k 8] [--decode-at N] [--prefill-at N] [--isa c|avx2|avx512]\n"
            "                      [--quantize none|q8] [--precision f32|bf16] [--device cpu|guard|cuda] [--enforce-eager] [--batch-invariant]\n"
-           "                      [--random-config FILE [--mtp-mix F] [--hidden N] [--layers N] [--vocab N]]\n"
+           "                      [--mmap] [--random-config FILE [--mtp-mix F] [--hidden N] [--layers N] [--vocab N]]\n"
            "  bandwidth probe, matmul GB/s per ISA and M = 1..16 on a synthetic weight (--mm-mb 0 skips it),\n"
            "  and with -m or --random-config: decode tokens/s (depth 0), verify cost t(k+1)/t(1), prefill tokens/s\n"
            "  -m, --model DIR     model for the decode / verify / prefill rows (default: none, kernels only)\n"
@@ -23,6 +23,7 @@ static int usage(void) {
            "  --device, --backend cpu|guard|cuda  backend of the model rows (default cpu; the probe and matmul table run on the CPU)\n"
            "  --enforce-eager     cuda: time the model rows without CUDA graphs (default: decode and verify replay graphs)\n"
            "  --batch-invariant   cuda: exact kernels only (default: over 16 rows of BF16 weights, 128 of others, on cuBLAS BF16)\n"
+           "  --mmap              -m: the weights in place in the mapped files (default: copied into huge pages, as serve)\n"
            "  -t, --threads N     threads, 0..1024 (default 0 = all cores)\n"
            "  --reps N            repetitions per timing, 1..64 (default 5)\n"
            "  --probe-mb MB       bandwidth probe buffer, 16..65536 MB (default 1024)\n"
@@ -65,6 +66,7 @@ int td_cmd_kernels(int argc, char **argv) {
         if (td_cli_is_verbose(a)) { td_cli_verbose = true; continue; }
         if (!strcmp(a, "--enforce-eager")) { o.enforce_eager = true; continue; }
         if (!strcmp(a, "--batch-invariant")) { o.batch_invariant = true; continue; }
+        if (!strcmp(a, "--mmap")) { o.mmap_weights = true; continue; }
         static const char *const valued[] = {"-m", "--model", "-t", "--threads", "--reps", "--probe-mb", "--mm-mb", "--mm-k",
                                              "--dtype", "--isa", "--max-k", "--decode-at", "--prefill-at", "--quantize", "--prefill", "--precision",
                                              "--random-config", "--mtp-mix", "--hidden", "--layers", "--vocab", "--device", "--backend"};

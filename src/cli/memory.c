@@ -91,6 +91,7 @@ int td_cli_engine_opts(const common_opts *o, int max_seqs, int batch_tokens, td_
     eo->deltanet_chunk = o->deltanet_chunk;
     eo->enforce_eager = o->enforce_eager;
     eo->batch_invariant = o->batch_invariant;
+    eo->mmap_weights = o->mmap_weights;
     eo->backend = o->backend;
     eo->max_prefill_chunk = batch_tokens; /* one chunk may use the whole step budget */
     if (o->quantize) {

@@ -25,6 +25,7 @@ typedef struct common_opts {
     int deltanet_chunk;        /* td_engine_opts.deltanet_chunk */
     bool enforce_eager;        /* td_engine_opts.enforce_eager (--enforce-eager) */
     bool batch_invariant;      /* td_engine_opts.batch_invariant (--batch-invariant) */
+    bool mmap_weights;         /* td_engine_opts.mmap_weights (--mmap) */
     const char *backend;       /* td_engine_opts.backend (NULL: $TANDEM_BACKEND, else cpu) */
     uint64_t kv_cache_memory;  /* bytes; 0 = from the budget */
     uint64_t memory_budget;    /* bytes; 0 = auto */

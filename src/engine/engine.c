@@ -59,6 +59,7 @@ static int setup_backend(td_engine *e, td_err *err) {
         goto fail;
     }
     e->backend->precision = (int)e->opts.precision;
+    e->backend->copy_weights = !e->opts.mmap_weights && !e->opts.quantize;
     const char *bi = getenv("TANDEM_BATCH_INVARIANT"); /* the env: the suites' exact checks on a device */
     e->backend->batch_invariant = e->opts.batch_invariant || (bi && !strcmp(bi, "1"));
     return TD_OK;
@@ -120,6 +121,7 @@ int td_engine_load(const char *model_dir, const td_engine_opts *opts, td_engine 
     }
     if ((rc = td_model_quantize(e->model, (td_quant_kind)e->opts.quantize, err))) goto fail;
     if ((rc = setup_backend(e, err)) || (rc = finish_load(e, err))) goto fail;
+    if (e->backend->counters.weight_copy_bytes) td_weights_release_pages(e->model->weights);
     *out = e;
     return TD_OK;
 fail:
@@ -247,6 +249,8 @@ void td_engine_memory(const td_engine *e, td_memory_info *o) {
     memset(o, 0, sizeof *o);
     const td_weights *w = e->model->weights;
     for (int i = 0; w && i < w->n_files; i++) o->weights_mapped += w->files[i].size;
+    o->weights_copied = (size_t)e->backend->counters.weight_copy_bytes; /* their file pages released (td_weights_release_pages) */
+    o->weights_mapped -= o->weights_copied < o->weights_mapped ? o->weights_copied : o->weights_mapped;
     o->weights_owned = e->model->owned_bytes + e->model->dev_bytes; /* dev_bytes: a generated model's weights */
     o->kv_pool = td_kv_pool_bytes(e->kv);
     o->prefix_checkpoints = td_kv_ckpt_bytes(e->kv);
@@ -259,7 +263,7 @@ void td_engine_memory(const td_engine *e, td_memory_info *o) {
                        td_mtp_track_bytes_for(e->model->cfg.hidden_size) +
                        (s->work_cap + s->dwork_cap) * sizeof(float);
     }
-    o->total = o->weights_mapped + o->weights_owned + o->kv_pool + o->prefix_checkpoints + o->scratch + o->deltanet_state + o->sessions;
+    o->total = o->weights_mapped + o->weights_copied + o->weights_owned + o->kv_pool + o->prefix_checkpoints + o->scratch + o->deltanet_state + o->sessions;
 }
 
 void td_engine_spec_counters(const td_engine *e, td_spec_counters *out) { *out = e->spec_totals; }

@@ -287,6 +287,11 @@ void td_weights_free(td_weights *w) {
     free(w);
 }
 
+void td_weights_release_pages(const td_weights *w) {
+    for (int i = 0; w && i < w->n_files; i++)
+        if (w->files[i].map) (void)madvise(w->files[i].map, w->files[i].size, MADV_DONTNEED); /* read-only, private: nothing lost */
+}
+
 const td_st_entry *td_weights_find(const td_weights *w, const char *name) {
     if (w->n_entries == 0) return NULL;
     td_st_entry key;

@@ -44,6 +44,11 @@ int td_weights_open_dir(const char *dir, td_weights **out, td_err *err);
 /* Opens explicit files (used by tests and the index loader). */
 int td_weights_open_files(const char *const *paths, int n, td_weights **out, td_err *err);
 void td_weights_free(td_weights *w);
+/* Drops this process's pages of the file mappings (MADV_DONTNEED; the page
+ * cache keeps them, reclaimable): after the backend copied the tensors it
+ * uses, so they are not resident twice. The mappings stay valid; a later read
+ * faults its page back from the file. */
+void td_weights_release_pages(const td_weights *w);
 const td_st_entry *td_weights_find(const td_weights *w, const char *name);
 /* Fills a td_tensor view of an entry. An entry of more than TD_MAX_DIMS dims
  * is viewed with its trailing dims folded into the last one (same element

@@ -105,7 +105,7 @@ static void check_model(const char *dir, int S, int depth, int T, int64_t window
     CHECK(rc == 0, "%s: run: %s", dir, err.msg);
     td_memory_info mi;
     td_engine_memory(e, &mi);
-    uint64_t plan_w = p.weights_bytes + p.runtime_bytes, got_w = mi.weights_mapped + mi.weights_owned;
+    uint64_t plan_w = p.weights_bytes + p.runtime_bytes, got_w = mi.weights_mapped + mi.weights_copied + mi.weights_owned;
     double rel = fabs((double)mi.total - (double)p.total_bytes) / (double)p.total_bytes;
     printf("%-28s S=%d d=%d T=%d window=%lld kv=%s: plan %10.2f MiB, measured %10.2f MiB (%+.2f%%)\n", dir, S, depth, T, (long long)window,
            kv_dtype == 0 ? "f32" : kv_dtype == 1 ? "bf16" : "fp8", mib(p.total_bytes), mib(mi.total),
