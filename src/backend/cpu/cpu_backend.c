@@ -49,7 +49,19 @@ static bool thp_offered(void) {
     return ok;
 }
 
-enum { HUGE_PAGE = 2 << 20, COPY_MIN = 64 << 10 };
+enum { HUGE_PAGE = 2 << 20, COPY_MIN = 64 << 10, COPY_CHUNK = 4 << 20 };
+
+typedef struct {
+    char *dst;
+    const char *src;
+    size_t n;
+} copy_job;
+
+static void copy_task(void *ctx, int task) {
+    const copy_job *j = ctx;
+    size_t o = (size_t)task * COPY_CHUNK, n = j->n - o < COPY_CHUNK ? j->n - o : COPY_CHUNK;
+    memcpy(j->dst + o, j->src + o, n);
+}
 
 /* Weights: with b->copy_weights (the engine's default; td_engine_opts.mmap_weights
  * turns it off) every tensor of COPY_MIN bytes or more is copied into an
@@ -74,7 +86,8 @@ static const void *cpu_weight_load(td_backend *b, const void *host, size_t bytes
     if (p > m) munmap(m, (size_t)(p - m));
     if (m + len + HUGE_PAGE > p + len) munmap(p + len, (size_t)(m + len + HUGE_PAGE - (p + len)));
     (void)madvise(p, len, MADV_HUGEPAGE); /* a hint: without it the copy is still right, only slower */
-    memcpy(p, host, bytes);
+    copy_job cj = {p, host, bytes};
+    td_pool_for(im->pool, (int)((bytes + COPY_CHUNK - 1) / COPY_CHUNK), copy_task, &cj); /* the threads fault and fill in parallel */
     pthread_mutex_lock(&im->mu);
     if (im->n_copies == im->cap_copies) {
         int cap = im->cap_copies ? 2 * im->cap_copies : 256;
