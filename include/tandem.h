@@ -126,7 +126,9 @@ typedef struct td_memory_info {
 void td_engine_memory(const td_engine *eng, td_memory_info *out);
 
 /* Loads a Hugging Face model directory (config.json, *.safetensors,
- * tokenizer.json if present). Weights are memory-mapped, not copied. */
+ * tokenizer.json if present). Weights are memory-mapped; on the CPU the
+ * tensors of 64 KiB and more are then copied into transparent huge pages
+ * unless opts->mmap_weights (see there). */
 int td_engine_load(const char *model_dir, const td_engine_opts *opts, td_engine **out, td_err *err);
 void td_engine_free(td_engine *eng);
 

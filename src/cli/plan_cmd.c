@@ -92,7 +92,7 @@ static void print_cpu(const td_config *c, const td_plan_opts *o, const td_plan *
            src, c->model_type, gib(p->budget_bytes), gib(o->device_bytes), o->gpu_util, o->kv_dtype == TD_KV_AUTO ? "f32" : td_kv_dtype_name(o->kv_dtype), p->spec_depth,
            o->max_num_seqs, o->max_num_batched_tokens, o->prefix_checkpoints);
     printf("| part                                     |           GiB |           bytes |\n|---|---|---|\n");
-    row("weights (mapped safetensors)", p->weights_bytes);
+    row("weights (safetensors)", p->weights_bytes);
     row("f32 copies (norms, conv1d, A, dt_bias)", p->runtime_bytes);
     row("forward scratch (largest batch)", p->scratch_bytes);
     row("session buffers (all sequences)", p->session_bytes);

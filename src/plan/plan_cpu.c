@@ -1,7 +1,8 @@
 /* Memory planner, CPU mode (issue 5 item 4): what the CPU engine allocates.
  * Every term comes from the function the engine itself sizes its buffers
  * with, so plan and engine cannot drift:
- *   weights     safetensors bytes (mmap) + td_model_owned_bytes_for (f32 copies)
+ *   weights     safetensors bytes (mapped, or copied into huge pages: the same
+ *               bytes either way) + td_model_owned_bytes_for (f32 copies)
  *   KV pool     td_kv_alloc_bytes (whole 16-token blocks, f32/bf16/fp8 rows, tables)
  *   state       td_seq_state_bytes_for(depth + 1 checkpoint slots) per sequence
  *   scratch     td_fwd_scratch_bytes_for(batched tokens + seqs x (depth+1) rows)
