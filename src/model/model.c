@@ -6,6 +6,7 @@
 #include "backend/backend.h"
 #include "model/genconfig.h"
 #include "util/err.h"
+#include "util/hugemem.h"
 
 /* Loader context: owned f32 vectors are tracked for freeing. */
 typedef struct {
@@ -335,6 +336,8 @@ void td_model_free(td_model *m) {
     free(m->dev_bufs);
     for (int i = 0; i < m->n_owned_vecs; i++) free(m->owned_vecs[i]);
     free(m->owned_vecs);
+    for (int i = 0; i < m->n_huge_bufs; i++) td_huge_unmap(m->huge_bufs[i].p, m->huge_bufs[i].len);
+    free(m->huge_bufs);
     td_weights_free(m->weights);
     free(m->layers);
     free(m);

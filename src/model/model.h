@@ -59,6 +59,8 @@ typedef struct td_model {
     size_t bytes_main, bytes_mtp, bytes_embed, bytes_head;
     float **owned_vecs; /* every f32 vector above, for freeing */
     int n_owned_vecs;
+    struct td_huge_buf { void *p; size_t len; } *huge_bufs; /* --quantize q8 copies in huge pages (util/hugemem.h) */
+    int n_huge_bufs;
     size_t owned_bytes; /* their total size */
     /* A generated model (td_model_random, model/random_model.h): non-NULL when every
      * tensor's data and scales and every vector above are already memory of this

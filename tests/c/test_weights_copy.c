@@ -10,7 +10,9 @@
  *   bit and the same greedy tokens at depth 0 and 3; the memory report moves
  *   the copied bytes from weights_mapped to weights_copied (the same total);
  *   the files' pages were released, and a read of them still returns the
- *   file's bytes. */
+ *   file's bytes;
+ * - --quantize q8: the int8 copies are made in huge pages (2 MiB-aligned),
+ *   and nothing is copied again. */
 #include <stdint.h>
 #include "check.h"
 #include "engine/engine.h"
@@ -134,9 +136,29 @@ done:
     td_engine_free(em);
 }
 
+/* --quantize q8: the int8 copies are made in huge pages (the engine's own memory), not copied again */
+static void q8_level(bool thp) {
+    td_err err = {0};
+    td_engine *e = NULL;
+    td_engine_opts o = {.n_threads = 2, .max_context = 256, .quantize = 1};
+    CHECK(td_engine_load("models/demo", &o, &e, &err) == 0, "models/demo q8: %s", err.msg);
+    if (!e) return;
+    td_memory_info mi;
+    td_engine_memory(e, &mi);
+    CHECK(mi.weights_copied == 0, "q8: %zu bytes copied again", mi.weights_copied);
+    CHECK(thp ? e->model->n_huge_bufs > 0 : e->model->n_huge_bufs == 0, "q8: %d int8 copies in huge pages (huge pages %s)",
+          e->model->n_huge_bufs, thp ? "offered" : "not offered");
+    int aligned = 0;
+    for (int i = 0; i < e->model->n_huge_bufs; i++) aligned += ((uintptr_t)e->model->huge_bufs[i].p & ((2u << 20) - 1)) == 0;
+    CHECK(aligned == e->model->n_huge_bufs, "q8: %d of %d huge-page copies on a 2 MiB boundary", aligned, e->model->n_huge_bufs);
+    printf("weights_copy: demo q8: %d int8 copies in huge pages, %d on the heap\n", e->model->n_huge_bufs, e->model->n_owned_vecs);
+    td_engine_free(e);
+}
+
 int main(void) {
     bool thp = thp_offered();
     backend_level(thp);
     engine_level(thp);
+    q8_level(thp);
     TEST_MAIN_END("weights_copy");
 }

@@ -4,11 +4,8 @@
  * td_backend.copy_weights copied into transparent huge pages (below). */
 #include <math.h>
 #include <pthread.h>
-#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
-#include <unistd.h>
 #include "backend/backend.h"
 #include "backend/fill_random.h"
 #include "backend/cpu/cpu_ops.h"
@@ -16,6 +13,7 @@
 #include "backend/cpu/pool.h"
 #include "sample/sampler.h"
 #include "util/err.h"
+#include "util/hugemem.h"
 
 /* ---- memory -------------------------------------------------------------- */
 
@@ -39,17 +37,7 @@ typedef struct {
 
 static td_pool *pool_of(td_backend *b) { return ((cpu_impl *)b->impl)->pool; }
 
-/* /sys/kernel/mm/transparent_hugepage/enabled reads e.g. "always [madvise] never". */
-static bool thp_offered(void) {
-    FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
-    if (!f) return false;
-    char line[128] = {0};
-    bool ok = fgets(line, sizeof line, f) && (strstr(line, "[always]") || strstr(line, "[madvise]"));
-    fclose(f);
-    return ok;
-}
-
-enum { HUGE_PAGE = 2 << 20, COPY_MIN = 64 << 10, COPY_CHUNK = 4 << 20 };
+enum { COPY_MIN = 64 << 10, COPY_CHUNK = 4 << 20 };
 
 typedef struct {
     char *dst;
@@ -77,15 +65,9 @@ static void copy_task(void *ctx, int task) {
 static const void *cpu_weight_load(td_backend *b, const void *host, size_t bytes) {
     cpu_impl *im = b->impl;
     if (!b->copy_weights || !im->thp || bytes < COPY_MIN) return host;
-    const size_t page = (size_t)sysconf(_SC_PAGESIZE), len = (bytes + page - 1) / page * page;
-    if (len > SIZE_MAX - HUGE_PAGE) return NULL;
-    /* map len + 2 MiB, keep the 2 MiB-aligned len inside it, give back the rest */
-    char *m = mmap(NULL, len + HUGE_PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (m == MAP_FAILED) return NULL;
-    char *p = (char *)(((uintptr_t)m + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1));
-    if (p > m) munmap(m, (size_t)(p - m));
-    if (m + len + HUGE_PAGE > p + len) munmap(p + len, (size_t)(m + len + HUGE_PAGE - (p + len)));
-    (void)madvise(p, len, MADV_HUGEPAGE); /* a hint: without it the copy is still right, only slower */
+    size_t len;
+    char *p = td_huge_map(bytes, &len);
+    if (!p) return NULL;
     copy_job cj = {p, host, bytes};
     td_pool_for(im->pool, (int)((bytes + COPY_CHUNK - 1) / COPY_CHUNK), copy_task, &cj); /* the threads fault and fill in parallel */
     pthread_mutex_lock(&im->mu);
@@ -94,7 +76,7 @@ static const void *cpu_weight_load(td_backend *b, const void *host, size_t bytes
         struct copy *nc = cap <= (1 << 24) ? realloc(im->copies, (size_t)cap * sizeof *nc) : NULL;
         if (!nc) {
             pthread_mutex_unlock(&im->mu);
-            munmap(p, len);
+            td_huge_unmap(p, len);
             return NULL;
         }
         im->copies = nc, im->cap_copies = cap;
@@ -110,7 +92,7 @@ static void cpu_weight_free(td_backend *b, const void *dev) {
     pthread_mutex_lock(&im->mu);
     for (int i = 0; i < im->n_copies; i++)
         if (im->copies[i].p == dev) {
-            munmap(im->copies[i].p, im->copies[i].len);
+            td_huge_unmap(im->copies[i].p, im->copies[i].len);
             im->copies[i] = im->copies[--im->n_copies];
             break;
         }
@@ -326,7 +308,7 @@ const td_backend_ops *td_cpu_backend_ops(void) { return &cpu_ops; }
 static void cpu_destroy(td_backend *b) {
     cpu_impl *im = b->impl;
     td_pool_free(im->pool);
-    for (int i = 0; i < im->n_copies; i++) munmap(im->copies[i].p, im->copies[i].len); /* weights not freed first */
+    for (int i = 0; i < im->n_copies; i++) td_huge_unmap(im->copies[i].p, im->copies[i].len); /* weights not freed first */
     free(im->copies);
     pthread_mutex_destroy(&im->mu);
     free(im);
@@ -341,7 +323,7 @@ int td_backend_cpu_create(int n_threads, td_backend **out, td_err *err) {
     int rc = td_pool_create(n_threads, &im->pool, err);
     if (rc) { free(im); free(b); return rc; }
     pthread_mutex_init(&im->mu, NULL);
-    im->thp = thp_offered();
+    im->thp = td_thp_offered();
     b->ops = &cpu_ops;
     b->impl = im;
     b->n_threads = td_pool_threads(im->pool);
