@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "engine/engine.h"
 #include "format/safetensors.h"
 
 static inline const char *golden_root(void) {
@@ -43,6 +44,17 @@ static inline int collect64(void *u, int32_t t) {
     tok64 *v = u;
     if (v->n < 64) v->buf[v->n++] = t;
     return 0;
+}
+
+/* A fresh session's forward over toks, every row's logits ([n][vocab]). */
+static inline int prefill_logits(td_engine *e, const int32_t *toks, int n, float *logits, td_err *err) {
+    td_session *s;
+    int rc = td_session_new(e, &s, err);
+    if (rc) return rc;
+    td_fwd_item it = {.seq = &s->seq, .tokens = toks, .n = n, .logits_rows = n, .logits = logits};
+    rc = td_forward(e->fwd, &it, 1, err);
+    td_session_free(s);
+    return rc;
 }
 
 #endif

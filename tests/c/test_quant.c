@@ -7,16 +7,6 @@
 #include "golden.h"
 #include "model/quant.h"
 
-static int prefill_logits(td_engine *e, const int32_t *toks, int n, float *logits, td_err *err) {
-    td_session *s;
-    int rc = td_session_new(e, &s, err);
-    if (rc) return rc;
-    td_fwd_item it = {.seq = &s->seq, .tokens = toks, .n = n, .logits_rows = n, .logits = logits};
-    rc = td_forward(e->fwd, &it, 1, err);
-    td_session_free(s);
-    return rc;
-}
-
 static void check_model(const char *dir, double tol) {
     td_err err = {0};
     td_engine_opts o = {.n_threads = 2, .spec_depth = 4, .max_context = 512};

@@ -62,16 +62,6 @@ static void backend_level(bool thp) {
     free(hs);
 }
 
-static int prefill(td_engine *e, const int32_t *toks, int n, float *logits, td_err *err) {
-    td_session *s;
-    int rc = td_session_new(e, &s, err);
-    if (rc) return rc;
-    td_fwd_item it = {.seq = &s->seq, .tokens = toks, .n = n, .logits_rows = n, .logits = logits};
-    rc = td_forward(e->fwd, &it, 1, err);
-    td_session_free(s);
-    return rc;
-}
-
 static int greedy(td_engine *e, const int32_t *toks, int n, int depth, int32_t *out, int G, td_err *err) {
     td_session *s;
     int rc = td_session_new(e, &s, err);
@@ -120,7 +110,7 @@ static void engine_level(bool thp) {
     int32_t toks[T];
     for (int i = 0; i < T; i++) toks[i] = (int32_t)((i * 7919 + 13) % V);
     float *lc = malloc(sizeof(float) * (size_t)T * V), *lm = malloc(sizeof(float) * (size_t)T * V);
-    CHECK(prefill(ec, toks, T, lc, &err) == 0 && prefill(em, toks, T, lm, &err) == 0, "prefill: %s", err.msg);
+    CHECK(prefill_logits(ec, toks, T, lc, &err) == 0 && prefill_logits(em, toks, T, lm, &err) == 0, "prefill: %s", err.msg);
     CHECK(memcmp(lc, lm, sizeof(float) * (size_t)T * V) == 0, "logits differ between copied and mapped weights");
     for (int d = 0; d <= 3; d += 3) {
         int32_t gc[G], gm[G];
