@@ -242,7 +242,7 @@ static int run_trace(bench_cli *c, bench_params *p) {
     bench_chat chat = {0};
     bool have_chat = false;
     if (local) {
-        rc = td_bench_local_open(c->co.model, c->co.threads, c->co.max_model_len, depth, !c->no_prefix_caching, c->co.quantize, (int)c->co.precision, &L, &err);
+        rc = td_bench_local_open(c->co.model, c->co.threads, c->co.max_model_len, depth, !c->no_prefix_caching, c->co.quantize, (int)c->co.precision, c->co.mmap_weights, &L, &err);
     } else {
         rc = td_bench_remote_open(c->server, c->api_key, c->served_model, &R, &err);
         /* a local tokenizer, when the model directory has one, measures the shareable prefix */
@@ -295,7 +295,7 @@ int td_cmd_bench(int argc, char **argv) {
     bench_remote R;
     bool local = !c.server;
     int rc = local ? td_bench_local_open(c.co.model, c.co.threads, c.co.max_model_len, max_depth(&c.su, c.co.spec_depth_max), c.prefix_caching,
-                                      c.co.quantize, (int)c.co.precision, &L, &err)
+                                      c.co.quantize, (int)c.co.precision, c.co.mmap_weights, &L, &err)
                    : td_bench_remote_open(c.server, c.api_key, c.served_model, &R, &err);
     if (!rc && local) {
         L.auto_max = c.co.spec_depth_max;
