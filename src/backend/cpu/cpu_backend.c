@@ -30,7 +30,7 @@ static void cpu_sync(td_backend *b) { (void)b; }
 typedef struct {
     td_pool *pool;
     bool thp;            /* the kernel gives huge pages on request (transparent_hugepage: always or madvise) */
-    pthread_mutex_t mu;  /* weight_load / weight_free may come from several engines' loader threads */
+    pthread_mutex_t mu;  /* guards copies: the engine loads on one thread and may free on another */
     struct copy { void *p; size_t len; } *copies; /* mappings of copied weights (len: rounded to pages) */
     int n_copies, cap_copies;
 } cpu_impl;
