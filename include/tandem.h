@@ -96,8 +96,8 @@ typedef struct td_engine_opts {
                             Default false: at load, every tensor of 64 KiB or more is copied into transparent huge
                             pages when the kernel offers them (THP enabled "always" or "madvise"), and the files'
                             pages are released: fewer TLB misses per step (decode and verify 7-13% faster on the
-                            27B-proportioned model), the same bits. Not with quantize (its int8 copies are
-                            the engine's own). */
+                            27B-proportioned model), the same bits. With quantize nothing is copied: the int8
+                            copies are made in huge pages themselves. */
 } td_engine_opts;
 
 /* KV cache figures (caller-owned copy). */

@@ -188,7 +188,7 @@ const char *td_common_opts_help(void) {
            "                            stated tolerance\n"
            "  --mmap                    cpu: use the weights in place in the mapped files (default: tensors copied into\n"
            "                            transparent huge pages at load when the kernel offers them: fewer TLB misses,\n"
-           "                            decode 7-13% faster measured, the same bits; not with --quantize)\n"
+           "                            decode 7-13% faster measured, the same bits; --quantize makes its copies there)\n"
            "  --deltanet-chunk N        prompt DeltaNet in chunks of N tokens, 0..256 (default 0 = off: token by token,\n"
            "                            bit-exact across chunkings and prefix-cache hits)\n"
            "  --kv-cache-memory BYTES   KV cache size (e.g. 2GiB); default: what the budget leaves\n"
