@@ -128,6 +128,14 @@ static int pick_session(td_sched *s, td_err *err) {
     return TD_FAIL(err, TD_ERR_INTERNAL, "no idle session");
 }
 
+/* Whether pick_session would find or make a session (mu held). */
+static bool session_free(const td_sched *s) {
+    if (s->n_sessions < s->max_sessions) return true;
+    for (int i = 0; i < s->n_sessions; i++)
+        if (!s->sess_busy[i]) return true;
+    return false;
+}
+
 static void finish_req(td_sched *s, req *q, const char *error) {
     td_gen_result res;
     memset(&res, 0, sizeof res);
@@ -237,6 +245,16 @@ static void *loop(void *arg) {
                 if (q->g) td_gen_cancel(q->g);
             } else if (q->g) { /* preempted earlier: prefill its prompt and output again */
                 brc = td_gen_resume(q->g, &err);
+            } else if (!session_free(s) && failed) {
+                /* every session is held, by running requests and by requests that
+                 * failed in this pass (a preempted request keeps its session while
+                 * it waits, and one cancelled there gives it back only in
+                 * finish_req, after this loop). Preempted requests are older than
+                 * q, so none waits behind it: wait at the head for the next pass.
+                 * (With nothing failed, pick_session's error stands: it would be a
+                 * broken invariant, and one request's 500 beats a stuck queue.) */
+                queue_in_order(s, q);
+                break;
             } else {
                 int si = pick_session(s, &err);
                 if (si >= 0) {

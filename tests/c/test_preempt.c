@@ -3,7 +3,8 @@
  * and every greedy answer equal to its solo answer; a refused admission
  * leaves the prefix cache intact; a request whose step fails is isolated
  * from its batch; prefill budget goes out in arrival order; block accounting
- * and kv usage return to the empty pool. */
+ * and kv usage return to the empty pool; a request cancelled while it waits
+ * preempted does not make a new request fail for want of a session. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <unistd.h>
@@ -68,9 +69,28 @@ static td_request make_req(const int32_t *prompt, int n, int depth, int max_toke
 }
 
 static int g_log_preempt;
+/* part 6: the first preempted request is cancelled from a running request's
+ * token callback, in the same step as its preemption */
+static td_sched *g_cancel_sched;
+static unsigned long long g_cancel_id; /* 0: none yet */
+static bool g_cancel_sent;
 static void on_log(void *u, const char *line) {
     (void)u;
-    if (strstr(line, "preempted")) g_log_preempt++;
+    if (!strstr(line, "preempted")) return;
+    g_log_preempt++;
+    unsigned long long id;
+    pthread_mutex_lock(&mu);
+    if (g_cancel_sched && !g_cancel_id && sscanf(line, "preempted request %llu", &id) == 1) g_cancel_id = id;
+    pthread_mutex_unlock(&mu);
+}
+static int on_token_cancel_preempted(void *u, const td_token_event *ev) {
+    pthread_mutex_lock(&mu);
+    bool send = g_cancel_id && !g_cancel_sent;
+    g_cancel_sent |= send;
+    unsigned long long id = g_cancel_id;
+    pthread_mutex_unlock(&mu);
+    if (send) td_sched_cancel(g_cancel_sched, id);
+    return on_token(u, ev);
 }
 
 /* Greedy solo output of prompt (max_tokens tokens) on a fresh session. */
@@ -221,6 +241,7 @@ int main(void) {
     td_sched_free(sch);
     check_accounting(e, "after isolation");
 
+
     /* 4. a refused request does not wipe the prefix cache */
     {
         td_session *a, *b;
@@ -250,6 +271,41 @@ int main(void) {
         CHECK(rc == 0 && r.n_reused >= PLEN - 1 - TD_KV_BLOCK, "after a refusal the prefix cache still hits: reused %d of %d", r.n_reused, PLEN);
         td_session_free(a);
         free(longp);
+    }
+    /* 6. a preempted request keeps its session while it waits; when it is
+     * cancelled there, its session comes back only after the admission pass,
+     * so a new request admitted in that same pass must wait for it, not fail
+     * with "no idle session" (seen twice in 1,769 soak requests) */
+    {
+        so.max_num_seqs = 3;
+        rc = td_sched_new(e, &so, &sch, &err);
+        CHECK(rc == 0, "%s", err.msg);
+        g_cancel_sched = sch;
+        sink fs[NR];
+        uint64_t ids[NR];
+        for (int i = 0; i < NR; i++) {
+            td_request r = make_req(prompts[i], PLEN, depths[i], MAXT, &fs[i]);
+            r.on_token = on_token_cancel_preempted;
+            td_sched_submit(sch, &r, &ids[i], &err);
+        }
+        wait_all(fs, NR);
+        int cancelled = -1;
+        for (int i = 0; i < NR; i++)
+            if (ids[i] == g_cancel_id) cancelled = i;
+        CHECK(cancelled >= 0 && g_cancel_sent, "a request was preempted and cancelled (id %llu)", g_cancel_id);
+        for (int i = 0; i < NR; i++) {
+            if (i == cancelled) {
+                CHECK(fs[i].res.finish == TD_FINISH_CANCEL && !fs[i].error[0], "the preempted request is cancelled: finish %d error '%s'",
+                      fs[i].res.finish, fs[i].error);
+                continue;
+            }
+            CHECK(!fs[i].error[0] && fs[i].n == MAXT && memcmp(fs[i].out, ref[i], sizeof(int32_t) * (MAXT - 1)) == 0,
+                  "request %d beside a cancelled preempted one: n %d error '%s'", i, fs[i].n, fs[i].error);
+        }
+        td_sched_free(sch);
+        g_cancel_sched = NULL;
+        check_accounting(e, "after the cancelled preemption");
+        printf("cancelled while preempted: request %d cancelled, the other five identical to their solo runs\n", cancelled);
     }
     check_accounting(e, "at the end");
     td_engine_free(e);
