@@ -293,6 +293,9 @@ int main(void) {
         for (int i = 0; i < NR; i++)
             if (ids[i] == g_cancel_id) cancelled = i;
         CHECK(cancelled >= 0 && g_cancel_sent, "a request was preempted and cancelled (id %llu)", g_cancel_id);
+        /* the newest running request is the one preempted, so every later one was still
+         * waiting behind it: the pass that drops it admits one of them */
+        CHECK(cancelled >= 0 && cancelled < NR - 1, "a request waited behind the cancelled one (cancelled %d of %d)", cancelled, NR);
         for (int i = 0; i < NR; i++) {
             if (i == cancelled) {
                 CHECK(fs[i].res.finish == TD_FINISH_CANCEL && !fs[i].error[0], "the preempted request is cancelled: finish %d error '%s'",

@@ -1,0 +1,86 @@
+/* A/B of an AVX2 kernel variant against the built library, in one process:
+ * A = td_mm_avx2 from build/libtandem.a, B = td_mm_avx2_B from a variant of
+ * src/backend/cpu/kernels_x86.c compiled by bench/kernel_ab.sh (its entry
+ * points renamed with objcopy). Weights: BF16 [262144 x 2048] = 1 GiB in
+ * MADV_HUGEPAGE memory (as the engine's copied weights), streaming from
+ * memory as a decode step does; 2 threads in 16-row tasks (static halves).
+ * Each repetition times M = 1 and M = 5 for A and B, the order of A and B
+ * swapped every repetition, so drift on a shared host hits both alike.
+ * Prints whether the outputs are bit-identical and the medians.
+ *   usage: kernel_ab [REPS, 1..64; default 15]
+ * Checked against itself (B = the unchanged kernels_x86.c): B/A 1.000. */
+#include <pthread.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+#include "backend/cpu/kernels.h"
+#include "model/tensor.h"
+
+void td_mm_avx2_B(const td_tensor *W, const float *x, int m0, int m1, int64_t n0, int64_t n1, float *y, int64_t ldy);
+typedef void (*mm_fn)(const td_tensor *, const float *, int, int, int64_t, int64_t, float *, int64_t);
+
+typedef struct {
+    mm_fn f;
+    const td_tensor *W;
+    const float *x;
+    float *y;
+    int M, half;
+} part;
+
+static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t); return t.tv_sec + t.tv_nsec * 1e-9; }
+
+static void *run_half(void *arg) {
+    const part *p = arg;
+    const int64_t N = p->W->shape[0], n0 = p->half * N / 2, n1 = (p->half + 1) * N / 2;
+    for (int64_t n = n0; n < n1; n += 16) p->f(p->W, p->x, 0, p->M, n, n + 16 < n1 ? n + 16 : n1, p->y, N);
+    return NULL;
+}
+
+static double timed(mm_fn f, const td_tensor *W, const float *x, float *y, int M) {
+    pthread_t th[2];
+    part p[2] = {{f, W, x, y, M, 0}, {f, W, x, y, M, 1}};
+    double t0 = now();
+    for (int i = 0; i < 2; i++) pthread_create(&th[i], NULL, run_half, &p[i]);
+    for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
+    return now() - t0;
+}
+
+static int cmp_double(const void *a, const void *b) { double x = *(const double *)a, y = *(const double *)b; return (x > y) - (x < y); }
+
+int main(int argc, char **argv) {
+    const int reps = argc > 1 ? atoi(argv[1]) : 15;
+    const int64_t N = 262144, K = 2048;
+    if (reps < 1 || reps > 64) { fprintf(stderr, "usage: kernel_ab [REPS, 1..64]\n"); return 2; }
+    if (!td_kernels_have_isa(TD_ISA_AVX2)) { fprintf(stderr, "this CPU has no avx2\n"); return 1; }
+    const size_t bytes = (size_t)(N * K) * sizeof(uint16_t);
+    uint16_t *w = aligned_alloc((size_t)1 << 21, bytes); /* bytes is a multiple of 2 MiB */
+    float *x = malloc(sizeof *x * 5 * (size_t)K), *ya = malloc(sizeof *ya * 5 * (size_t)N), *yb = malloc(sizeof *yb * 5 * (size_t)N);
+    if (!w || !x || !ya || !yb) return 1;
+    madvise(w, bytes, MADV_HUGEPAGE);
+    for (int64_t i = 0; i < N * K; i++) w[i] = (uint16_t)(0x3f80 ^ (((uint64_t)i * 2654435761u) >> 20 & 0x7f)); /* [0.5, 2) */
+    for (int64_t i = 0; i < 5 * K; i++) x[i] = (float)((i * 7919) % 1000) / 1000.0f - 0.5f;
+    const td_tensor W = {.dtype = TD_DTYPE_BF16, .ndim = 2, .shape = {N, K}, .data = w};
+    const mm_fn f[2] = {td_mm_avx2, td_mm_avx2_B};
+    static double t[2][2][64]; /* [A/B][M = 1 / 5][rep] */
+    for (int r = 0; r < reps; r++)
+        for (int i = 0; i < 2; i++) {
+            const int v = r & 1 ? 1 - i : i;
+            t[v][0][r] = timed(f[v], &W, x, v ? yb : ya, 1);
+            t[v][1][r] = timed(f[v], &W, x, v ? yb : ya, 5);
+        }
+    double med[2][2];
+    for (int v = 0; v < 2; v++)
+        for (int m = 0; m < 2; m++) {
+            qsort(t[v][m], (size_t)reps, sizeof(double), cmp_double);
+            med[v][m] = t[v][m][reps / 2];
+        }
+    printf("outputs (M = 5): %s\n", memcmp(ya, yb, sizeof *ya * 5 * (size_t)N) ? "DIFFER" : "bit-identical");
+    for (int v = 0; v < 2; v++)
+        printf("%c: M=1 %.2f ms  M=5 %.2f ms  t(5)/t(1) %.3f\n", "AB"[v], med[v][0] * 1e3, med[v][1] * 1e3, med[v][1] / med[v][0]);
+    printf("B/A: M=1 %.3f  M=5 %.3f (medians of %d)\n", med[1][0] / med[0][0], med[1][1] / med[0][1], reps);
+    free(w), free(x), free(ya), free(yb);
+    return 0;
+}
