@@ -155,14 +155,23 @@ cuemu:
 asan:
 	$(MAKE) BUILD=build-asan CUDA=0 OPT=-O1 SAN="-fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined" test
 
+# ThreadSanitizer on the tests whose threads meet: the scheduler (submits, cancels
+# and callbacks from other threads, preemption), the server's request paths and
+# the thread pool. halt_on_error: any report fails its test. The ifunc clones
+# (kernels.c) are off in sanitizer builds.
+TSAN_TESTS ?= test_sched test_sched_stress test_preempt test_server_gen test_server_stream test_demo
+tsan:
+	$(MAKE) BUILD=build-tsan CUDA=0 OPT=-O1 SAN="-fsanitize=thread -fno-omit-frame-pointer" $(TSAN_TESTS:%=build-tsan/tests/%)
+	@BUILD=build-tsan TSAN_OPTIONS="halt_on_error=1 $$TSAN_OPTIONS" TANDEM_SKIP_PY=1 TANDEM_TESTS="$(TSAN_TESTS)" sh tests/run_all.sh
+
 # Debian packages needed to build and test (run as root on a fresh machine).
 deps:
 	sh scripts/install-deps.sh
 
 clean:
-	rm -rf build build-asan build-cuemu
+	rm -rf build build-asan build-tsan build-cuemu
 
-.PHONY: all test test-guard tests asan cuemu deps clean
+.PHONY: all test test-guard tests asan tsan cuemu deps clean
 -include $(LIB_OBJ:.o=.d) $(CU_OBJ:.o=.d) $(CLI_OBJ:.o=.d) $(BUILD)/tests/mutant/sampler.d $(TEST_BIN:=.d)
 
 # ---- fuzzing: libFuzzer harnesses in tests/fuzz (see tests/fuzz/README.md) ----

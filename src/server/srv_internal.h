@@ -168,7 +168,9 @@ struct job {
     pthread_mutex_t mu;
     int refs;
     job *prev, *next;               /* srv->jobs, under jobs_mu */
-    bool listed;
+    /* under jobs_mu, and kept apart from the flags under mu: the compiler may read a
+     * word of adjacent flags at once (ThreadSanitizer reported the mixed word) */
+    bool listed, counted_active;
     struct MHD_Connection *conn;
     int fd;                         /* client socket, for the watchdog */
     bool http11;                    /* may get an interim 100 response (disconnect probe) */
@@ -177,7 +179,7 @@ struct job {
     oai_req req;
     int n_prompt, n_ctx;
     uint64_t sched_id;
-    bool submitted, suspended, finished, conn_gone, cancel_sent, out_done, counted_active;
+    bool submitted, suspended, finished, conn_gone, cancel_sent, out_done;
     char id[64];
     long long created;
     double t_arrival, t_first, t_last;

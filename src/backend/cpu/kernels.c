@@ -11,7 +11,8 @@
 /* Run-time ISA choice for the portable loops: GCC builds one clone per target
  * and picks at load (no FMA contraction in ISO C mode, so every clone rounds
  * alike). The hand-written AVX2/AVX-512 kernels live in kernels_x86.c. */
-#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__) && \
+    !defined(__SANITIZE_THREAD__) /* ifunc resolvers run before the sanitizers start */
 #define TD_CLONES __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default")))
 #else
 #define TD_CLONES
