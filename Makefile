@@ -157,11 +157,12 @@ asan:
 
 # ThreadSanitizer on the tests whose threads meet: the scheduler (submits, cancels
 # and callbacks from other threads, preemption), the server's request paths and
-# the thread pool. halt_on_error: any report fails its test. The ifunc clones
+# the thread pool. halt_on_error: any report fails its test. Also builds
+# build-tsan/tandem (bench/soak.py --bin build-tsan/tandem). The ifunc clones
 # (kernels.c) are off in sanitizer builds.
 TSAN_TESTS ?= test_sched test_sched_stress test_preempt test_server_gen test_server_stream test_demo
 tsan:
-	$(MAKE) BUILD=build-tsan CUDA=0 OPT=-O1 SAN="-fsanitize=thread -fno-omit-frame-pointer" $(TSAN_TESTS:%=build-tsan/tests/%)
+	$(MAKE) BUILD=build-tsan CUDA=0 OPT=-O1 SAN="-fsanitize=thread -fno-omit-frame-pointer" build-tsan/tandem $(TSAN_TESTS:%=build-tsan/tests/%)
 	@BUILD=build-tsan TSAN_OPTIONS="halt_on_error=1 $$TSAN_OPTIONS" TANDEM_SKIP_PY=1 TANDEM_TESTS="$(TSAN_TESTS)" sh tests/run_all.sh
 
 # Debian packages needed to build and test (run as root on a fresh machine).
