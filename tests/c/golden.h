@@ -7,6 +7,7 @@
 #include <string.h>
 #include "engine/engine.h"
 #include "format/safetensors.h"
+#include "util/err.h"
 
 static inline const char *golden_root(void) {
     const char *r = getenv("TANDEM_GOLDEN");
@@ -53,6 +54,35 @@ static inline int prefill_logits(td_engine *e, const int32_t *toks, int n, float
     if (rc) return rc;
     td_fwd_item it = {.seq = &s->seq, .tokens = toks, .n = n, .logits_rows = n, .logits = logits};
     rc = td_forward(e->fwd, &it, 1, err);
+    td_session_free(s);
+    return rc;
+}
+
+/* Loads dir with a KV pool of n_blocks blocks (a first load reads the block size). */
+static inline int load_with_kv_blocks(const char *dir, td_engine_opts *eo, int n_blocks, td_engine **e, td_err *err) {
+    int rc = td_engine_load(dir, eo, e, err);
+    if (rc) return rc;
+    td_kv_info ki;
+    td_engine_kv_info(*e, &ki);
+    td_engine_free(*e);
+    eo->kv_cache_bytes = (size_t)n_blocks * ki.bytes_per_block;
+    return td_engine_load(dir, eo, e, err);
+}
+
+/* The greedy answer of a prompt alone on a fresh session (EOS ignored): its
+ * first n_out tokens. The session's tokens hold all but the last generated
+ * one, so n_out + 1 are generated. */
+static inline int solo_greedy(td_engine *e, const int32_t *prompt, int n, int n_out, int32_t *out, td_err *err) {
+    td_session *s;
+    int rc = td_session_new(e, &s, err);
+    if (rc) return rc;
+    td_gen_opts go = {.max_tokens = n_out + 1, .ignore_eos = true};
+    td_sampling sp;
+    td_sampling_default(&sp);
+    td_gen_result r;
+    rc = td_session_generate(s, prompt, n, &sp, &go, NULL, NULL, &r, err);
+    if (!rc && r.n_generated != n_out + 1) rc = TD_FAIL(err, TD_ERR_INTERNAL, "solo: %d of %d tokens", r.n_generated, n_out + 1);
+    if (!rc) memcpy(out, td_session_tokens(s) + n, sizeof(int32_t) * (size_t)n_out);
     td_session_free(s);
     return rc;
 }

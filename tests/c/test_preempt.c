@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <unistd.h>
 #include "check.h"
+#include "golden.h"
 #include "engine/engine.h"
 #include "sched/sched.h"
 
@@ -93,19 +94,10 @@ static int on_token_cancel_preempted(void *u, const td_token_event *ev) {
     return on_token(u, ev);
 }
 
-/* Greedy solo output of prompt (max_tokens tokens) on a fresh session. */
+/* Greedy solo output of prompt (max_tokens tokens) on a fresh session: its first max_tokens - 1. */
 static void solo(td_engine *e, const int32_t *p, int n, int max_tokens, int32_t *out) {
     td_err err = {0};
-    td_session *s;
-    td_session_new(e, &s, &err);
-    td_gen_opts go = {.max_tokens = max_tokens, .ignore_eos = true};
-    td_sampling sp;
-    td_sampling_default(&sp);
-    td_gen_result r;
-    int rc = td_session_generate(s, p, n, &sp, &go, NULL, NULL, &r, &err);
-    CHECK(rc == 0 && r.n_generated == max_tokens, "solo: %s", err.msg);
-    memcpy(out, td_session_tokens(s) + n, sizeof(int32_t) * (size_t)(max_tokens - 1));
-    td_session_free(s);
+    CHECK(solo_greedy(e, p, n, max_tokens - 1, out, &err) == 0, "solo: %s", err.msg);
 }
 
 static void check_accounting(td_engine *e, const char *when) {
@@ -121,16 +113,9 @@ int main(void) {
     td_err err = {0};
     td_engine_opts eo = {.n_threads = 2, .spec_depth = 4, .max_context = 1024};
     td_engine *e;
-    int rc = td_engine_load("tests/models/spec-partial", &eo, &e, &err);
-    CHECK(rc == 0, "%s", err.msg);
-    if (rc) TEST_MAIN_END("preempt");
-    td_kv_info ki;
-    td_engine_kv_info(e, &ki);
-    td_engine_free(e);
     /* 40 blocks = 640 tokens: one request needs (90 + 160 + depth) / 16 ~ 16 blocks,
      * so four at once run the pool out midway */
-    eo.kv_cache_bytes = 40 * ki.bytes_per_block;
-    rc = td_engine_load("tests/models/spec-partial", &eo, &e, &err);
+    int rc = load_with_kv_blocks("tests/models/spec-partial", &eo, 40, &e, &err);
     CHECK(rc == 0, "%s", err.msg);
     if (rc) TEST_MAIN_END("preempt");
 

@@ -16,6 +16,7 @@
 #include <time.h>
 #include <unistd.h>
 #include "check.h"
+#include "golden.h"
 #include "engine/engine.h"
 #include "sched/sched.h"
 
@@ -91,34 +92,12 @@ static void on_done(void *u, const td_gen_result *r, const char *error) {
     pthread_mutex_unlock(&mu);
 }
 
-/* Greedy solo answer of a prompt: MAXT tokens (the session's tokens hold all
- * but the last generated one, so MAXT + 1 are generated). */
-static void solo(td_engine *e, const int32_t *p, int n, int32_t *out) {
-    td_err err = {0};
-    td_session *s;
-    td_session_new(e, &s, &err);
-    td_gen_opts go = {.max_tokens = MAXT + 1, .ignore_eos = true};
-    td_sampling sp;
-    td_sampling_default(&sp);
-    td_gen_result r;
-    int rc = td_session_generate(s, p, n, &sp, &go, NULL, NULL, &r, &err);
-    CHECK(rc == 0 && r.n_generated == MAXT + 1, "solo: %s", err.msg);
-    memcpy(out, td_session_tokens(s) + n, sizeof(int32_t) * MAXT);
-    td_session_free(s);
-}
-
 int main(void) {
     td_err err = {0};
     td_engine_opts eo = {.n_threads = 2, .spec_depth = 4, .max_context = 1024};
     td_engine *e;
-    int rc = td_engine_load("tests/models/spec-partial", &eo, &e, &err);
-    CHECK(rc == 0, "%s", err.msg);
-    if (rc) TEST_MAIN_END("sched_stress");
-    td_kv_info ki;
-    td_engine_kv_info(e, &ki);
-    td_engine_free(e);
-    eo.kv_cache_bytes = 24 * ki.bytes_per_block; /* 384 tokens: four requests of up to 170 run it out */
-    rc = td_engine_load("tests/models/spec-partial", &eo, &e, &err);
+    /* 24 blocks = 384 tokens: four requests of up to 170 run it out */
+    int rc = load_with_kv_blocks("tests/models/spec-partial", &eo, 24, &e, &err);
     CHECK(rc == 0, "%s", err.msg);
     if (rc) TEST_MAIN_END("sched_stress");
 
@@ -127,7 +106,7 @@ int main(void) {
     for (int p = 0; p < NP; p++) {
         plen[p] = 20 + 14 * p; /* 20 .. 118 */
         for (int t = 0; t < plen[p]; t++) prompts[p][t] = (t * (p + 7) + 5 * p + 2) % 58;
-        solo(e, prompts[p], plen[p], ref[p]);
+        CHECK(solo_greedy(e, prompts[p], plen[p], MAXT, ref[p], &err) == 0, "solo: %s", err.msg);
     }
 
     td_sched_opts so;
@@ -188,6 +167,7 @@ int main(void) {
             while (!g_sinks[w * PER_WAVE + i].n_done) pthread_cond_wait(&cv, &mu);
         pthread_mutex_unlock(&mu);
         usleep(2000); /* the scheduler measures the pool after retiring the last request */
+        td_kv_info ki;
         td_engine_kv_info(e, &ki);
         bad_accounting += ki.free_blocks + ki.checkpoint_blocks != ki.n_blocks;
     }
