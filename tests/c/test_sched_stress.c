@@ -13,7 +13,6 @@
  * prefix of it; the KV pool is back to empty after every wave. */
 #include <pthread.h>
 #include <stdlib.h>
-#include <time.h>
 #include <unistd.h>
 #include "check.h"
 #include "golden.h"
@@ -166,12 +165,10 @@ int main(void) {
         for (int i = 0; i < PER_WAVE; i++)
             while (!g_sinks[w * PER_WAVE + i].n_done) pthread_cond_wait(&cv, &mu);
         pthread_mutex_unlock(&mu);
-        usleep(2000); /* the scheduler measures the pool after retiring the last request */
         td_kv_info ki;
         td_engine_kv_info(e, &ki);
         bad_accounting += ki.free_blocks + ki.checkpoint_blocks != ki.n_blocks;
     }
-    usleep(20000);
     td_sched_stats st;
     td_sched_get_stats(g_sched, &st);
     td_sched_free(g_sched);
