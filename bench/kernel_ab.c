@@ -9,7 +9,8 @@
  * Each repetition times M = 1 and M = 5 for A and B, the order of A and B
  * swapped every repetition, so drift on a shared host hits both alike.
  * Prints whether the outputs (M = 1 and M = 5) are bit-identical and the medians.
- *   usage: [KAB_ISA=avx2|avx512] [KAB_DTYPE=bf16|q8] kernel_ab [REPS, 1..64; default 15]
+ *   usage: [KAB_ISA=avx2|avx512] [KAB_DTYPE=bf16|q8] [KAB_TUNE=default|amd] kernel_ab [REPS, 1..64; default 15]
+ * (KAB_TUNE: the td_tune both A and B run with; default this CPU's)
  * Checked against itself (B = the unchanged kernels_x86.c): B/A 1.000. */
 #include <pthread.h>
 #include <stdbool.h>
@@ -22,12 +23,13 @@
 #include "backend/cpu/kernels.h"
 #include "model/tensor.h"
 
-void td_mm_avx2_B(const td_tensor *W, const float *x, int m0, int m1, int64_t n0, int64_t n1, float *y, int64_t ldy);
-void td_mm_avx512_B(const td_tensor *W, const float *x, int m0, int m1, int64_t n0, int64_t n1, float *y, int64_t ldy);
-typedef void (*mm_fn)(const td_tensor *, const float *, int, int, int64_t, int64_t, float *, int64_t);
+void td_mm_avx2_B(td_tune tune, const td_tensor *W, const float *x, int m0, int m1, int64_t n0, int64_t n1, float *y, int64_t ldy);
+void td_mm_avx512_B(td_tune tune, const td_tensor *W, const float *x, int m0, int m1, int64_t n0, int64_t n1, float *y, int64_t ldy);
+typedef void (*mm_fn)(td_tune, const td_tensor *, const float *, int, int, int64_t, int64_t, float *, int64_t);
 
 typedef struct {
     mm_fn f;
+    td_tune tune;
     const td_tensor *W;
     const float *x;
     float *y;
@@ -39,13 +41,13 @@ static double now(void) { struct timespec t; clock_gettime(CLOCK_MONOTONIC, &t);
 static void *run_half(void *arg) {
     const part *p = arg;
     const int64_t N = p->W->shape[0], n0 = p->half * N / 2, n1 = (p->half + 1) * N / 2;
-    for (int64_t n = n0; n < n1; n += 16) p->f(p->W, p->x, 0, p->M, n, n + 16 < n1 ? n + 16 : n1, p->y, N);
+    for (int64_t n = n0; n < n1; n += 16) p->f(p->tune, p->W, p->x, 0, p->M, n, n + 16 < n1 ? n + 16 : n1, p->y, N);
     return NULL;
 }
 
-static double timed(mm_fn f, const td_tensor *W, const float *x, float *y, int M) {
+static double timed(mm_fn f, td_tune tune, const td_tensor *W, const float *x, float *y, int M) {
     pthread_t th[2];
-    part p[2] = {{f, W, x, y, M, 0}, {f, W, x, y, M, 1}};
+    part p[2] = {{f, tune, W, x, y, M, 0}, {f, tune, W, x, y, M, 1}};
     double t0 = now();
     for (int i = 0; i < 2; i++) pthread_create(&th[i], NULL, run_half, &p[i]);
     for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
@@ -58,10 +60,12 @@ int main(int argc, char **argv) {
     const int reps = argc > 1 ? atoi(argv[1]) : 15;
     const int64_t N = 262144, K = 2048;
     if (reps < 1 || reps > 64) { fprintf(stderr, "usage: kernel_ab [REPS, 1..64]\n"); return 2; }
-    const char *isa_s = getenv("KAB_ISA"), *dt_s = getenv("KAB_DTYPE");
+    const char *isa_s = getenv("KAB_ISA"), *dt_s = getenv("KAB_DTYPE"), *tune_s = getenv("KAB_TUNE");
+    const td_tune tune = !tune_s ? td_kernels_best_tune() : !strcmp(tune_s, "amd") ? TD_TUNE_AMD : TD_TUNE_DEFAULT;
     const bool avx512 = isa_s && !strcmp(isa_s, "avx512"), q8 = dt_s && !strcmp(dt_s, "q8");
-    if ((isa_s && !avx512 && strcmp(isa_s, "avx2")) || (dt_s && !q8 && strcmp(dt_s, "bf16"))) {
-        fprintf(stderr, "KAB_ISA must be avx2 or avx512, KAB_DTYPE bf16 or q8\n");
+    if ((isa_s && !avx512 && strcmp(isa_s, "avx2")) || (dt_s && !q8 && strcmp(dt_s, "bf16")) ||
+        (tune_s && strcmp(tune_s, "amd") && strcmp(tune_s, "default"))) {
+        fprintf(stderr, "KAB_ISA must be avx2 or avx512, KAB_DTYPE bf16 or q8, KAB_TUNE default or amd\n");
         return 2;
     }
     if (!td_kernels_have_isa(avx512 ? TD_ISA_AVX512 : TD_ISA_AVX2)) { fprintf(stderr, "this CPU has no %s\n", avx512 ? "avx512" : "avx2"); return 1; }
@@ -85,9 +89,9 @@ int main(int argc, char **argv) {
     for (int r = 0; r < reps; r++)
         for (int i = 0; i < 2; i++) {
             const int v = r & 1 ? 1 - i : i;
-            t[v][0][r] = timed(f[v], &W, x, v ? yb : ya, 1);
+            t[v][0][r] = timed(f[v], tune, &W, x, v ? yb : ya, 1);
             if (r == 0 && i == 1) same1 = !memcmp(ya, yb, sizeof *ya * (size_t)N); /* both M = 1 outputs are in */
-            t[v][1][r] = timed(f[v], &W, x, v ? yb : ya, 5);
+            t[v][1][r] = timed(f[v], tune, &W, x, v ? yb : ya, 5);
         }
     double med[2][2];
     for (int v = 0; v < 2; v++)
@@ -95,7 +99,7 @@ int main(int argc, char **argv) {
             qsort(t[v][m], (size_t)reps, sizeof(double), cmp_double);
             med[v][m] = t[v][m][reps / 2];
         }
-    printf("%s %s, outputs: M = 1 %s, M = 5 %s\n", avx512 ? "avx512" : "avx2", q8 ? "q8" : "bf16", same1 ? "bit-identical" : "DIFFER",
+    printf("%s %s, tuning %s, outputs: M = 1 %s, M = 5 %s\n", avx512 ? "avx512" : "avx2", q8 ? "q8" : "bf16", td_tune_name(tune), same1 ? "bit-identical" : "DIFFER",
            memcmp(ya, yb, sizeof *ya * 5 * (size_t)N) ? "DIFFER" : "bit-identical");
     for (int v = 0; v < 2; v++)
         printf("%c: M=1 %.2f ms  M=5 %.2f ms  t(5)/t(1) %.3f\n", "AB"[v], med[v][0] * 1e3, med[v][1] * 1e3, med[v][1] / med[v][0]);

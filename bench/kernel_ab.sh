@@ -3,7 +3,7 @@
 # (bench/kernel_ab.c): compiles VARIANT with the kernels' flags (-O3), renames
 # its entry points to td_mm_avx2_B / td_mm_avx512_B, links bench/kernel_ab.c
 # and runs it.
-#   usage: [KAB_ISA=avx2|avx512] [KAB_DTYPE=bf16|q8] sh bench/kernel_ab.sh VARIANT.c [REPS]
+#   usage: [KAB_ISA=avx2|avx512] [KAB_DTYPE=bf16|q8] [KAB_TUNE=default|amd] sh bench/kernel_ab.sh VARIANT.c [REPS]
 #          (after `make`; BUILD=dir as make; a variant dir may hold its own backend/cpu/kernels_x86.h)
 set -eu
 cd "$(dirname "$0")/.."

@@ -46,7 +46,7 @@ int main(int argc, char **argv) {
                 int m1 = m0 + mb < M ? m0 + mb : M;
                 int64_t n1 = n0 + 32 < N ? n0 + 32 : N;
                 if (bf) td_matmul_block_bf16(&W, xb, ldb, m0, m1, n0, n1, y, N);
-                else td_matmul_block(isa, &W, x, m0, m1, n0, n1, y, N);
+                else td_matmul_block(isa, td_kernels_best_tune(), &W, x, m0, m1, n0, n1, y, N);
             }
         double t = now() - t0;
         if (t < best) best = t;

@@ -40,7 +40,7 @@ static void *run_half(void *arg) {
     const int64_t n0 = p->half * j->N / 2, n1 = (p->half + 1) * j->N / 2;
     for (int64_t n = n0; n < n1; n += 16) {
         const int64_t e = n + 16 < n1 ? n + 16 : n1;
-        td_matmul_block(j->isa, &j->W, j->x, 0, j->M, n, e, j->y, j->N);
+        td_matmul_block(j->isa, td_kernels_best_tune(), &j->W, j->x, 0, j->M, n, e, j->y, j->N);
     }
     return NULL;
 }

@@ -176,6 +176,8 @@ struct td_backend {
     int n_threads;
     int isa; /* CPU: the td_isa its matmul kernels use (backend/cpu/kernels.h); the best the CPU has at
                 creation, and one the CPU has whoever sets it (td_kernels_have_isa) */
+    int tune; /* CPU: the td_tune of its matmul kernels (backend/cpu/kernels.h): this CPU's at creation; any
+                 td_tune gives the same bits */
     int precision; /* td_precision (tandem.h): the matmul activations; CPU BF16 needs AVX-512 BF16 */
     bool batch_invariant; /* CUDA: every kernel keeps its fixed reduction order (td_engine_opts.batch_invariant);
                              false (the default) lets prefill matmuls use tensor cores. Set before the first

@@ -123,7 +123,7 @@ static int bench_model(const kbench_opts *o, double bw, FILE *out) {
     /* the decode / verify rows add up to reps x (max_k + 1) positions after the prompt */
     const int pat = o->prefill_at > 0 ? o->prefill_at : 0;
     td_engine_opts eo = {.n_threads = o->threads, .max_context = (pat + maxp > at ? pat + maxp : at) + 64 * 17 + 512, .spec_depth = o->max_k, .no_prefix_caching = true, .max_seqs = 1,
-                          .quantize = o->quantize, .isa = o->isa, .precision = o->precision};
+                          .quantize = o->quantize, .isa = o->isa, .kernel_tune = o->tune, .precision = o->precision};
     eo.backend = o->backend;
     eo.enforce_eager = o->enforce_eager;
     eo.batch_invariant = o->batch_invariant;
@@ -161,8 +161,9 @@ static int bench_model(const kbench_opts *o, double bw, FILE *out) {
     for (int i = 0; i < ntok; i++) toks[i] = (int32_t)((i * 7919 + 13) % V);
     float *lg = malloc(sizeof(float) * (size_t)V * (size_t)(o->max_k + 1));
     int reps = o->reps > 64 ? 64 : o->reps;
-    fprintf(out, "\n## model %s: %.0f MB read per decode step (weights without the embedding table), backend %s, %d threads, isa %s, precision %s\n\n",
+    fprintf(out, "\n## model %s: %.0f MB read per decode step (weights without the embedding table), backend %s, %d threads, isa %s, tuning %s, precision %s\n\n",
             o->model_dir ? o->model_dir : o->random_config, (double)rb / 1e6, td_engine_backend(eng)->ops->name, td_engine_backend(eng)->n_threads, td_isa_name((td_isa)td_engine_backend(eng)->isa),
+            td_tune_name((td_tune)td_engine_backend(eng)->tune),
             td_engine_backend(eng)->precision == TD_PRECISION_BF16 ? "bf16" : "f32");
     /* state: a prompt of `at` tokens (16 by default), in chunks of 4096 */
     int rc = 0;
@@ -226,7 +227,8 @@ int td_kbench_run(const kbench_opts *o, FILE *out) {
     double la[3] = {0};
     FILE *f = fopen("/proc/loadavg", "r");
     if (f) { if (fscanf(f, "%lf %lf %lf", &la[0], &la[1], &la[2]) != 3) la[0] = -1; fclose(f); }
-    fprintf(out, "# tandem kernels: best isa %s, %d threads, load average %.2f\n\n", td_isa_name(td_kernels_best_isa()), b->n_threads, la[0]);
+    fprintf(out, "# tandem kernels: best isa %s, tuning %s, %d threads, load average %.2f\n\n", td_isa_name(td_kernels_best_isa()),
+            td_tune_name(td_kernels_best_tune()), b->n_threads, la[0]);
     double bw = probe_gbs(b, o->probe_mb, o->reps);
     fprintf(out, "bandwidth probe (read, %d MB, median of %d): %.1f GB/s\n", o->probe_mb, o->reps, bw);
     if (o->mm_mb > 0 && !strcmp(o->mm_dtype, "q8")) fprintf(out, "\nmatmul table: skipped (no synthetic q8 weight)\n");

@@ -21,6 +21,7 @@ typedef struct kbench_opts {
     const char *mm_dtype;   /* bf16, f32, f16, fp8, nvfp4 */
     int quantize;           /* td_engine_opts.quantize for the model runs */
     int isa;                /* td_engine_opts.isa for the model runs (0 = best) */
+    int tune;               /* td_engine_opts.kernel_tune for them (0 = this CPU's) */
     td_precision precision; /* td_engine_opts.precision for the model runs */
     const char *backend;    /* td_engine_opts.backend for the model runs (NULL: cpu / $TANDEM_BACKEND) */
     bool enforce_eager;     /* td_engine_opts.enforce_eager (CUDA: no graphs) */

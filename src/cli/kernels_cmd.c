@@ -9,6 +9,7 @@
 static int usage(void) {
     printf("usage: tandem kernels [-m DIR] [-t THREADS] [--reps N] [--probe-mb MB] [--mm-mb MB] [--mm-k K]\n"
            "                      [--dtype bf16|f32|f16|fp8|nvfp4] [--prefill 512,4096] [--max-k 8] [--decode-at N] [--prefill-at N] [--isa c|avx2|avx512]\n"
+           "                      [--tune default|amd]\n"
            "                      [--quantize none|q8] [--precision f32|bf16] [--device cpu|guard|cuda] [--enforce-eager] [--batch-invariant]\n"
            "                      [--mmap] [--random-config FILE [--mtp-mix F] [--hidden N] [--layers N] [--vocab N]]\n"
            "  bandwidth probe, matmul GB/s per ISA and M = 1..16 on a synthetic weight (--mm-mb 0 skips it),\n"
@@ -37,6 +38,8 @@ static int usage(void) {
            "  --prefill-at N      the prefill rows after a prompt of N tokens, 0..1048576 (default 0): a prompt tail\n"
            "                      after a prefix-cache hit (the N tokens are prefilled first, untimed, in chunks of 4096)\n"
            "  --isa c|avx2|avx512 model rows on this ISA (default: the best the CPU has)\n"
+           "  --tune default|amd  model rows with these kernel tile choices (default: this CPU's, amd on AMD CPUs;\n"
+           "                      the same bits either way)\n"
            "  --quantize none|q8  model weights to int8 at load (default none)\n"
            "  --precision f32|bf16 model runs with f32 (default) or bf16 matmul activations\n"
            "  -v, --verbose       errors with their source location\n"
@@ -68,7 +71,7 @@ int td_cmd_kernels(int argc, char **argv) {
         if (!strcmp(a, "--batch-invariant")) { o.batch_invariant = true; continue; }
         if (!strcmp(a, "--mmap")) { o.mmap_weights = true; continue; }
         static const char *const valued[] = {"-m", "--model", "-t", "--threads", "--reps", "--probe-mb", "--mm-mb", "--mm-k",
-                                             "--dtype", "--isa", "--max-k", "--decode-at", "--prefill-at", "--quantize", "--prefill", "--precision",
+                                             "--dtype", "--isa", "--tune", "--max-k", "--decode-at", "--prefill-at", "--quantize", "--prefill", "--precision",
                                              "--random-config", "--mtp-mix", "--hidden", "--layers", "--vocab", "--device", "--backend"};
         bool known = false;
         for (size_t k = 0; k < sizeof valued / sizeof valued[0]; k++) known |= !strcmp(a, valued[k]);
@@ -118,6 +121,11 @@ int td_cmd_kernels(int argc, char **argv) {
             if (want == TD_ISA_AUTO) { fprintf(stderr, "tandem kernels: --isa must be one of c, avx2, avx512, got \"%s\"\n", v); return 2; }
             if (!td_kernels_have_isa(want)) { fprintf(stderr, "tandem kernels: this CPU has no %s\n", v); return 2; }
             o.isa = (int)want + 1; /* td_engine_opts.isa */
+        }
+        else if (!strcmp(a, "--tune")) {
+            if (!strcmp(v, "default")) o.tune = 1 + TD_TUNE_DEFAULT; /* td_engine_opts.kernel_tune */
+            else if (!strcmp(v, "amd")) o.tune = 1 + TD_TUNE_AMD;
+            else { fprintf(stderr, "tandem kernels: --tune must be default or amd, got \"%s\"\n", v); return 2; }
         }
         else if (!strcmp(a, "--precision")) {
             if (!strcmp(v, "bf16")) o.precision = TD_PRECISION_BF16;

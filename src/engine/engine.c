@@ -48,6 +48,11 @@ static int setup_backend(td_engine *e, td_err *err) {
         }
         e->backend->isa = (int)want;
     }
+    if (e->opts.kernel_tune < 0 || e->opts.kernel_tune > TD_TUNE_COUNT) {
+        rc = TD_FAIL(err, TD_ERR_ARG, "kernel_tune %d (0 this CPU's, 1 default, 2 amd)", e->opts.kernel_tune);
+        goto fail;
+    }
+    if (e->opts.kernel_tune) e->backend->tune = e->opts.kernel_tune - 1;
     if (e->opts.precision != TD_PRECISION_F32 && e->opts.precision != TD_PRECISION_BF16) {
         rc = TD_FAIL(err, TD_ERR_ARG, "precision %d (0 f32, 1 bf16)", (int)e->opts.precision);
         goto fail;

@@ -188,7 +188,7 @@ typedef struct {
     const uint16_t *xb; /* precision bf16: x rounded, rows of ldb */
     int64_t ldb;
     float *y;
-    int M, mb, n_mblocks, isa;
+    int M, mb, n_mblocks, isa, tune;
     int64_t N, rows;
 } matmul_job;
 
@@ -200,13 +200,13 @@ static void matmul_task(void *ctx, int task) {
     int m0 = mbi * j->mb, m1 = m0 + j->mb;
     if (m1 > j->M) m1 = j->M;
     if (j->xb) td_matmul_block_bf16(j->W, j->xb, j->ldb, m0, m1, n0, n1, j->y, j->N);
-    else td_matmul_block((td_isa)j->isa, j->W, j->x, m0, m1, n0, n1, j->y, j->N);
+    else td_matmul_block((td_isa)j->isa, (td_tune)j->tune, j->W, j->x, m0, m1, n0, n1, j->y, j->N);
 }
 
 static void cpu_matmul(td_backend *b, const td_tensor *W, const float *x, int M, float *y) {
     const char *why;
     if (!td_matmul_supported(W, &why)) TD_ASSERT(!"matmul: unsupported weight");
-    matmul_job j = {.W = W, .x = x, .y = y, .M = M, .N = W->shape[0], .isa = b->isa};
+    matmul_job j = {.W = W, .x = x, .y = y, .M = M, .N = W->shape[0], .isa = b->isa, .tune = b->tune};
     int64_t K = W->shape[1];
     j.rows = M <= 16 ? ROWS_SMALL_M : ROWS_LARGE_M;
     j.mb = M <= 16 ? M : b->precision == TD_PRECISION_BF16 ? TD_BF16_M_BLOCK : M_BLOCK;
@@ -223,7 +223,7 @@ static void cpu_matmul(td_backend *b, const td_tensor *W, const float *x, int M,
         j.xb = xb;
     }
     if ((double)M * (double)j.N * (double)K < 32768.0) matmul_task(&(matmul_job){.W = W, .x = x, .xb = xb, .ldb = j.ldb, .y = y,
-                                                                               .M = M, .mb = M, .n_mblocks = 1, .isa = b->isa,
+                                                                               .M = M, .mb = M, .n_mblocks = 1, .isa = b->isa, .tune = b->tune,
                                                                                .N = j.N, .rows = j.N}, 0); /* too small to share */
     else td_pool_for(pool_of(b), tasks, matmul_task, &j);
     free(xb);
@@ -328,6 +328,7 @@ int td_backend_cpu_create(int n_threads, td_backend **out, td_err *err) {
     b->impl = im;
     b->n_threads = td_pool_threads(im->pool);
     b->isa = (int)td_kernels_best_isa();
+    b->tune = (int)td_kernels_best_tune();
     b->destroy = cpu_destroy;
     *out = b;
     return TD_OK;

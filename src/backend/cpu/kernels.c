@@ -191,11 +191,24 @@ td_isa td_kernels_best_isa(void) {
 
 bool td_kernels_have_isa(td_isa i) { return i == TD_ISA_AUTO || (i >= TD_ISA_C && i <= td_kernels_best_isa()); }
 
-void td_matmul_block(td_isa isa, const td_tensor *W, const float *x, int m0, int m1, int64_t n0, int64_t n1, float *y, int64_t ldy) {
+const char *td_tune_name(td_tune t) { return t == TD_TUNE_AMD ? "amd" : "default"; }
+
+td_tune td_kernels_best_tune(void) {
+#if defined(__x86_64__) && defined(__GNUC__)
+    unsigned a, b, c, d;
+    /* vendor "AuthenticAMD" in EBX, EDX, ECX of leaf 0 */
+    if (__get_cpuid(0, &a, &b, &c, &d) && b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u) return TD_TUNE_AMD;
+#endif
+    return TD_TUNE_DEFAULT;
+}
+
+void td_matmul_block(td_isa isa, td_tune tune, const td_tensor *W, const float *x, int m0, int m1, int64_t n0, int64_t n1, float *y,
+                     int64_t ldy) {
+    (void)tune; /* the C kernel has one shape */
     switch (isa) {
 #if defined(__x86_64__) && defined(__GNUC__)
-    case TD_ISA_AVX512: td_mm_avx512(W, x, m0, m1, n0, n1, y, ldy); return;
-    case TD_ISA_AVX2: td_mm_avx2(W, x, m0, m1, n0, n1, y, ldy); return;
+    case TD_ISA_AVX512: td_mm_avx512(tune, W, x, m0, m1, n0, n1, y, ldy); return;
+    case TD_ISA_AVX2: td_mm_avx2(tune, W, x, m0, m1, n0, n1, y, ldy); return;
 #endif
     default: mm_c(W, x, m0, m1, n0, n1, y, ldy);
     }

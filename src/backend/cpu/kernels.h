@@ -44,12 +44,25 @@ td_isa td_kernels_best_isa(void);
  * backend holds its own (td_backend.isa, td_engine_opts.isa). */
 bool td_kernels_have_isa(td_isa i);
 
+/* Kernel choices for a CPU family: which tile shape and traversal stream the
+ * weights fastest there, as measured (DEFAULT: tuned on Intel Xeon; AMD:
+ * on an EPYC Zen 5 guest, bench/results/zen5-2026-12-07.md). Every choice
+ * computes each output with the same arithmetic in the same order, so the
+ * results are bit-identical whatever the tuning (test_kernels runs them all).
+ * Like the ISA, each backend holds its own (td_backend.tune). */
+typedef enum { TD_TUNE_DEFAULT = 0, TD_TUNE_AMD, TD_TUNE_COUNT } td_tune;
+const char *td_tune_name(td_tune t);
+/* TD_TUNE_AMD on AMD CPUs, else TD_TUNE_DEFAULT. */
+td_tune td_kernels_best_tune(void);
+
 /* Whether the kernels take W (dtype, shape, scale layout). */
 bool td_matmul_supported(const td_tensor *W, const char **why);
 
 /* y[m*ldy + n] = x[m*K + :] · W[n, :] for m in [m0, m1), n in [n0, n1);
- * K = W->shape[1]; isa: one this CPU has (td_kernels_have_isa), not AUTO. */
-void td_matmul_block(td_isa isa, const td_tensor *W, const float *x, int m0, int m1, int64_t n0, int64_t n1, float *y, int64_t ldy);
+ * K = W->shape[1]; isa: one this CPU has (td_kernels_have_isa), not AUTO;
+ * tune: any td_tune (the same bits; only the speed differs). */
+void td_matmul_block(td_isa isa, td_tune tune, const td_tensor *W, const float *x, int m0, int m1, int64_t n0, int64_t n1, float *y,
+                     int64_t ldy);
 
 /* BF16 activations (kernels_bf16.c, `--precision bf16`): whether this CPU has
  * AVX-512 BF16 (VDPBF16PS), which the path needs. td_x_to_bf16 rounds x [M, K]
@@ -69,6 +82,6 @@ void td_matmul_block_bf16(const td_tensor *W, const uint16_t *xb, int64_t ldb, i
 float td_fp8_e4m3_to_f32(uint8_t b);
 
 /* Per-ISA entry points (kernels_x86.c); same contract as td_matmul_block. */
-void td_mm_avx2(const td_tensor *W, const float *x, int m0, int m1, int64_t n0, int64_t n1, float *y, int64_t ldy);
-void td_mm_avx512(const td_tensor *W, const float *x, int m0, int m1, int64_t n0, int64_t n1, float *y, int64_t ldy);
+void td_mm_avx2(td_tune tune, const td_tensor *W, const float *x, int m0, int m1, int64_t n0, int64_t n1, float *y, int64_t ldy);
+void td_mm_avx512(td_tune tune, const td_tensor *W, const float *x, int m0, int m1, int64_t n0, int64_t n1, float *y, int64_t ldy);
 #endif

@@ -258,9 +258,17 @@ static const mm_fn panels512[] = {pan512_f32, pan512_bf16, pan512_f16, pan512_f8
 
 static const mm_fn sliced512s[] = {sl512_f32, sl512_bf16, sl512_f16, sl512_f8, sl512_f8b, sl512_fp4, sl512_q8};
 
-void td_mm_avx512(const td_tensor *W, const float *x, int m0, int m1, int64_t n0, int64_t n1, float *y, int64_t ldy) {
+/* AVX2's full-K 4 x 1 q8 tiles (below), which TD_TUNE_AMD decodes with. */
+T256 __attribute__((noinline)) static void mm256_q8(const wd *d, const float *x, int m0, int m1, int64_t n0, int64_t n1, float *y,
+                                                    int64_t ldy);
+
+void td_mm_avx512(td_tune tune, const td_tensor *W, const float *x, int m0, int m1, int64_t n0, int64_t n1, float *y, int64_t ldy) {
     wd d;
     int kind = setup(W, &d);
+    /* q8 decode on AMD: the sliced zmm tiles dequantized slower than the stream there (EPYC Zen 5 guest,
+       the 27B-proportioned model: 27-28 against 32-34 tokens/s through mm256_q8; bench/results/zen5-2026-12-07.md),
+       while on the Intel Xeon they decode faster than mm256_q8 (19.6 against 17.4, weights-hugepages-2026-12-06.md) */
+    if (tune == TD_TUNE_AMD && kind == KQ8 && m1 - m0 == 1) { mm256_q8(&d, x, m0, m1, n0, n1, y, ldy); return; }
     (m1 - m0 >= PANEL_MIN_M ? panels512 : sliced512s)[kind](&d, x, m0, m1, n0, n1, y, ldy);
 }
 
@@ -477,6 +485,31 @@ T256 INL void htile256(const wd *d, const int kind, const int RN, const int RM, 
     }
 }
 
+/* Decode (one activation row) with TD_TUNE_AMD: RN weight rows, both halves
+ * of each 16-chunk in one pass (two ymm accumulators per output) instead of
+ * htile256's two passes over the slice. Each lane gets the same FMAs in the
+ * same order, so the same bits. On the EPYC Zen 5 guest it streamed the
+ * weights faster (bench/results/zen5-2026-12-07.md); on the Intel Xeon the
+ * half-lane passes were measured and kept. */
+T256 INL void ftile256(const wd *d, const int kind, const int RN, const uint8_t *const *row, int64_t n, const float *xr,
+                       int64_t k0, int64_t k1, float *acc, int64_t ar, const uint8_t *const *pf, int64_t step, const bool first) {
+    __m256 a[4][2];
+    for (int r = 0; r < RN; r++)
+        for (int h = 0; h < 2; h++) a[r][h] = first ? _mm256_setzero_ps() : _mm256_loadu_ps(acc + r * ar + 8 * h);
+    int64_t off = 0;
+    for (int64_t i = k0; i < k1; i += 16, off += step) {
+        if (pf && (off & 63) == 0)
+            for (int r = 0; r < RN; r++) _mm_prefetch((const char *)pf[r] + off, _MM_HINT_T0);
+        const __m256 x0 = _mm256_loadu_ps(xr + i), x1 = _mm256_loadu_ps(xr + i + 8);
+        for (int r = 0; r < RN; r++) {
+            a[r][0] = _mm256_fmadd_ps(x0, w8_256(d, kind, row[r], n + r, i, 0), a[r][0]);
+            a[r][1] = _mm256_fmadd_ps(x1, w8_256(d, kind, row[r], n + r, i, 1), a[r][1]);
+        }
+    }
+    for (int r = 0; r < RN; r++)
+        for (int h = 0; h < 2; h++) _mm256_storeu_ps(acc + r * ar + 8 * h, a[r][h]);
+}
+
 /* Weight rows per tile for RM (1..5) activation rows: RN * RM accumulators
  * + RN weights + 1 activation within the 16 ymm registers (3 x 4 at 16 was
  * measured slower than 2 x 4: spills). */
@@ -485,7 +518,16 @@ static inline int rn_for(int rm) { return rm <= 2 ? 4 : rm == 3 ? 3 : 2; }
 #define HT(RN_, RM_) htile256(d, kind, RN_, RM_, row, n, xr, k0, k1, acc, ar, pf, step, first)
 T256 INL void htile_any(const wd *d, const int kind, int rn, int rm, const uint8_t *const *row, int64_t n,
                         const float *const *xr, int64_t k0, int64_t k1, float *acc, int64_t ar,
-                        const uint8_t *const *pf, int64_t step, const bool first) {
+                        const uint8_t *const *pf, int64_t step, const bool first, const bool full1) {
+    if (full1 && rm == 1) {
+        switch (rn) {
+        case 4: ftile256(d, kind, 4, row, n, xr[0], k0, k1, acc, ar, pf, step, first); break;
+        case 3: ftile256(d, kind, 3, row, n, xr[0], k0, k1, acc, ar, pf, step, first); break;
+        case 2: ftile256(d, kind, 2, row, n, xr[0], k0, k1, acc, ar, pf, step, first); break;
+        default: ftile256(d, kind, 1, row, n, xr[0], k0, k1, acc, ar, pf, step, first); break;
+        }
+        return;
+    }
 #define HT_RN4(RM_) switch (rn) { case 4: HT(4, RM_); break; case 3: HT(3, RM_); break; case 2: HT(2, RM_); break; default: HT(1, RM_); }
 #define HT_RN3(RM_) switch (rn) { case 3: HT(3, RM_); break; case 2: HT(2, RM_); break; default: HT(1, RM_); }
 #define HT_RN2(RM_) switch (rn) { case 2: HT(2, RM_); break; default: HT(1, RM_); }
@@ -566,7 +608,8 @@ T256 INL void finish256(const wd *d, const int kind, const float *x, int m, int 
  * better, 16 1.8x worse). */
 enum { VG = 16, VK = 512, VM = 5, PFR = 8 };
 
-T256 INL void verify256(const wd *d, const int kind, const float *x, int m0, int m1, int64_t n0, int64_t n1, float *y, int64_t ldy) {
+T256 INL void verify256(const wd *d, const int kind, const float *x, int m0, int m1, int64_t n0, int64_t n1, float *y, int64_t ldy,
+                        const bool full1) {
     const int64_t K = d->K, Kfull = K & ~(int64_t)15, rb = d->row_bytes;
     const int64_t step = 16 * rb / K;
     _Alignas(32) float acc[VG * VM * 16];
@@ -584,7 +627,7 @@ T256 INL void verify256(const wd *d, const int kind, const float *x, int m0, int
                     const int t = gn - r < rn ? gn - r : rn;
                     const uint8_t *row[4], *pf[4];
                     slice_rows(d, g, gn, r, t, k0, Kfull, n1, VK, PFR, step, row, pf);
-                    htile_any(d, kind, t, rm, row, g + r, xr, k0, k1, acc + (int64_t)r * VM * 16, VM * 16, pf, step, false);
+                    htile_any(d, kind, t, rm, row, g + r, xr, k0, k1, acc + (int64_t)r * VM * 16, VM * 16, pf, step, false, full1);
                     r += t;
                 }
             }
@@ -746,14 +789,19 @@ T256 INL void rpanel256(const wd *d, const int kind, const float *x, int m, int 
     }
 }
 
-#define VERIFY256(NAME, KIND)                                                                                      \
+/* NAME: half-lane tiles for every M (DEFAULT); DEC: full-width decode tiles at M = 1 (AMD). */
+#define VERIFY256(NAME, DEC, KIND)                                                                                 \
     T256 __attribute__((noinline)) static void NAME(const wd *d, const float *x, int m0, int m1, int64_t n0,        \
                                                     int64_t n1, float *y, int64_t ldy) {                           \
-        verify256(d, KIND, x, m0, m1, n0, n1, y, ldy);                                                             \
+        verify256(d, KIND, x, m0, m1, n0, n1, y, ldy, false);                                                      \
+    }                                                                                                              \
+    T256 __attribute__((noinline)) static void DEC(const wd *d, const float *x, int m0, int m1, int64_t n0,         \
+                                                   int64_t n1, float *y, int64_t ldy) {                            \
+        verify256(d, KIND, x, m0, m1, n0, n1, y, ldy, true);                                                       \
     }
-VERIFY256(ver256_f32, KF32)
-VERIFY256(ver256_bf16, KBF16)
-VERIFY256(ver256_f16, KF16)
+VERIFY256(ver256_f32, dec256_f32, KF32)
+VERIFY256(ver256_bf16, dec256_bf16, KBF16)
+VERIFY256(ver256_f16, dec256_f16, KF16)
 
 /* Scratch on the stack: 16 KiB weight panel + 64 KiB accumulators. */
 #define PANEL256(NAME, KIND)                                                                                       \
@@ -811,6 +859,8 @@ QVERIFY256(qver256_q8, KQ8, mm256_q8)
  * decoded at 16.6-17.0 tokens/s against tile256's 19.0-19.2: it is compute-bound,
  * and the half-lane tiles dequantize 8 lanes per step, not 16). */
 static const mm_fn tiles256[] = {ver256_f32, ver256_bf16, ver256_f16, mm256_f8, mm256_f8b, mm256_fp4, mm256_q8};
+/* TD_TUNE_AMD: the unquantized formats' decode through ftile256 (one pass per slice). */
+static const mm_fn tiles256_amd[] = {dec256_f32, dec256_bf16, dec256_f16, mm256_f8, mm256_f8b, mm256_fp4, mm256_q8};
 /* The quantized formats keep full-width tiles for verify (qverify256: 1 x 3..5
  * from 3 rows, DRIVER256's 2 x 2 at 2): their dequantization per 8 lanes
  * (q8: load, widen, convert, scale) made the half-lane tiles slower than
@@ -819,11 +869,11 @@ static const mm_fn tiles256[] = {ver256_f32, ver256_bf16, ver256_f16, mm256_f8, 
 static const mm_fn verify256s[] = {ver256_f32, ver256_bf16, ver256_f16, qver256_f8, qver256_f8b, qver256_fp4, qver256_q8};
 static const mm_fn panels256[] = {pan256_f32, pan256_bf16, pan256_f16, pan256_f8, pan256_f8b, pan256_fp4, pan256_q8};
 
-void td_mm_avx2(const td_tensor *W, const float *x, int m0, int m1, int64_t n0, int64_t n1, float *y, int64_t ldy) {
+void td_mm_avx2(td_tune tune, const td_tensor *W, const float *x, int m0, int m1, int64_t n0, int64_t n1, float *y, int64_t ldy) {
     wd d;
     int kind = setup(W, &d);
     int M = m1 - m0;
-    (M >= PANEL_MIN_M ? panels256 : M >= 2 ? verify256s : tiles256)[kind](&d, x, m0, m1, n0, n1, y, ldy);
+    (M >= PANEL_MIN_M ? panels256 : M >= 2 ? verify256s : tune == TD_TUNE_AMD ? tiles256_amd : tiles256)[kind](&d, x, m0, m1, n0, n1, y, ldy);
 }
 #else
 typedef int td_kernels_x86_unused;

@@ -39,7 +39,8 @@ static guard *G(td_backend *b) { return b->impl; }
 static void open_all(td_backend *b) {
     guard *g = G(b);
     if (g->top && mprotect(g->base, g->top, PROT_READ | PROT_WRITE) != 0) TD_ASSERT(!"guard: mprotect RW failed");
-    g->cpu->isa = b->isa; /* the engine may pick the ISA and precision after creation */
+    g->cpu->isa = b->isa; /* the engine may pick the ISA, tuning and precision after creation */
+    g->cpu->tune = b->tune;
     g->cpu->precision = b->precision;
 }
 static void close_all(td_backend *b) {
@@ -260,6 +261,7 @@ int td_backend_guard_create(int n_threads, td_backend **out, td_err *err) {
     if (rc) { td_backend_free(b); return rc; }
     b->n_threads = g->cpu->n_threads;
     b->isa = g->cpu->isa;
+    b->tune = g->cpu->tune;
     *out = b;
     return TD_OK;
 }
