@@ -44,8 +44,9 @@ static uint8_t rand_fp8_scale(void) { /* positive, normal, moderate: 2^-4 .. 2^3
     return (uint8_t)(((3 + rnd() % 8) << 3) | (rnd() & 7));
 }
 
-typedef enum { C_F32, C_BF16, C_F16, C_F8T, C_F8B, C_F8CH, C_FP4MO, C_FP4CT, C_Q8, C_COUNT } wcase;
-static const char *case_names[C_COUNT] = {"f32", "bf16", "f16", "fp8-tensor", "fp8-block128", "fp8-channel", "nvfp4-modelopt", "nvfp4-ct", "q8"};
+typedef enum { C_F32, C_BF16, C_F16, C_F8T, C_F8B, C_F8CH, C_FP4MO, C_FP4CT, C_Q8, C_F8BX, C_COUNT } wcase;
+static const char *case_names[C_COUNT] = {"f32", "bf16", "f16", "fp8-tensor", "fp8-block128", "fp8-channel", "nvfp4-modelopt", "nvfp4-ct", "q8",
+                                          "fp8-block3x48" /* blocks that are not powers of two: the kernels divide */};
 
 typedef struct {
     td_tensor t;
@@ -81,7 +82,7 @@ static void make_w(wcase c, int64_t N, int64_t K, wmat *w) {
         }
         w->t.dtype = c == C_BF16 ? TD_DTYPE_BF16 : TD_DTYPE_F16; w->data = d; break;
     }
-    case C_F8T: case C_F8B: case C_F8CH: {
+    case C_F8T: case C_F8B: case C_F8CH: case C_F8BX: {
         uint8_t *d = malloc((size_t)(N * K));
         for (int64_t i = 0; i < N * K; i++) d[i] = rand_fp8();
         w->t.dtype = TD_DTYPE_F8_E4M3; w->data = d;
@@ -90,7 +91,7 @@ static void make_w(wcase c, int64_t N, int64_t K, wmat *w) {
             for (int64_t i = 0; i < N * K; i++) w->deq[i] = ref_e4m3(d[i]) * (double)w->t.scale_f;
             break;
         }
-        int64_t bn = c == C_F8B ? 128 : 1, bk = c == C_F8B ? 128 : K;
+        int64_t bn = c == C_F8B ? 128 : c == C_F8BX ? 3 : 1, bk = c == C_F8B ? 128 : c == C_F8BX ? 48 : K;
         int64_t sr = (N + bn - 1) / bn, sc = (K + bk - 1) / bk;
         float *s = malloc(sizeof(float) * (size_t)(sr * sc));
         for (int64_t i = 0; i < sr * sc; i++) s[i] = 0.001f + 0.01f * (float)(rnd() % 100);

@@ -22,6 +22,8 @@ typedef struct {
     int64_t K, row_bytes;
     const td_tensor *W;       /* fp8 block scales */
     int64_t bn, bk, sc;
+    int bnsh, bksh;           /* n / bn, i / bk as shifts where they are (powers of two; bk >= K: i / bk = 0
+                                 = i >> 62), else -1: divide (a division per 16 weights was most of FP8's decode) */
     float post;               /* final multiplier, 1 = none */
 } wd;
 
@@ -32,13 +34,16 @@ static const float e2m1_lut[16] __attribute__((unused)) = {0.0f, 0.5f, 1.0f, 1.5
 
 static inline float block_scale_val(const wd *d, int64_t n, int64_t i) {
     const td_tensor *W = d->W;
-    int64_t idx = (n / d->bn) * d->sc + i / d->bk;
+    const int64_t idx = (d->bnsh >= 0 ? n >> d->bnsh : n / d->bn) * d->sc + (d->bksh >= 0 ? i >> d->bksh : i / d->bk);
     switch (W->scales_dtype) {
     case TD_DTYPE_F32: return ((const float *)W->scales)[idx];
     case TD_DTYPE_BF16: return td_bf16_to_f32(((const uint16_t *)W->scales)[idx]);
     default: return td_f16_to_f32(((const uint16_t *)W->scales)[idx]);
     }
 }
+
+/* log2(v) for a power of two v >= 1, else -1 */
+static inline int pow2_shift(int64_t v) { return v >= 1 && (v & (v - 1)) == 0 ? __builtin_ctzll((unsigned long long)v) : -1; }
 
 static inline int setup(const td_tensor *W, wd *d) {
     memset(d, 0, sizeof *d);
@@ -56,6 +61,8 @@ static inline int setup(const td_tensor *W, wd *d) {
         d->bn = W->scale_block[0];
         d->bk = W->scale_block[1];
         d->sc = (d->K + d->bk - 1) / d->bk;
+        d->bnsh = pow2_shift(d->bn);
+        d->bksh = d->bk >= d->K ? 62 : pow2_shift(d->bk);
         return KF8B;
     case TD_DTYPE_Q8:
         d->row_bytes = d->K;
