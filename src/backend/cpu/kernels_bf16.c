@@ -82,12 +82,28 @@ TBF INL void stilebf(const wd *d, const int kind, const int RN, const int RM, co
     __m512 a[4][6];
     for (int r = 0; r < RN; r++)
         for (int q = 0; q < RM; q++) a[r][q] = _mm512_loadu_ps(acc + r * ar + q * 16);
-    int64_t off = 0;
+    int64_t off = 0, snext = k0;
+    float cur[4] = {0}, slo[4] = {0}, shi[4] = {0}; /* KF8B: block scales x 256 of the two 16-chunks, fetched where a
+                                                       block starts (as kernels_x86.c's stile512) */
     for (int64_t i = k0; i < k1; i += 32, off += step32) {
         if ((off & 63) == 0)
             for (int r = 0; r < RN; r++) _mm_prefetch((const char *)pf[r] + off, _MM_HINT_T0);
+        if (kind == KF8B) {
+            for (int h = 0; h < 2; h++) {
+                const int64_t c = i + 16 * h;
+                if (c >= snext) {
+                    for (int r = 0; r < RN; r++) cur[r] = block_scale_val(d, n + r, c) * 256.0f;
+                    snext = block_scale_next(d, c);
+                }
+                for (int r = 0; r < RN; r++) (h ? shi : slo)[r] = cur[r];
+            }
+        }
         __m512bh w[4];
-        for (int r = 0; r < RN; r++) w[r] = wbf32(d, kind, row[r], n + r, i, 32);
+        for (int r = 0; r < RN; r++)
+            w[r] = kind == KF8B ? _mm512_cvtne2ps_pbh(
+                                      _mm512_mul_ps(f8x16_512(_mm_loadu_si128((const __m128i *)(row[r] + i + 16))), _mm512_set1_ps(shi[r])),
+                                      _mm512_mul_ps(f8x16_512(_mm_loadu_si128((const __m128i *)(row[r] + i))), _mm512_set1_ps(slo[r])))
+                                : wbf32(d, kind, row[r], n + r, i, 32);
         for (int q = 0; q < RM; q++) {
             const __m512bh xv = (__m512bh)_mm512_loadu_si512((const void *)(xr[q] + i));
             for (int r = 0; r < RN; r++) a[r][q] = _mm512_dpbf16_ps(a[r][q], xv, w[r]);

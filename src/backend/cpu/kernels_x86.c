@@ -137,12 +137,19 @@ T512 INL void stile512(const wd *d, const int kind, const int RN, const int RM, 
     __m512 a[4][6];
     for (int r = 0; r < RN; r++)
         for (int q = 0; q < RM; q++) a[r][q] = _mm512_loadu_ps(acc + r * ar + q * 16);
-    int64_t off = 0;
+    float sv[4] = {0}; /* KF8B: each row's block scale x 256, fetched where a block starts (the same value w16_512 uses) */
+    int64_t off = 0, snext = k0;
     for (int64_t i = k0; i < k1; i += 16, off += step) {
         if ((off & 63) == 0)
             for (int r = 0; r < RN; r++) _mm_prefetch((const char *)pf[r] + off, _MM_HINT_T0);
+        if (kind == KF8B && i >= snext) {
+            for (int r = 0; r < RN; r++) sv[r] = block_scale_val(d, n + r, i) * 256.0f;
+            snext = block_scale_next(d, i);
+        }
         __m512 w[4];
-        for (int r = 0; r < RN; r++) w[r] = w16_512(d, kind, row[r], n + r, i);
+        for (int r = 0; r < RN; r++)
+            w[r] = kind == KF8B ? _mm512_mul_ps(f8x16_512(_mm_loadu_si128((const __m128i *)(row[r] + i))), _mm512_set1_ps(sv[r]))
+                                : w16_512(d, kind, row[r], n + r, i);
         for (int q = 0; q < RM; q++) {
             const __m512 xv = _mm512_loadu_ps(xr[q] + i);
             for (int r = 0; r < RN; r++) a[r][q] = _mm512_fmadd_ps(xv, w[r], a[r][q]);
@@ -321,6 +328,13 @@ T256 INL v16 w16_256(const wd *d, const int kind, const uint8_t *row, int64_t n,
     }
 }
 
+/* 16 FP8 weights at p times s (the block scale x 256): w16_256's KF8B with the scale given. */
+T256 INL v16 f8b16_256(const uint8_t *p, float s) {
+    v16 v = f8x16_256(_mm_loadu_si128((const __m128i *)p));
+    const __m256 sc = _mm256_set1_ps(s);
+    return (v16){_mm256_mul_ps(v.lo, sc), _mm256_mul_ps(v.hi, sc)};
+}
+
 T256 INL void tile256(const wd *d, const int kind, const int RN, const int RM, const float *x, int m, int64_t n, float *y, int64_t ldy) {
     const int64_t K = d->K;
     __m256 lo[4][5], hi[4][5]; /* RN x RM <= 4 x 2, or 1 x 5 (qverify256) */
@@ -335,22 +349,28 @@ T256 INL void tile256(const wd *d, const int kind, const int RN, const int RM, c
      * hardware prefetchers alone leave too few lines in flight for 4 short interleaved rows (the
      * AVX-512 tiles with the same scheme, decode on the 27B-shaped test model: FP8 +30-38%, BF16 +5-12%). */
     const int64_t step = 16 * d->row_bytes / K, pf = RN * d->row_bytes;
-    int64_t off = 0;
+    int64_t off = 0, snext = 0;
+    float sv[4] = {0}; /* KF8B: each row's block scale x 256, fetched where a block starts (as stile512) */
+#define W16(r_) (kind == KF8B ? f8b16_256(row[r_] + i, sv[r_]) : w16_256(d, kind, row[r_], n + (r_), i))
     for (; i + 16 <= K; i += 16, off += step) {
         v16 w[4];
         if ((off & 63) == 0)
             for (int r = 0; r < RN; r++) _mm_prefetch((const char *)row[r] + off + pf, _MM_HINT_T0);
+        if (kind == KF8B && i >= snext) {
+            for (int r = 0; r < RN; r++) sv[r] = block_scale_val(d, n + r, i) * 256.0f;
+            snext = block_scale_next(d, i);
+        }
         if (RM == 1) { /* decode: each row's weights used as soon as they are converted, so at most
                           one row's are live (all four at once spilled q8's to the stack) */
             const __m256 xl = _mm256_loadu_ps(xr[0] + i), xh = _mm256_loadu_ps(xr[0] + i + 8);
             for (int r = 0; r < RN; r++) {
-                const v16 wr = w16_256(d, kind, row[r], n + r, i);
+                const v16 wr = W16(r);
                 lo[r][0] = _mm256_fmadd_ps(xl, wr.lo, lo[r][0]);
                 hi[r][0] = _mm256_fmadd_ps(xh, wr.hi, hi[r][0]);
             }
             continue;
         }
-        for (int r = 0; r < RN; r++) w[r] = w16_256(d, kind, row[r], n + r, i);
+        for (int r = 0; r < RN; r++) w[r] = W16(r);
         for (int q = 0; q < RM; q++) {
             __m256 xl = _mm256_loadu_ps(xr[q] + i), xh = _mm256_loadu_ps(xr[q] + i + 8);
             for (int r = 0; r < RN; r++) {
@@ -359,6 +379,7 @@ T256 INL void tile256(const wd *d, const int kind, const int RN, const int RM, c
             }
         }
     }
+#undef W16
     if (i < K) {
         int rem = (int)(K - i);
         float wb[16], xb[16] = {0};
