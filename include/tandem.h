@@ -80,7 +80,7 @@ typedef struct td_engine_opts {
     int isa;             /* CPU kernels of this engine: 0 = the best the CPU has, 1 = portable C, 2 = AVX2,
                             3 = AVX-512 (TD_ERR_UNSUPPORTED when the CPU lacks it); all give the same
                             tokens, AVX2 and AVX-512 the same bits */
-    int kernel_tune;     /* CPU kernels' tile shapes: 0 = this CPU's (AMD CPUs: 2), 1 = default (tuned on Intel),
+    int kernel_tune;     /* CPU kernels' tile shapes: 0 = this CPU's (AMD Zen 5+: 2), 1 = default (tuned on Intel),
                             2 = AMD (tuned on an EPYC Zen 5); the same bits whichever, only the speed differs */
     const char *backend; /* "cpu" (NULL: $TANDEM_BACKEND, else cpu) or "guard" (tests: the CPU ops with all
                             backend memory inaccessible to host code; see src/backend/README.md) */

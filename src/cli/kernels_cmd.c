@@ -38,7 +38,7 @@ static int usage(void) {
            "  --prefill-at N      the prefill rows after a prompt of N tokens, 0..1048576 (default 0): a prompt tail\n"
            "                      after a prefix-cache hit (the N tokens are prefilled first, untimed, in chunks of 4096)\n"
            "  --isa c|avx2|avx512 model rows on this ISA (default: the best the CPU has)\n"
-           "  --tune default|amd  model rows with these kernel tile choices (default: this CPU's, amd on AMD CPUs;\n"
+           "  --tune default|amd  model rows with these kernel tile choices (default: this CPU's, amd on AMD Zen 5+;\n"
            "                      the same bits either way)\n"
            "  --quantize none|q8  model weights to int8 at load (default none)\n"
            "  --precision f32|bf16 model runs with f32 (default) or bf16 matmul activations\n"

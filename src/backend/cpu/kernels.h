@@ -52,7 +52,7 @@ bool td_kernels_have_isa(td_isa i);
  * Like the ISA, each backend holds its own (td_backend.tune). */
 typedef enum { TD_TUNE_DEFAULT = 0, TD_TUNE_AMD, TD_TUNE_COUNT } td_tune;
 const char *td_tune_name(td_tune t);
-/* TD_TUNE_AMD on AMD CPUs, else TD_TUNE_DEFAULT. */
+/* TD_TUNE_AMD on AMD Zen 5 and later (family 0x1a+), else TD_TUNE_DEFAULT. */
 td_tune td_kernels_best_tune(void);
 
 /* Whether the kernels take W (dtype, shape, scale layout). */
