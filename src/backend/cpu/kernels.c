@@ -195,7 +195,7 @@ const char *td_tune_name(td_tune t) { return t == TD_TUNE_AMD ? "amd" : "default
 
 td_tune td_kernels_best_tune(void) {
 #if defined(__x86_64__) && defined(__GNUC__)
-    unsigned a, b, c, d;
+    unsigned a = 0, b = 0, c = 0, d = 0;
     /* vendor "AuthenticAMD" in EBX, EDX, ECX of leaf 0; family 0x1a (Zen 5) or later in leaf 1: the AMD
        tuning was measured on Zen 5 only (Zen 3 and 4, family 0x19, keep the default, measured there before) */
     if (__get_cpuid(0, &a, &b, &c, &d) && b == 0x68747541u && d == 0x69746e65u && c == 0x444d4163u && __get_cpuid(1, &a, &b, &c, &d)) {
