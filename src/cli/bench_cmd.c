@@ -10,6 +10,7 @@
 #include "cli/cli.h"
 #include "cli/opts.h"
 #include "engine/engine.h"
+#include "backend/cpu/kernels.h"
 #include "spec/calibrate.h"
 
 typedef struct bench_cli {
@@ -167,8 +168,10 @@ static void machine_line(char *buf, size_t n) {
     while (f && fgets(line, sizeof line, f))
         if (sscanf(line, "MemTotal: %llu", &mem) == 1) break;
     if (f) fclose(f);
-    snprintf(buf, n, "Machine: %s, %ld cores online, %.1f GiB RAM, 1-minute load average %.2f at the start.", model,
-             sysconf(_SC_NPROCESSORS_ONLN), (double)mem / (1024.0 * 1024.0), td_bench_load1());
+    /* the CPU kernels this machine runs by default (in-process runs; --isa/--tune exist on tandem kernels) */
+    snprintf(buf, n, "Machine: %s, %ld cores online, %.1f GiB RAM, CPU kernels %s (tuning %s), 1-minute load average %.2f at the start.",
+             model, sysconf(_SC_NPROCESSORS_ONLN), (double)mem / (1024.0 * 1024.0), td_isa_name(td_kernels_best_isa()),
+             td_tune_name(td_kernels_best_tune()), td_bench_load1());
 }
 
 static void progress(int i, int total, double t0, const char *what, double tps) {
