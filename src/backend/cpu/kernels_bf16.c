@@ -89,14 +89,10 @@ TBF INL void stilebf(const wd *d, const int kind, const int RN, const int RM, co
         if ((off & 63) == 0)
             for (int r = 0; r < RN; r++) _mm_prefetch((const char *)pf[r] + off, _MM_HINT_T0);
         if (kind == KF8B) {
-            for (int h = 0; h < 2; h++) {
-                const int64_t c = i + 16 * h;
-                if (c >= snext) {
-                    for (int r = 0; r < RN; r++) cur[r] = block_scale_val(d, n + r, c) * 256.0f;
-                    snext = block_scale_next(d, c);
-                }
-                for (int r = 0; r < RN; r++) (h ? shi : slo)[r] = cur[r];
-            }
+            block_scales_at(d, n, RN, i, cur, &snext);
+            memcpy(slo, cur, sizeof slo);
+            block_scales_at(d, n, RN, i + 16, cur, &snext); /* a block may start half way (blocks of 16, 48, ...) */
+            memcpy(shi, cur, sizeof shi);
         }
         __m512bh w[4];
         for (int r = 0; r < RN; r++)

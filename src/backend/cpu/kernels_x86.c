@@ -142,10 +142,7 @@ T512 INL void stile512(const wd *d, const int kind, const int RN, const int RM, 
     for (int64_t i = k0; i < k1; i += 16, off += step) {
         if ((off & 63) == 0)
             for (int r = 0; r < RN; r++) _mm_prefetch((const char *)pf[r] + off, _MM_HINT_T0);
-        if (kind == KF8B && i >= snext) {
-            for (int r = 0; r < RN; r++) sv[r] = block_scale_val(d, n + r, i) * 256.0f;
-            snext = block_scale_next(d, i);
-        }
+        if (kind == KF8B) block_scales_at(d, n, RN, i, sv, &snext);
         __m512 w[4];
         for (int r = 0; r < RN; r++)
             w[r] = kind == KF8B ? _mm512_mul_ps(f8x16_512(_mm_loadu_si128((const __m128i *)(row[r] + i))), _mm512_set1_ps(sv[r]))
@@ -356,10 +353,7 @@ T256 INL void tile256(const wd *d, const int kind, const int RN, const int RM, c
         v16 w[4];
         if ((off & 63) == 0)
             for (int r = 0; r < RN; r++) _mm_prefetch((const char *)row[r] + off + pf, _MM_HINT_T0);
-        if (kind == KF8B && i >= snext) {
-            for (int r = 0; r < RN; r++) sv[r] = block_scale_val(d, n + r, i) * 256.0f;
-            snext = block_scale_next(d, i);
-        }
+        if (kind == KF8B) block_scales_at(d, n, RN, i, sv, &snext);
         if (RM == 1) { /* decode: each row's weights used as soon as they are converted, so at most
                           one row's are live (all four at once spilled q8's to the stack) */
             const __m256 xl = _mm256_loadu_ps(xr[0] + i), xh = _mm256_loadu_ps(xr[0] + i + 8);

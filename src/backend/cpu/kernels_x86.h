@@ -52,6 +52,15 @@ static inline int64_t block_scale_next(const wd *d, int64_t i) {
     return ((d->bksh >= 0 && d->bksh < 62 ? i >> d->bksh : i / d->bk) + 1) * d->bk;
 }
 
+/* FP8 block scales of rows n .. n + rn - 1 at column i, times 256, into sv,
+ * fetched only when i reaches *next (the first column of the next block;
+ * start it at the tile's first column). */
+static inline void block_scales_at(const wd *d, int64_t n, int rn, int64_t i, float *sv, int64_t *next) {
+    if (i < *next) return;
+    for (int r = 0; r < rn; r++) sv[r] = block_scale_val(d, n + r, i) * 256.0f;
+    *next = block_scale_next(d, i);
+}
+
 static inline int setup(const td_tensor *W, wd *d) {
     memset(d, 0, sizeof *d);
     d->W = W;
