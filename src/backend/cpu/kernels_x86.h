@@ -49,7 +49,7 @@ static inline int pow2_shift(int64_t v) { return v >= 1 && (v & (v - 1)) == 0 ? 
  * stream a row fetch its scale once per block, not per 16 weights (the fetch
  * per 16 weights had FP8 decode at 16 tokens/s where the weights stream at 38). */
 static inline int64_t block_scale_next(const wd *d, int64_t i) {
-    return ((d->bksh >= 0 && d->bksh < 62 ? i >> d->bksh : i / d->bk) + 1) * d->bk;
+    return ((d->bksh >= 0 ? i >> d->bksh : i / d->bk) + 1) * d->bk; /* bk >= K: i >> 62 = 0, so bk */
 }
 
 /* FP8 block scales of rows n .. n + rn - 1 at column i, times 256, into sv,
