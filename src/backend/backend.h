@@ -178,7 +178,7 @@ struct td_backend {
                 creation, and one the CPU has whoever sets it (td_kernels_have_isa) */
     int tune; /* CPU: the td_tune of its matmul kernels (backend/cpu/kernels.h): this CPU's at creation; any
                  td_tune gives the same bits */
-    int precision; /* td_precision (tandem.h): the matmul activations; CPU BF16 needs AVX-512 BF16 */
+    int precision; /* td_precision (tandem.h): the matmul activations; CPU BF16 needs AVX-512 BF16; INT8 applies to q8 weights */
     bool batch_invariant; /* CUDA: every kernel keeps its fixed reduction order (td_engine_opts.batch_invariant);
                              false (the default) lets prefill matmuls use tensor cores. Set before the first
                              alloc. The CPU and guard backends are batch-invariant whatever it says. */

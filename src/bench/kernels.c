@@ -164,7 +164,7 @@ static int bench_model(const kbench_opts *o, double bw, FILE *out) {
     fprintf(out, "\n## model %s: %.0f MB read per decode step (weights without the embedding table), backend %s, %d threads, isa %s, tuning %s, precision %s\n\n",
             o->model_dir ? o->model_dir : o->random_config, (double)rb / 1e6, td_engine_backend(eng)->ops->name, td_engine_backend(eng)->n_threads, td_isa_name((td_isa)td_engine_backend(eng)->isa),
             td_tune_name((td_tune)td_engine_backend(eng)->tune),
-            td_engine_backend(eng)->precision == TD_PRECISION_BF16 ? "bf16" : "f32");
+            td_engine_backend(eng)->precision == TD_PRECISION_BF16 ? "bf16" : td_engine_backend(eng)->precision == TD_PRECISION_INT8 ? "int8" : "f32");
     /* state: a prompt of `at` tokens (16 by default), in chunks of 4096 */
     int rc = 0;
     for (int p0 = 0; p0 < at && !rc; p0 += 4096) {

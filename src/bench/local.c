@@ -89,7 +89,7 @@ static int generate(bench_local *L, const int32_t *ids, int n, int depth, const 
     out->cond.engine_depth = L->engine_depth;
     out->cond.ignore_eos = p->ignore_eos;
     snprintf(out->cond.backend, sizeof out->cond.backend, "in-process%s",
-             td_engine_options(L->eng)->precision == TD_PRECISION_BF16 ? ", bf16 activations" : "");
+             td_engine_options(L->eng)->precision == TD_PRECISION_BF16 ? ", bf16 activations" : td_engine_options(L->eng)->precision == TD_PRECISION_INT8 ? ", int8 activations" : "");
     return TD_OK;
 }
 

@@ -10,7 +10,7 @@ static int usage(void) {
     printf("usage: tandem kernels [-m DIR] [-t THREADS] [--reps N] [--probe-mb MB] [--mm-mb MB] [--mm-k K]\n"
            "                      [--dtype bf16|f32|f16|fp8|nvfp4] [--prefill 512,4096] [--max-k 8] [--decode-at N] [--prefill-at N] [--isa c|avx2|avx512]\n"
            "                      [--tune default|amd]\n"
-           "                      [--quantize none|q8] [--precision f32|bf16] [--device cpu|guard|cuda] [--enforce-eager] [--batch-invariant]\n"
+           "                      [--quantize none|q8] [--precision f32|bf16|int8] [--device cpu|guard|cuda] [--enforce-eager] [--batch-invariant]\n"
            "                      [--mmap] [--random-config FILE [--mtp-mix F] [--hidden N] [--layers N] [--vocab N]]\n"
            "  bandwidth probe, matmul GB/s per ISA and M = 1..16 on a synthetic weight (--mm-mb 0 skips it),\n"
            "  and with -m or --random-config: decode tokens/s (depth 0), verify cost t(k+1)/t(1), prefill tokens/s\n"
@@ -41,7 +41,7 @@ static int usage(void) {
            "  --tune default|amd  model rows with these kernel tile choices (default: this CPU's, amd on AMD Zen 5+;\n"
            "                      the same bits either way)\n"
            "  --quantize none|q8  model weights to int8 at load (default none)\n"
-           "  --precision f32|bf16 model runs with f32 (default) or bf16 matmul activations\n"
+           "  --precision f32|bf16|int8 model runs with f32 (default), bf16 or int8 (q8 weights) matmul activations\n"
            "  -v, --verbose       errors with their source location\n"
            "  -h, --help          this help\n");
     return 0;
@@ -130,7 +130,8 @@ int td_cmd_kernels(int argc, char **argv) {
         else if (!strcmp(a, "--precision")) {
             if (!strcmp(v, "bf16")) o.precision = TD_PRECISION_BF16;
             else if (!strcmp(v, "f32")) o.precision = TD_PRECISION_F32;
-            else { fprintf(stderr, "tandem kernels: --precision must be f32 or bf16, got \"%s\"\n", v); return 2; }
+            else if (!strcmp(v, "int8")) o.precision = TD_PRECISION_INT8;
+            else { fprintf(stderr, "tandem kernels: --precision must be f32, bf16 or int8, got \"%s\"\n", v); return 2; }
         }
         else if (!strcmp(a, "--quantize")) {
             if (!strcmp(v, "q8")) o.quantize = 1;

@@ -113,10 +113,11 @@ int td_common_opts_parse(common_opts *o, int argc, char **argv, int *i) {
         o->deltanet_chunk = (int)v; TAKE(); return 1;
     }
     if (!strcmp(a, "--precision")) {
-        if (!val) return bad(a, val, "f32 or bf16");
+        if (!val) return bad(a, val, "f32, bf16 or int8");
         if (!strcmp(val, "f32") || !strcmp(val, "float32")) o->precision = TD_PRECISION_F32;
         else if (!strcmp(val, "bf16") || !strcmp(val, "bfloat16")) o->precision = TD_PRECISION_BF16;
-        else return bad(a, val, "f32 or bf16");
+        else if (!strcmp(val, "int8")) o->precision = TD_PRECISION_INT8;
+        else return bad(a, val, "f32, bf16 or int8");
         TAKE(); return 1;
     }
     if (!strcmp(a, "--quantize")) {
@@ -173,8 +174,9 @@ const char *td_common_opts_help(void) {
            "  -c, --max-model-len N|auto  context window, 1..16M tokens (130k = 130000, 128K = 131072); auto = largest\n"
            "                            that fits (default: the model's max_position_embeddings, at most 32768)\n"
            "  --kv-cache-dtype auto|f32|bf16|fp8  KV storage (default auto = f32 on CPU; fp8 = e4m3, per-token per-head scales)\n"
-           "  --precision f32|bf16      matmul activations: f32 (default, the reference) or bf16 (AVX-512 BF16\n"
-           "                            dot products: faster prefill, within a stated tolerance; lossless drafting kept)\n"
+           "  --precision f32|bf16|int8 matmul activations: f32 (default, the reference), bf16 (AVX-512 BF16\n"
+           "                            dot products: faster prefill) or int8 (with --quantize q8: W8A8 integer dot\n"
+           "                            products, faster on AVX2); within a stated tolerance, lossless drafting kept\n"
            "  --quantize none|q8        q8: BF16/F16/F32 linear weights to int8 at load, F32 scale per 32 inputs (default none)\n"
            "  --device cpu|cuda         where the model runs: cpu (default) or cuda (an NVIDIA GPU; a build with\n"
            "                            make CUDA=1); the same as --backend cpu|cuda\n"

@@ -298,7 +298,7 @@ int td_cmd_serve(int argc, char **argv) {
     if (td_srv_set_model(s, &m, &err)) { td_cli_error("tandem serve", &err); goto out; }
     fprintf(stderr, "tandem serve: ready on http://%s%s%s:%d: model \"%s\" (%s), max_model_len %d, backend %s%s, spec depth %s%d, max_num_seqs %d, max_queue %d%s\n",
             v6 ? "[" : "", cfg.host, v6 ? "]" : "", td_srv_port(s), cfg.served_model_name, mi.model_type ? mi.model_type : "?",
-            mi.max_position_embeddings, mi.backend, eo.precision == TD_PRECISION_BF16 ? " (bf16 activations)" : "", cfg.spec_auto ? "auto, at most " : "", cfg.spec_depth, so.max_num_seqs, so.max_queue, cfg.api_key ? ", API key required" : "");
+            mi.max_position_embeddings, mi.backend, eo.precision == TD_PRECISION_BF16 ? " (bf16 activations)" : eo.precision == TD_PRECISION_INT8 ? " (int8 activations)" : "", cfg.spec_auto ? "auto, at most " : "", cfg.spec_depth, so.max_num_seqs, so.max_queue, cfg.api_key ? ", API key required" : "");
     fflush(stderr);
 
     int sig = 0;

@@ -53,8 +53,16 @@ static int setup_backend(td_engine *e, td_err *err) {
         goto fail;
     }
     if (e->opts.kernel_tune) e->backend->tune = e->opts.kernel_tune - 1;
-    if (e->opts.precision != TD_PRECISION_F32 && e->opts.precision != TD_PRECISION_BF16) {
-        rc = TD_FAIL(err, TD_ERR_ARG, "precision %d (0 f32, 1 bf16)", (int)e->opts.precision);
+    if (e->opts.precision != TD_PRECISION_F32 && e->opts.precision != TD_PRECISION_BF16 && e->opts.precision != TD_PRECISION_INT8) {
+        rc = TD_FAIL(err, TD_ERR_ARG, "precision %d (0 f32, 1 bf16, 2 int8)", (int)e->opts.precision);
+        goto fail;
+    }
+    if (e->opts.precision == TD_PRECISION_INT8 && e->opts.quantize != TD_QUANT_Q8) {
+        rc = TD_FAIL(err, TD_ERR_ARG, "--precision int8 needs --quantize q8 (it multiplies the q8 weights by int8 activations)");
+        goto fail;
+    }
+    if (e->opts.precision == TD_PRECISION_INT8 && strcmp(e->backend->ops->name, "cpu") && strcmp(e->backend->ops->name, "guard")) {
+        rc = TD_FAIL(err, TD_ERR_UNSUPPORTED, "--precision int8 runs on the CPU backend only (this one: %s)", e->backend->ops->name);
         goto fail;
     }
     if (e->opts.precision == TD_PRECISION_BF16 && (e->backend->isa != TD_ISA_AVX512 || !td_kernels_have_bf16())) {

@@ -298,6 +298,93 @@ static void test_case_bf16(wcase c, int64_t N, int64_t K) {
     bufs_free(&cb);
 }
 
+/* --precision int8 (kernels_int8.c) for q8 weights, on every ISA this CPU has:
+ * - the activation rounding, recomputed here from x: |y - ref_q| <= 1e-5 *
+ *   sum |x w| with ref_q the double sum over the quantized x (q = nearest-even
+ *   of x * (127 / amax), scale amax / 127 per 32-block), and against the
+ *   double reference of x itself within half a step per element:
+ *   |y - ref| <= sum |w| * s / 2 (+ 1e-5 relative);
+ * - every ISA gives the same bits (C reference, AVX2, AVX-512 with VNNI where
+ *   the CPU has it), and the same batch / prefill-row / thread invariance;
+ * - the result differs from the f32 path (the int8 path really ran). */
+static void test_case_int8(int64_t N, int64_t K, const td_isa *isas, int n_isas) {
+    case_bufs cb;
+    bufs_new(C_Q8, N, K, &cb);
+    const int MBIG = CASE_MBIG, nb = (int)(K / 32);
+    wmat w = cb.w;
+    float *x = cb.x, *y16 = cb.y16, *y = cb.y, *yf = cb.aux, *row1 = cb.row1;
+    for (int64_t i = 0; i < K && i < 64; i++) x[i] = 0.0f;       /* row 0: zero blocks (scale 0) */
+    for (int64_t i = 0; i < K; i += 7) x[K + i] = 127.0f / 254.0f; /* row 1: ties x * 127 / amax = k + 0.5 */
+    if (K >= 32) x[K + 31] = 1.0f;
+    float *first = malloc(sizeof(float) * (size_t)(16 * N));
+    for (int ii = 0; ii < n_isas; ii++) {
+        for (int t = 1; t <= 3; t++) bk[t]->isa = (int)isas[ii], bk[t]->precision = TD_PRECISION_F32;
+        run_mm(2, &w.t, x, 16, yf);
+        for (int t = 1; t <= 3; t++) bk[t]->precision = TD_PRECISION_INT8;
+        run_mm(2, &w.t, x, 16, y16);
+        const char *in = td_isa_name(isas[ii]);
+        double worst = 0, worst_q = 0;
+        int bad = 0, bad_q = 0;
+        for (int m = 0; m < 16; m++)
+            for (int64_t n = 0; n < N; n++) {
+                double ref = 0, refq = 0, mag = 0, half = 0;
+                for (int b = 0; b < nb; b++) {
+                    const float *xb = x + m * K + b * 32;
+                    float amax = 0.0f;
+                    for (int j = 0; j < 32; j++) amax = fabsf(xb[j]) > amax ? fabsf(xb[j]) : amax;
+                    const float s = amax / 127.0f, id = amax > 0.0f ? 127.0f / amax : 0.0f;
+                    for (int j = 0; j < 32; j++) {
+                        const double wv = w.deq[n * K + b * 32 + j];
+                        const double q = amax > 0.0f ? nearbyint((double)(xb[j] * id)) : 0.0;
+                        ref += (double)xb[j] * wv, refq += q * (double)s * wv, mag += fabs((double)xb[j] * wv);
+                        half += fabs(wv) * 0.5 * s;
+                    }
+                }
+                const double yv = y16[m * N + n], e = fabs(yv - ref), eq = fabs(yv - refq);
+                if (e / (mag + 1e-30) > worst) worst = e / (mag + 1e-30);
+                if (eq / (mag + 1e-30) > worst_q) worst_q = eq / (mag + 1e-30);
+                bad += !(e <= half * (1 + 1e-5) + 1e-5 * mag);
+                bad_q += !(eq <= 1e-5 * mag + 1e-30);
+            }
+        CHECK(bad == 0, "int8 %s N=%lld K=%lld: %d outputs beyond half a step of the double reference (worst rel %.3g)", in, (long long)N,
+              (long long)K, bad, worst);
+        CHECK(bad_q == 0, "int8 %s N=%lld K=%lld: %d outputs off the reference of the quantized x (worst rel %.3g)", in, (long long)N,
+              (long long)K, bad_q, worst_q);
+        CHECK(memcmp(yf, y16, sizeof(float) * (size_t)(16 * N)) != 0, "int8 %s: the result equals the f32 path's", in);
+        int diff_m, diff_rows, diff_t;
+        invariance(&w.t, x, N, K, MBIG, y16, y, row1, &diff_m, &diff_rows, &diff_t);
+        CHECK(diff_m == 0 && diff_rows == 0 && diff_t == 0, "int8 %s N=%lld K=%lld: %d batch sizes, %d prefill rows, %d thread counts differ",
+              in, (long long)N, (long long)K, diff_m, diff_rows, diff_t);
+        if (ii == 0) memcpy(first, y16, sizeof(float) * (size_t)(16 * N));
+        else
+            CHECK(memcmp(first, y16, sizeof(float) * (size_t)(16 * N)) == 0, "int8 N=%lld K=%lld: %s differs from %s", (long long)N,
+                  (long long)K, in, td_isa_name(isas[0]));
+    }
+    /* the activation quantizer alone: every ISA's bytes and scales equal the C reference's, on blocks
+       with zeros, ties, an infinity and a NaN (what a broken upstream layer could hand it) */
+    {
+        const int QM = 3;
+        float *qx = malloc(sizeof(float) * (size_t)(QM * K));
+        memcpy(qx, x, sizeof(float) * (size_t)(QM * K));
+        if (K >= 64) qx[2 * K + 3] = INFINITY, qx[2 * K + 40] = NAN;
+        int8_t *q0 = malloc((size_t)(4 * QM * K)), *a0 = q0 + QM * K, *q1 = a0 + QM * K, *a1 = q1 + QM * K;
+        float *s0 = malloc(sizeof(float) * (size_t)(2 * QM * nb)), *s1 = s0 + QM * nb;
+        td_x_to_q8(TD_ISA_C, qx, QM, K, q0, a0, s0);
+        for (int ii = 0; ii < n_isas; ii++) {
+            td_x_to_q8(isas[ii], qx, QM, K, q1, a1, s1);
+            CHECK(!memcmp(q0, q1, (size_t)(2 * QM * K)) && !memcmp(s0, s1, sizeof(float) * (size_t)(QM * nb)),
+                  "x_to_q8 K=%lld: %s differs from c", (long long)K, td_isa_name(isas[ii]));
+        }
+        int abs_ok = 1;
+        for (int64_t i = 0; i < QM * K; i++) abs_ok &= a0[i] == (q0[i] < 0 ? -q0[i] : q0[i]) && q0[i] >= -127;
+        CHECK(abs_ok, "x_to_q8 K=%lld: |q| or the range is wrong", (long long)K);
+        free(qx); free(q0); free(s0);
+    }
+    free(first);
+    for (int t = 1; t <= 3; t++) bk[t]->precision = TD_PRECISION_F32, bk[t]->isa = (int)td_kernels_best_isa();
+    bufs_free(&cb);
+}
+
 int main(void) {
     td_err err = {0};
     int fp8_same = 0; /* the constant fp8 table the SIMD kernels read == the format's definition */
@@ -399,6 +486,11 @@ int main(void) {
               dv, es / ms, eo / mo);
         free(S); free(R); free(K); free(Q); free(V); free(O); free(RO); free(scr);
     }
+    /* int8 activations: block counts odd and even, weight-row tails of every tile */
+    const int64_t i8_shapes[][2] = {{37, 32}, {9, 96}, {64, 256}, {13, 2080}, {130, 1024}};
+    for (int i = 0; i < 5; i++) test_case_int8(i8_shapes[i][0], i8_shapes[i][1], isas, n_isas);
+    printf("kernels: int8 activations on%s%s\n", n_isas > 2 && td_kernels_have_vnni() ? " (AVX-512 with VNNI)" : "",
+           n_isas > 1 ? "" : " the C path only");
     /* unsupported layouts are refused, not miscomputed */
     td_tensor t = {.dtype = TD_DTYPE_NVFP4, .ndim = 2, .shape = {4, 24}};
     CHECK(!td_matmul_supported(&t, NULL), "nvfp4 with K %% 16 != 0 accepted");

@@ -186,6 +186,8 @@ typedef struct {
     const td_tensor *W;
     const float *x;
     const uint16_t *xb; /* precision bf16: x rounded, rows of ldb */
+    const int8_t *xq, *xa; /* precision int8 with q8 weights: x quantized [M, K], |xq|, scales xs [M, K/32] */
+    const float *xs;
     int64_t ldb;
     float *y;
     int M, mb, n_mblocks, isa, tune;
@@ -199,7 +201,8 @@ static void matmul_task(void *ctx, int task) {
     if (n1 > j->N) n1 = j->N;
     int m0 = mbi * j->mb, m1 = m0 + j->mb;
     if (m1 > j->M) m1 = j->M;
-    if (j->xb) td_matmul_block_bf16(j->W, j->xb, j->ldb, m0, m1, n0, n1, j->y, j->N);
+    if (j->xq) td_matmul_block_i8((td_isa)j->isa, j->W, j->xq, j->xa, j->xs, m0, m1, n0, n1, j->y, j->N);
+    else if (j->xb) td_matmul_block_bf16(j->W, j->xb, j->ldb, m0, m1, n0, n1, j->y, j->N);
     else td_matmul_block((td_isa)j->isa, (td_tune)j->tune, j->W, j->x, m0, m1, n0, n1, j->y, j->N);
 }
 
@@ -222,11 +225,24 @@ static void cpu_matmul(td_backend *b, const td_tensor *W, const float *x, int M,
         td_x_to_bf16(x, M, K, j.ldb, xb);
         j.xb = xb;
     }
-    if ((double)M * (double)j.N * (double)K < 32768.0) matmul_task(&(matmul_job){.W = W, .x = x, .xb = xb, .ldb = j.ldb, .y = y,
+    void *xi = NULL;
+    if (b->precision == TD_PRECISION_INT8 && W->dtype == TD_DTYPE_Q8) { /* other weights: the f32 path */
+        const size_t qb = (size_t)M * (size_t)K;
+        xi = malloc(2 * qb + (size_t)M * (size_t)(K / 32) * sizeof(float));
+        TD_ASSERT(xi && "matmul: out of memory for the int8 activations");
+        int8_t *xq = xi, *xa = xq + qb;
+        float *xs = (float *)(void *)(xa + qb); /* K % 32 == 0: 4-byte aligned */
+        td_x_to_q8((td_isa)b->isa, x, M, K, xq, xa, xs);
+        j.xq = xq;
+        j.xa = xa;
+        j.xs = xs;
+    }
+    if ((double)M * (double)j.N * (double)K < 32768.0) matmul_task(&(matmul_job){.W = W, .x = x, .xb = xb, .ldb = j.ldb, .xq = j.xq, .xa = j.xa, .xs = j.xs, .y = y,
                                                                                .M = M, .mb = M, .n_mblocks = 1, .isa = b->isa, .tune = b->tune,
                                                                                .N = j.N, .rows = j.N}, 0); /* too small to share */
     else td_pool_for(pool_of(b), tasks, matmul_task, &j);
     free(xb);
+    free(xi);
 }
 
 /* ---- elementwise ----------------------------------------------------------- */

@@ -78,6 +78,18 @@ void td_matmul_block_bf16(const td_tensor *W, const uint16_t *xb, int64_t ldb, i
  * converted once per block). */
 #define TD_BF16_M_BLOCK 128
 
+/* INT8 activations (kernels_int8.c, `--precision int8`) for q8 weights:
+ * td_x_to_q8 quantizes x [M, K] (K % 32 == 0) per 32-block as the q8 weights
+ * are (s = absmax / 127): xq [M, K] int8, xa [M, K] = |xq|, xs [M, K/32];
+ * td_matmul_block_i8 is td_matmul_block for a TD_DTYPE_Q8 W on those rows,
+ * summing each block's products exactly in integers. Every isa gives the C
+ * reference's bits (AVX-512 with VNNI uses VPDPBUSD; the rule is in
+ * kernels_int8.c); same batch-invariance rule as the f32 kernels. */
+bool td_kernels_have_vnni(void);
+void td_x_to_q8(td_isa isa, const float *x, int M, int64_t K, int8_t *xq, int8_t *xa, float *xs);
+void td_matmul_block_i8(td_isa isa, const td_tensor *W, const int8_t *xq, const int8_t *xa, const float *xs, int m0, int m1, int64_t n0,
+                        int64_t n1, float *y, int64_t ldy);
+
 /* e4m3 (fn: no infinities, 0x7f/0xff NaN) byte -> float, exact. */
 float td_fp8_e4m3_to_f32(uint8_t b);
 

@@ -1,0 +1,179 @@
+/* INT8-activation matmul (`--precision int8`, td_backend.precision) for q8
+ * weights (--quantize q8: int8 with an f32 scale per 32 inputs): W8A8 as
+ * llama.cpp's Q8_0 x Q8_0. The activation rows are quantized the same way,
+ * once per matmul (td_x_to_q8), and each 32-block's product is summed exactly
+ * in integers with the CPU's byte dot-product instructions (AVX2 VPMADDUBSW +
+ * VPMADDWD: 32 products in 3 instructions, where the f32 path widens,
+ * converts and scales the weights and then needs 4 FMAs per activation row;
+ * VPDPBUSD where the CPU has AVX-512 VNNI). What prefill and verify gain on
+ * CPUs without BF16 dot products (AVX2-only EPYC guests: issue 18 item 4).
+ *
+ * Arithmetic, the same in every path (C reference, AVX2, VNNI):
+ *   activations, per row and 32-block: amax = max |x| (lanes 8 apart, then a
+ *   halving tree; max is exact), s = amax / 127, q = round-to-nearest-even of
+ *   clamp(x * (127 / amax), -127, 127); a block with amax not > 0 gets s = 0, q = 0.
+ *   output y[m,n]: 8 f32 lanes; for each block b in increasing order, lane j
+ *   takes acc_j = fma(ws[n,b] * xs[m,b], (float)p_j, acc_j) with p_j the exact
+ *   sum of the 4 products of elements 32b + 4j .. 32b + 4j + 3; then the lanes
+ *   4 apart, 2 apart, 1 apart are added (reduce8).
+ * So results do not depend on M, the tile, the thread split or the ISA
+ * (test_kernels: every ISA bit for bit against the C reference, every M
+ * against M = 1). They differ from the f32 path by the activation rounding:
+ * at most s/2 per element (test_kernels checks that bound against a double
+ * reference); test_demo and test_spec_int8 check the model and lossless
+ * drafting. */
+#include <math.h>
+#include <string.h>
+#include "backend/cpu/kernels_x86.h"
+#include "util/err.h"
+
+static inline float fmax_x86(float a, float b) { return a > b ? a : b; } /* MAXPS(a, b) */
+static inline float fmin_x86(float a, float b) { return a < b ? a : b; } /* MINPS(a, b) */
+
+/* One 32-block: the rule above, in the order the vector code takes. */
+static void quant_block_c(const float *x, int8_t *q, int8_t *a, float *s) {
+    float l[8];
+    for (int j = 0; j < 8; j++) {
+        /* max(max(v0, v1), max(v2, v3)) of the four 8-wide vectors */
+        float v0 = fabsf(x[j]), v1 = fabsf(x[j + 8]), v2 = fabsf(x[j + 16]), v3 = fabsf(x[j + 24]);
+        l[j] = fmax_x86(fmax_x86(v0, v1), fmax_x86(v2, v3));
+    }
+    float l4[4], l2[2];
+    for (int j = 0; j < 4; j++) l4[j] = fmax_x86(l[j], l[j + 4]);
+    for (int j = 0; j < 2; j++) l2[j] = fmax_x86(l4[j], l4[j + 2]);
+    const float amax = fmax_x86(l2[0], l2[1]);
+    if (!(amax > 0.0f)) {
+        memset(q, 0, 32);
+        memset(a, 0, 32);
+        *s = 0.0f;
+        return;
+    }
+    const float id = 127.0f / amax;
+    *s = amax / 127.0f;
+    for (int j = 0; j < 32; j++) {
+        float v = fmin_x86(fmax_x86(x[j] * id, -127.0f), 127.0f);
+        int t = (int)nearbyintf(v); /* the default rounding: to nearest, ties to even (CVTPS2DQ) */
+        q[j] = (int8_t)t;
+        a[j] = (int8_t)(t < 0 ? -t : t);
+    }
+}
+
+static void x_to_q8_c(const float *x, int M, int64_t K, int8_t *xq, int8_t *xa, float *xs) {
+    const int64_t nb = K / 32;
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t b = 0; b < nb; b++) quant_block_c(x + m * K + b * 32, xq + m * K + b * 32, xa + m * K + b * 32, xs + m * nb + b);
+}
+
+static void mm_i8_c(const td_tensor *W, const int8_t *xq, const float *xs, int m0, int m1, int64_t n0, int64_t n1, float *y, int64_t ldy) {
+    const int64_t K = W->shape[1], nb = K / 32;
+    const int8_t *wq = W->data;
+    const float *ws = W->scales;
+    for (int64_t m = m0; m < m1; m++)
+        for (int64_t n = n0; n < n1; n++) {
+            float acc[8] = {0};
+            const int8_t *xr = xq + m * K, *wr = wq + n * K;
+            for (int64_t b = 0; b < nb; b++) {
+                const float d = ws[n * nb + b] * xs[m * nb + b];
+                for (int j = 0; j < 8; j++) {
+                    int32_t p = 0;
+                    for (int t = 0; t < 4; t++) p += (int32_t)xr[b * 32 + 4 * j + t] * (int32_t)wr[b * 32 + 4 * j + t];
+                    acc[j] = fmaf(d, (float)p, acc[j]);
+                }
+            }
+            float s4[4], s2[2];
+            for (int j = 0; j < 4; j++) s4[j] = acc[j] + acc[j + 4];
+            for (int j = 0; j < 2; j++) s2[j] = s4[j] + s4[j + 2];
+            y[m * ldy + n] = s2[0] + s2[1];
+        }
+}
+
+#if defined(__x86_64__) && defined(__GNUC__)
+#define TVNNI __attribute__((target("avx2,fma,avx512f,avx512vl,avx512vnni")))
+
+/* No CPUID here (a VM exit in a guest): this runs once per matmul. The caller's
+   ISA being AVX-512 says the rest. */
+bool td_kernels_have_vnni(void) {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl");
+}
+
+T256 static void x_to_q8_avx2(const float *x, int M, int64_t K, int8_t *xq, int8_t *xa, float *xs) {
+    const int64_t nb = K / 32;
+    const __m256 sign = _mm256_set1_ps(-0.0f), lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
+    const __m256i order = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t b = 0; b < nb; b++) {
+            const float *xb = x + m * K + b * 32;
+            int8_t *q = xq + m * K + b * 32, *a = xa + m * K + b * 32;
+            __m256 v[4];
+            for (int t = 0; t < 4; t++) v[t] = _mm256_loadu_ps(xb + 8 * t);
+            __m256 l = _mm256_max_ps(_mm256_max_ps(_mm256_andnot_ps(sign, v[0]), _mm256_andnot_ps(sign, v[1])),
+                                     _mm256_max_ps(_mm256_andnot_ps(sign, v[2]), _mm256_andnot_ps(sign, v[3])));
+            __m128 h = _mm_max_ps(_mm256_castps256_ps128(l), _mm256_extractf128_ps(l, 1));
+            h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+            const float amax = _mm_cvtss_f32(_mm_max_ss(h, _mm_movehdup_ps(h)));
+            if (!(amax > 0.0f)) {
+                memset(q, 0, 32);
+                memset(a, 0, 32);
+                xs[m * nb + b] = 0.0f;
+                continue;
+            }
+            const __m256 id = _mm256_set1_ps(127.0f / amax);
+            xs[m * nb + b] = amax / 127.0f;
+            __m256i i[4];
+            for (int t = 0; t < 4; t++) i[t] = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(_mm256_mul_ps(v[t], id), lo), hi));
+            /* packs interleave the 128-bit halves: 4-element groups come out 0 2 4 6 1 3 5 7 */
+            __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(i[0], i[1]), _mm256_packs_epi32(i[2], i[3]));
+            p = _mm256_permutevar8x32_epi32(p, order);
+            _mm256_storeu_si256((__m256i *)q, p);
+            _mm256_storeu_si256((__m256i *)a, _mm256_abs_epi8(p));
+        }
+}
+
+#define I8T T256
+#define I8N(x) x##_avx2
+#define I8_DOT(a, s) _mm256_madd_epi16(_mm256_maddubs_epi16((a), (s)), _mm256_set1_epi16(1))
+#include "backend/cpu/kernels_int8_tile.h"
+#undef I8T
+#undef I8N
+#undef I8_DOT
+
+#define I8T TVNNI
+#define I8N(x) x##_vnni
+#define I8_DOT(a, s) _mm256_dpbusd_epi32(_mm256_setzero_si256(), (a), (s))
+#include "backend/cpu/kernels_int8_tile.h"
+#undef I8T
+#undef I8N
+#undef I8_DOT
+#else
+bool td_kernels_have_vnni(void) { return false; }
+#endif
+
+void td_x_to_q8(td_isa isa, const float *x, int M, int64_t K, int8_t *xq, int8_t *xa, float *xs) {
+    TD_ASSERT(K % 32 == 0 && "x_to_q8: K a multiple of 32");
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (isa == TD_ISA_AVX2 || isa == TD_ISA_AVX512) {
+        x_to_q8_avx2(x, M, K, xq, xa, xs);
+        return;
+    }
+#endif
+    (void)isa;
+    x_to_q8_c(x, M, K, xq, xa, xs);
+}
+
+void td_matmul_block_i8(td_isa isa, const td_tensor *W, const int8_t *xq, const int8_t *xa, const float *xs, int m0, int m1, int64_t n0,
+                        int64_t n1, float *y, int64_t ldy) {
+    TD_ASSERT(W->dtype == TD_DTYPE_Q8 && W->shape[1] % 32 == 0 && "matmul_i8: q8 weights");
+#if defined(__x86_64__) && defined(__GNUC__)
+    if (isa == TD_ISA_AVX512 && td_kernels_have_vnni()) {
+        mm_vnni(W, xq, xa, xs, m0, m1, n0, n1, y, ldy);
+        return;
+    }
+    if (isa == TD_ISA_AVX2 || isa == TD_ISA_AVX512) {
+        mm_avx2(W, xq, xa, xs, m0, m1, n0, n1, y, ldy);
+        return;
+    }
+#endif
+    (void)xa;
+    mm_i8_c(W, xq, xs, m0, m1, n0, n1, y, ldy);
+}
