@@ -118,10 +118,14 @@ $(BUILD)/tests/test_spec_mutant: tests/c/test_spec.c $(BUILD)/tests/mutant/sampl
 $(BUILD)/tests/test_spec_bf16: tests/c/test_spec.c $(BUILD)/libtandem.a tests/c/check.h
 	$(CC) $(ALL_CFLAGS) -DSPEC_BF16 -Itests/c -o $@ $< $(BUILD)/libtandem.a $(LDLIBS)
 
+# And with --quantize q8 --precision int8 (int8 activations against the q8 weights).
+$(BUILD)/tests/test_spec_int8: tests/c/test_spec.c $(BUILD)/libtandem.a tests/c/check.h
+	$(CC) $(ALL_CFLAGS) -DSPEC_INT8 -Itests/c -o $@ $< $(BUILD)/libtandem.a $(LDLIBS)
+
 $(BUILD)/tests/test_golden_bf16: tests/c/test_golden.c $(BUILD)/libtandem.a tests/c/check.h
 	$(CC) $(ALL_CFLAGS) -DGOLDEN_BF16 -Itests/c -o $@ $< $(BUILD)/libtandem.a $(LDLIBS)
 
-tests: $(TEST_BIN) $(BUILD)/tests/test_spec_mutant $(BUILD)/tests/test_spec_bf16 $(BUILD)/tests/test_golden_bf16
+tests: $(TEST_BIN) $(BUILD)/tests/test_spec_mutant $(BUILD)/tests/test_spec_bf16 $(BUILD)/tests/test_spec_int8 $(BUILD)/tests/test_golden_bf16
 
 # Runs every test (C unit + golden, then the Python end-to-end tests when present)
 # and ends with one "N passed, N failed" line.

@@ -5,17 +5,25 @@
  *   identical again with MTP drafting at depths 1..4;
  * - --precision bf16 (BF16 matmul activations, where the CPU has AVX-512
  *   BF16): logits within 5e-2, greedy at depths 1..4 equal to its own depth 0
- *   (lossless), agreement with transformers' 32 tokens reported. */
+ *   (lossless), agreement with transformers' 32 tokens reported;
+ * - --quantize q8 --precision int8 (W8A8: int8 activations against the q8
+ *   weights, every CPU): logits within 5e-2 of transformers and within 2e-2
+ *   of q8 with f32 activations but not equal to them, greedy at depths 1..4
+ *   equal to its own depth 0 (lossless). */
 #include "check.h"
 #include "engine/engine.h"
 #include "golden.h"
 #include "backend/cpu/kernels.h"
 
-static void run(td_precision prec) {
-    bool bf16 = prec == TD_PRECISION_BF16;
-    const char *tag = bf16 ? "demo (precision bf16)" : "demo";
+static float *q8_f32_tail; /* the last 8 prompt positions' logits of q8 with f32 activations */
+
+static void run(td_precision prec, int quantize) {
+    bool bf16 = prec != TD_PRECISION_F32 || quantize; /* checked against its own depth 0 */
+    const char *tag = prec == TD_PRECISION_BF16 ? "demo (precision bf16)"
+                      : prec == TD_PRECISION_INT8 ? "demo (q8, precision int8)"
+                      : quantize ? "demo (q8)" : "demo";
     td_err err = {0};
-    td_engine_opts o = {.n_threads = 2, .spec_depth = 4, .max_context = 1024, .precision = prec};
+    td_engine_opts o = {.n_threads = 2, .spec_depth = 4, .max_context = 1024, .precision = prec, .quantize = quantize};
     td_engine *e;
     int rc = td_engine_load("models/demo", &o, &e, &err);
     CHECK(rc == 0, "models/demo: %s", err.msg);
@@ -38,6 +46,14 @@ static void run(td_precision prec) {
     CHECK(rc == 0, "%s", err.msg);
     double er = rel_err(logits + (size_t)(T - 8) * V, tail, 8 * (int64_t)V);
     CHECK(er < (bf16 ? 5e-2 : 1e-4), "%s prefill logits rel err %.3g", tag, er);
+    if (quantize && prec == TD_PRECISION_F32) {
+        q8_f32_tail = malloc(sizeof(float) * 8 * (size_t)V);
+        memcpy(q8_f32_tail, logits + (size_t)(T - 8) * V, sizeof(float) * 8 * (size_t)V);
+    } else if (quantize && q8_f32_tail) {
+        double eq = rel_err(logits + (size_t)(T - 8) * V, q8_f32_tail, 8 * (int64_t)V);
+        CHECK(eq < 2e-2 && eq > 0, "%s prefill logits rel err %.3g against q8 with f32 activations", tag, eq);
+        printf("%s: prefill logits rel err %.2e against q8 with f32 activations\n", tag, eq);
+    }
     td_sampling sp;
     td_sampling_default(&sp);
     int32_t d0[64];
@@ -67,12 +83,17 @@ static void run(td_precision prec) {
 }
 
 int main(void) {
-    run(TD_PRECISION_F32);
+    run(TD_PRECISION_F32, 0);
     /* BF16 activations are the CPU kernels' (AVX-512 BF16): not on a device backend (TANDEM_BACKEND=cuda,
        which refuses the precision) */
     const char *bk = getenv("TANDEM_BACKEND");
     bool cpu_ops = !bk || !*bk || !strcmp(bk, "cpu") || !strcmp(bk, "guard");
-    if (td_kernels_have_bf16() && cpu_ops) run(TD_PRECISION_BF16);
+    if (td_kernels_have_bf16() && cpu_ops) run(TD_PRECISION_BF16, 0);
     else printf("demo: no AVX-512 BF16 on this CPU: --precision bf16 not run (test_golden_bf16 checks its refusal)\n");
+    if (cpu_ops) { /* int8 activations: the CPU backend's, on every CPU */
+        run(TD_PRECISION_F32, 1);
+        run(TD_PRECISION_INT8, 1);
+    }
+    free(q8_f32_tail);
     TEST_MAIN_END("demo");
 }

@@ -11,7 +11,9 @@
  * Built with -DSPEC_BF16 (test_spec_bf16): the greedy-identity, auto and
  * chi-square checks again with --precision bf16 (BF16 matmul activations),
  * which must stay lossless; on a CPU without AVX-512 BF16 it checks that the
- * engine refuses bf16 with a clear error instead. */
+ * engine refuses bf16 with a clear error instead. Built with -DSPEC_INT8
+ * (test_spec_int8): the same checks with --quantize q8 --precision int8 (int8
+ * activations, every CPU), and that int8 without q8 weights is refused. */
 #include <math.h>
 #include "check.h"
 #include "engine/engine.h"
@@ -22,6 +24,9 @@
 #include "backend/cpu/kernels.h"
 #ifdef SPEC_BF16
 #define SPEC_PRECISION TD_PRECISION_BF16
+#elif defined(SPEC_INT8) /* --quantize q8 --precision int8: every CPU */
+#define SPEC_PRECISION TD_PRECISION_INT8
+#define SPEC_BF16 1 /* the same checks as BF16 (its own depth 0, not the f32 golden tokens) */
 #else
 #define SPEC_PRECISION TD_PRECISION_F32
 #endif
@@ -45,7 +50,7 @@ static int collect(void *u, int32_t t) {
 static td_engine *load(const char *dir, int depth) {
     td_err err = {0};
     td_engine_opts o = {.n_threads = 1, .spec_depth = depth, .max_context = 4096, /* tiny models: threads don't pay */
-                        .precision = SPEC_PRECISION};
+                        .precision = SPEC_PRECISION, .quantize = SPEC_PRECISION == TD_PRECISION_INT8};
     td_engine *e = NULL;
     int rc = td_engine_load(dir, &o, &e, &err);
     CHECK(rc == 0, "%s: %s", dir, err.msg);
@@ -365,6 +370,17 @@ int main(void) {
     CHECK(p < 0.01, "mutant residual not detected: p = %.3f", p);
     TEST_MAIN_END("spec-mutant");
 #elif defined(SPEC_BF16)
+#ifdef SPEC_INT8
+    const char *name = "spec-int8";
+    {
+        td_err err = {0};
+        td_engine_opts o = {.n_threads = 1, .precision = TD_PRECISION_INT8}; /* without quantize: refused */
+        td_engine *e = NULL;
+        int rc = td_engine_load("tests/models/spec-partial", &o, &e, &err);
+        CHECK(rc == TD_ERR_ARG && !e && strstr(err.msg, "--quantize q8"), "int8 without q8 weights: refused (rc %d: %s)", rc, err.msg);
+    }
+#else
+    const char *name = "spec-bf16";
     if (!td_kernels_have_bf16()) {
         td_err err = {0};
         td_engine_opts o = {.n_threads = 1, .precision = TD_PRECISION_BF16};
@@ -374,6 +390,7 @@ int main(void) {
         printf("spec-bf16: this CPU has no AVX-512 BF16; --precision bf16 is refused: %s\n", err.msg);
         TEST_MAIN_END("spec-bf16");
     }
+#endif
     char dir[256];
     const char *golden[] = {"tiny-b/bf16", "tiny-c/bf16"};
     for (int i = 0; i < 2; i++) {
@@ -385,12 +402,12 @@ int main(void) {
     greedy_auto("tests/models/spec-partial", 512 / SCALE);
     greedy_auto("models/demo", 256 / SCALE);
     auto_untracked("tests/models/spec-partial");
-    CHECK(distribution_test("tests/models/spec-agree", false) > 0.01, "bf16: argmax-draft rejection sampling fails chi-square");
-    CHECK(distribution_test("tests/models/spec-disagree", true) > 0.01, "bf16: sampled-draft residual fails chi-square");
+    CHECK(distribution_test("tests/models/spec-agree", false) > 0.01, "%s: argmax-draft rejection sampling fails chi-square", name);
+    CHECK(distribution_test("tests/models/spec-disagree", true) > 0.01, "%s: sampled-draft residual fails chi-square", name);
     g_schedule = 1000;
-    CHECK(distribution_test("tests/models/spec-agree", false) > 0.01, "bf16: rejection sampling under a changing depth fails chi-square");
+    CHECK(distribution_test("tests/models/spec-agree", false) > 0.01, "%s: rejection sampling under a changing depth fails chi-square", name);
     g_schedule = 0;
-    TEST_MAIN_END("spec-bf16");
+    TEST_MAIN_END(name);
 #else
     if (getenv("SPEC_ONLY_DISTRIBUTION")) {
         CHECK(distribution_test("tests/models/spec-agree", false) > 0.01, "argmax drafts");

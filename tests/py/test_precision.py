@@ -2,7 +2,8 @@
 server: the ready line says so; greedy output is the same at every per-request draft depth
 (the BF16 kernels are batch-invariant, so drafting stays lossless); a seeded sampled request
 gives the same text twice. On a CPU without AVX-512 BF16 the server refuses to start with
-one plain line instead."""
+one plain line instead. The same for --quantize q8 --precision int8 (int8 activations, every
+CPU), which without --quantize q8 is refused in one plain line."""
 import subprocess
 
 import requests
@@ -39,7 +40,24 @@ def test_bf16_server(make_server):
     assert complete(s, temperature=0.8, seed=11) == a
 
 
+def test_int8_server(make_server):
+    s = make_server("--quantize", "q8", "--precision", "int8", "--spec-depth", "3")
+    assert any("int8 activations" in line for line in s.log), "".join(s.log)
+    base = complete(s, num_speculative_tokens=0)
+    for d in (1, 2, 3):
+        assert complete(s, num_speculative_tokens=d) == base, d
+    a = complete(s, temperature=0.8, seed=11)
+    assert complete(s, temperature=0.8, seed=11) == a
+
+
+def test_int8_needs_q8():
+    p = subprocess.run([BIN, "serve", "-m", MODEL, "--port", "0", "--precision", "int8"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode != 0
+    assert "--quantize q8" in p.stderr and len(p.stderr.strip().splitlines()) <= 3, p.stderr
+
+
 def test_precision_flag_is_checked():
     p = subprocess.run([BIN, "serve", "-m", MODEL, "--port", "0", "--precision", "fp4"], cwd=ROOT,
                        capture_output=True, text=True, timeout=60)
-    assert p.returncode != 0 and "--precision" in p.stderr and "f32 or bf16" in p.stderr, p.stderr
+    assert p.returncode != 0 and "--precision" in p.stderr and "f32, bf16 or int8" in p.stderr, p.stderr
