@@ -7,14 +7,16 @@
  * Tile: RN weight rows x RM activation rows over the whole K. Per 32-block b
  * and output (n, m): the block's exact integer lanes p (above, with the sign
  * of x moved onto w: |x| * (w * sign x) = x * w), converted to float, and
- * acc = fma(ws[n,b] * xs[m,b], p, acc): the arithmetic of td_mm_i8_c, lane
+ * acc = fma(ws[n,b] * xs[m,b], p, acc): the arithmetic of mm_i8_c, lane
  * by lane, so every tile shape and M gives the C reference's bits. */
 
-/* Tile shapes by M, measured (AVX2 forced on the EPYC Zen 5, one thread, 6912 x 2048 q8, against the f32 path on
-   the same weights: M = 1 2.05x, M = 3 1.45x with 1 x 3 tiles where 2 x 3 ran 0.90x, M = 5 1.2-1.3x, M = 64 1.1-1.15x
-   with 2 x 4 or 2 x 2; 1 x 4 and 1 x 5 prefill tiles 0.96x) */
+/* Tile shapes by M, measured with AVX2 forced on the EPYC Zen 5 (bench/results/int8-avx2-2026-12-07.md):
+   on the 27B-proportioned q8 model (2 threads), 2 x M tiles for M = 2..5 against 1 x M for M = 3..5: a 3-row verify
+   30 against 35 ms, a 5-row one 43 against 47-50 ms; prefill 2 x 4 tiles (1 x 4 and 1 x 5 ran 0.96x the f32 path,
+   one thread, 6912 x 2048; 2 x 2 and 2 x 4 1.11-1.15x). Tried and dropped: the scale products of 8 blocks in one
+   vector multiply, broadcast from the stack (no faster; 2 rows 25% slower). */
 #ifndef I8_RN2_MAX
-#define I8_RN2_MAX 2
+#define I8_RN2_MAX 5
 #define I8_RN_PREFILL 2
 #define I8_RM_PREFILL 4
 #endif
