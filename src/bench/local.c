@@ -9,7 +9,7 @@
 #include "model/seq.h"
 #include "util/err.h"
 
-int td_bench_local_open(const char *dir, int threads, int max_context, int engine_depth, bool prefix_caching, int quantize, int precision, bool mmap_weights, bench_local *L,
+int td_bench_local_open(const char *dir, int threads, int max_context, int engine_depth, bool prefix_caching, int quantize, int precision, int isa, bool mmap_weights, bench_local *L,
                      td_err *err) {
     memset(L, 0, sizeof *L);
     int rc = td_tok_load(dir, &L->tok, err);
@@ -19,7 +19,7 @@ int td_bench_local_open(const char *dir, int threads, int max_context, int engin
      * when asked (the suite measures cold prefill) */
     td_engine_opts eo = {.n_threads = threads, .max_context = max_context, .spec_depth = engine_depth, .max_seqs = 1,
                          .no_prefix_caching = !prefix_caching, .quantize = quantize,
-                         .precision = (td_precision)precision, .mmap_weights = mmap_weights};
+                         .precision = (td_precision)precision, .isa = isa, .mmap_weights = mmap_weights};
     if ((rc = td_engine_load(dir, &eo, &L->eng, err))) goto fail;
     if ((rc = td_session_new(L->eng, &L->s, err))) goto fail;
     if (threads <= 0) {

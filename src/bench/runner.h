@@ -66,7 +66,7 @@ typedef struct bench_local {
 
 /* prefix_caching: keep the engine's prefix cache on (agent traces); the
  * suite turns it off so every request's prefill is cold. */
-int td_bench_local_open(const char *dir, int threads, int max_context, int engine_depth, bool prefix_caching, int quantize, int precision, bool mmap_weights, bench_local *out,
+int td_bench_local_open(const char *dir, int threads, int max_context, int engine_depth, bool prefix_caching, int quantize, int precision, int isa, bool mmap_weights, bench_local *out,
                      td_err *err);
 void td_bench_local_close(bench_local *L);
 /* One request from a fresh session state (no prefix reuse). */

@@ -147,7 +147,7 @@ static int parse_args(bench_cli *c, int argc, char **argv) {
     return 0;
 }
 
-static void machine_line(char *buf, size_t n) {
+static void machine_line(char *buf, size_t n, td_isa isa, td_tune tune) {
     char model[160] = "unknown CPU";
     FILE *f = fopen("/proc/cpuinfo", "r");
     char line[512];
@@ -168,10 +168,10 @@ static void machine_line(char *buf, size_t n) {
     while (f && fgets(line, sizeof line, f))
         if (sscanf(line, "MemTotal: %llu", &mem) == 1) break;
     if (f) fclose(f);
-    /* the CPU kernels this machine runs by default (in-process runs; --isa/--tune exist on tandem kernels) */
+    /* the CPU kernels the in-process engine runs (--isa; the tuning is this CPU's) */
     snprintf(buf, n, "Machine: %s, %ld cores online, %.1f GiB RAM, CPU kernels %s (tuning %s), 1-minute load average %.2f at the start.",
-             model, sysconf(_SC_NPROCESSORS_ONLN), (double)mem / (1024.0 * 1024.0), td_isa_name(td_kernels_best_isa()),
-             td_tune_name(td_kernels_best_tune()), td_bench_load1());
+             model, sysconf(_SC_NPROCESSORS_ONLN), (double)mem / (1024.0 * 1024.0), td_isa_name(isa),
+             td_tune_name(tune), td_bench_load1());
 }
 
 static void progress(int i, int total, double t0, const char *what, double tps) {
@@ -245,7 +245,7 @@ static int run_trace(bench_cli *c, bench_params *p) {
     bench_chat chat = {0};
     bool have_chat = false;
     if (local) {
-        rc = td_bench_local_open(c->co.model, c->co.threads, c->co.max_model_len, depth, !c->no_prefix_caching, c->co.quantize, (int)c->co.precision, c->co.mmap_weights, &L, &err);
+        rc = td_bench_local_open(c->co.model, c->co.threads, c->co.max_model_len, depth, !c->no_prefix_caching, c->co.quantize, (int)c->co.precision, c->co.isa, c->co.mmap_weights, &L, &err);
     } else {
         rc = td_bench_remote_open(c->server, c->api_key, c->served_model, &R, &err);
         /* a local tokenizer, when the model directory has one, measures the shareable prefix */
@@ -298,7 +298,7 @@ int td_cmd_bench(int argc, char **argv) {
     bench_remote R;
     bool local = !c.server;
     int rc = local ? td_bench_local_open(c.co.model, c.co.threads, c.co.max_model_len, max_depth(&c.su, c.co.spec_depth_max), c.prefix_caching,
-                                      c.co.quantize, (int)c.co.precision, c.co.mmap_weights, &L, &err)
+                                      c.co.quantize, (int)c.co.precision, c.co.isa, c.co.mmap_weights, &L, &err)
                    : td_bench_remote_open(c.server, c.api_key, c.served_model, &R, &err);
     if (!rc && local) {
         L.auto_max = c.co.spec_depth_max;
@@ -389,7 +389,7 @@ int td_cmd_bench(int argc, char **argv) {
         snprintf(title, sizeof title, "Model %s; %s; %d task%s x %d depth%s x %d run%s%s.", local ? c.co.model : R.model,
                  local ? "in-process, one warm engine for every depth" : samples[0].cond.backend, c.su.n_tasks, c.su.n_tasks == 1 ? "" : "s",
                  c.su.n_depths, c.su.n_depths == 1 ? "" : "s", c.su.n_runs, c.su.n_runs == 1 ? "" : "s", done < total ? " (INCOMPLETE)" : "");
-        machine_line(machine, sizeof machine);
+        if (local) machine_line(machine, sizeof machine, (td_isa)td_engine_backend(L.eng)->isa, (td_tune)td_engine_backend(L.eng)->tune);
         bench_report r = {.su = &c.su, .cells = cells, .samples = samples, .n_samples = done, .costs = have_costs ? &costs : NULL,
                           .flags = flags, .n_flags = nf < 64 ? nf : 64, .title = title, .machine = local ? machine : NULL};
         td_bench_write_markdown(stdout, &r);

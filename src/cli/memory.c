@@ -88,6 +88,7 @@ int td_cli_engine_opts(const common_opts *o, int max_seqs, int batch_tokens, td_
     eo->kv_cache_dtype = o->kv_dtype;
     eo->quantize = o->quantize;
     eo->precision = o->precision;
+    eo->isa = o->isa;
     eo->deltanet_chunk = o->deltanet_chunk;
     eo->enforce_eager = o->enforce_eager;
     eo->batch_invariant = o->batch_invariant;

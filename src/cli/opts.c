@@ -120,6 +120,15 @@ int td_common_opts_parse(common_opts *o, int argc, char **argv, int *i) {
         else return bad(a, val, "f32, bf16 or int8");
         TAKE(); return 1;
     }
+    if (!strcmp(a, "--isa")) {
+        if (!val) return bad(a, val, "auto, c, avx2 or avx512");
+        if (!strcmp(val, "auto")) o->isa = 0;
+        else if (!strcmp(val, "c")) o->isa = 1; /* td_engine_opts.isa */
+        else if (!strcmp(val, "avx2")) o->isa = 2;
+        else if (!strcmp(val, "avx512")) o->isa = 3;
+        else return bad(a, val, "auto, c, avx2 or avx512");
+        TAKE(); return 1;
+    }
     if (!strcmp(a, "--quantize")) {
         if (!val) return bad(a, val, "none or q8");
         if (!strcmp(val, "none")) o->quantize = 0;
@@ -177,6 +186,7 @@ const char *td_common_opts_help(void) {
            "  --precision f32|bf16|int8 matmul activations: f32 (default, the reference), bf16 (AVX-512 BF16\n"
            "                            dot products: faster prefill) or int8 (with --quantize q8: W8A8 integer dot\n"
            "                            products, faster on AVX2); within a stated tolerance, lossless drafting kept\n"
+           "  --isa auto|c|avx2|avx512  CPU kernels (default auto: the best this CPU has; all give the same tokens)\n"
            "  --quantize none|q8        q8: BF16/F16/F32 linear weights to int8 at load, F32 scale per 32 inputs (default none)\n"
            "  --device cpu|cuda         where the model runs: cpu (default) or cuda (an NVIDIA GPU; a build with\n"
            "                            make CUDA=1); the same as --backend cpu|cuda\n"

@@ -22,6 +22,7 @@ typedef struct common_opts {
     td_kv_dtype kv_dtype;      /* td_engine_opts.kv_cache_dtype */
     int quantize;              /* 0 none, 1 q8 (td_engine_opts.quantize) */
     td_precision precision;    /* --precision f32|bf16|int8 (td_engine_opts.precision) */
+    int isa;                   /* --isa auto|c|avx2|avx512 (td_engine_opts.isa: 0 = the best the CPU has) */
     int deltanet_chunk;        /* td_engine_opts.deltanet_chunk */
     bool enforce_eager;        /* td_engine_opts.enforce_eager (--enforce-eager) */
     bool batch_invariant;      /* td_engine_opts.batch_invariant (--batch-invariant) */

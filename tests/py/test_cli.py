@@ -180,6 +180,24 @@ def test_run_says_when_the_context_window_is_full():
     assert short.returncode == 0 and "context window" not in short.stderr, short.stderr
 
 
+def test_isa_option_same_tokens():
+    """--isa picks the CPU kernels of run / serve / bench: every one this CPU has gives the demo model's
+    greedy text (AVX2 and AVX-512 the same bits), with --quantize q8 --precision int8 too; a bad name is
+    one line with exit 2."""
+    flags = open("/proc/cpuinfo").read()
+    isas = ["c"] + (["avx2"] if " avx2" in flags and " fma" in flags else []) + (["avx512"] if " avx512bw" in flags else [])
+    for extra in ([], ["--quantize", "q8", "--precision", "int8"]):
+        outs = {}
+        for isa in ["auto"] + isas:
+            p = run("run", "-m", DEMO, "-p", "The quick brown fox", "-n", "24", "--ignore-eos", "--temperature", "0", "-t", "1",
+                    "--isa", isa, *extra)
+            assert p.returncode == 0, (isa, p.stderr)
+            outs[isa] = p.stdout
+        assert len(set(outs.values())) == 1, (extra, outs)
+    bad = run("run", "-m", DEMO, "--isa", "sse9", "-p", "hi")
+    assert bad.returncode == 2 and "--isa" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+
+
 def test_run_at_the_models_own_window():
     """No -c: tiny-a's max_position_embeddings is the window that fills up."""
     n = tiny_a_window()
