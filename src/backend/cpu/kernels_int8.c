@@ -88,6 +88,9 @@ static void mm_i8_c(const td_tensor *W, const int8_t *xq, const float *xs, int m
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
+#ifndef I8_ZMM
+#define I8_ZMM 1
+#endif
 #define TVNNI __attribute__((target("avx2,fma,avx512f,avx512vl,avx512vnni")))
 
 /* No CPUID here (a VM exit in a guest): this runs once per matmul. The caller's
@@ -145,6 +148,86 @@ T256 static void x_to_q8_avx2(const float *x, int M, int64_t K, int8_t *xq, int8
 #undef I8T
 #undef I8N
 #undef I8_DOT
+
+/* AVX-512 VNNI with zmm: two weight rows per register (lanes 0..7 row n, 8..15 row n + 1; the block of x
+ * broadcast into both halves), so each instruction works for two outputs. No VPSIGNB in AVX-512: x goes
+ * in unsigned, x + 128 (= q ^ 0x80), and the accumulator starts at -128 * (the 4 weights' sum), which one
+ * VPDPBUSD of 128s per weight pair and block gives: the same exact integers p, then the same
+ * cvt / scale product / FMA per lane as the ymm tiles, so the same bits (test_kernels). */
+#define TZ __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
+
+TZ INL void tilez(const int RP, const int RM, const int8_t *w, const float *ws, int64_t K, const int8_t *const *xq,
+                  const float *const *xs, float *const *y, int64_t n) {
+    const int64_t nb = K / 32;
+    const __m512i c128 = _mm512_set1_epi8((char)0x80), zero = _mm512_setzero_si512();
+    __m512 acc[2][5];
+    for (int p = 0; p < RP; p++)
+        for (int m = 0; m < RM; m++) acc[p][m] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        __m512i wv[2], nc[2];
+        __m512 dw[2];
+        if ((b & 1) == 0) /* the next tile's rows, as the ymm tiles */
+            for (int r = 0; r < 2 * RP; r++) _mm_prefetch((const char *)(w + (2 * RP + r) * K + b * 32), _MM_HINT_T0);
+        if ((b & 15) == 0)
+            for (int r = 0; r < 2 * RP; r++) _mm_prefetch((const char *)(ws + (2 * RP + r) * nb + b), _MM_HINT_T0);
+        for (int p = 0; p < RP; p++) {
+            const int8_t *w0 = w + (2 * p) * K + b * 32;
+            wv[p] = _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)w0)),
+                                       _mm256_loadu_si256((const __m256i *)(w0 + K)), 1);
+            nc[p] = _mm512_sub_epi32(zero, _mm512_dpbusd_epi32(zero, c128, wv[p]));
+            dw[p] = _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_broadcast_ss(ws + (2 * p) * nb + b)),
+                                       _mm256_broadcast_ss(ws + (2 * p + 1) * nb + b), 1);
+        }
+        for (int m = 0; m < RM; m++) {
+            const __m512i xu = _mm512_xor_si512(_mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(xq[m] + b * 32))), c128);
+            const __m512 dx = _mm512_set1_ps(xs[m][b]);
+            for (int p = 0; p < RP; p++) {
+                const __m512i pi = _mm512_dpbusd_epi32(nc[p], xu, wv[p]);
+                acc[p][m] = _mm512_fmadd_ps(_mm512_mul_ps(dw[p], dx), _mm512_cvtepi32_ps(pi), acc[p][m]);
+            }
+        }
+    }
+    for (int p = 0; p < RP; p++)
+        for (int m = 0; m < RM; m++)
+            for (int h = 0; h < 2; h++) { /* reduce8 of each half, as the ymm tiles */
+                const __m256 v = h ? _mm512_extractf32x8_ps(acc[p][m], 1) : _mm512_castps512_ps256(acc[p][m]);
+                __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+                s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+                s = _mm_add_ss(s, _mm_movehdup_ps(s));
+                y[m][n + 2 * p + h] = _mm_cvtss_f32(s);
+            }
+}
+
+/* Weight rows in tiles of 4 (two zmm pairs) against up to 5 activation rows (decode 4 x 1, verify 4 x M,
+ * prefill 4 x 4 chunks); the last 1..3 rows through the ymm VNNI tiles. */
+TZ static void mm_vnni512(const td_tensor *W, const int8_t *xq, const int8_t *xa, const float *xs, int m0, int m1, int64_t n0, int64_t n1,
+                          float *y, int64_t ldy) {
+    const int64_t K = W->shape[1], nb = K / 32;
+    const int8_t *wq = W->data;
+    const float *wsc = W->scales;
+    const int M = m1 - m0, RMX = M <= 5 ? M : 4;
+    int64_t n = n0;
+    for (; n + 4 <= n1; n += 4)
+        for (int mc = m0; mc < m1; mc += RMX) {
+            const int rm = m1 - mc >= RMX ? RMX : m1 - mc;
+            const int8_t *q[5];
+            const float *s[5];
+            float *yr[5];
+            for (int i = 0; i < rm; i++) {
+                q[i] = xq + (int64_t)(mc + i) * K;
+                s[i] = xs + (int64_t)(mc + i) * nb;
+                yr[i] = y + (int64_t)(mc + i) * ldy;
+            }
+            switch (rm) {
+            case 1: tilez(2, 1, wq + n * K, wsc + n * nb, K, q, s, yr, n); break;
+            case 2: tilez(2, 2, wq + n * K, wsc + n * nb, K, q, s, yr, n); break;
+            case 3: tilez(2, 3, wq + n * K, wsc + n * nb, K, q, s, yr, n); break;
+            case 4: tilez(2, 4, wq + n * K, wsc + n * nb, K, q, s, yr, n); break;
+            default: tilez(2, 5, wq + n * K, wsc + n * nb, K, q, s, yr, n); break;
+            }
+        }
+    if (n < n1) mm_vnni(W, xq, xa, xs, m0, m1, n, n1, y, ldy);
+}
 #else
 bool td_kernels_have_vnni(void) { return false; }
 #endif
@@ -166,7 +249,7 @@ void td_matmul_block_i8(td_isa isa, const td_tensor *W, const int8_t *xq, const 
     TD_ASSERT(W->dtype == TD_DTYPE_Q8 && W->shape[1] % 32 == 0 && "matmul_i8: q8 weights");
 #if defined(__x86_64__) && defined(__GNUC__)
     if (isa == TD_ISA_AVX512 && td_kernels_have_vnni()) {
-        mm_vnni(W, xq, xa, xs, m0, m1, n0, n1, y, ldy);
+        (I8_ZMM ? mm_vnni512 : mm_vnni)(W, xq, xa, xs, m0, m1, n0, n1, y, ldy);
         return;
     }
     if (isa == TD_ISA_AVX2 || isa == TD_ISA_AVX512) {
