@@ -12,13 +12,14 @@
 
 /* Tile shapes by M, measured with AVX2 forced on the EPYC Zen 5 (bench/results/int8-avx2-2026-12-07.md):
    on the 27B-proportioned q8 model (2 threads), 2 x M tiles for M = 2..5 against 1 x M for M = 3..5: a 3-row verify
-   30 against 35 ms, a 5-row one 43 against 47-50 ms; prefill 2 x 4 tiles (1 x 4 and 1 x 5 ran 0.96x the f32 path,
-   one thread, 6912 x 2048; 2 x 2 and 2 x 4 1.11-1.15x). Tried and dropped: the scale products of 8 blocks in one
-   vector multiply, broadcast from the stack (no faster; 2 rows 25% slower). */
+   30 against 35 ms, a 5-row one 43 against 47-50 ms; prefill 4 x 3 tiles: 146-154 against 134-135 tokens/s with
+   2 x 4 (prefill-512, 3 alternating rounds; one thread on 256 x 2048 x 64: 4 x 2, 4 x 3, 2 x 3 0.52-0.54 ms, 2 x 4
+   0.56-0.57, 2 x 5 0.58-0.61; 1 x 4 and 1 x 5 ran 0.96x the f32 path). Tried and dropped: the scale products of
+   8 blocks in one vector multiply, broadcast from the stack (no faster; 2 rows 25% slower). */
 #ifndef I8_RN2_MAX
 #define I8_RN2_MAX 5
-#define I8_RN_PREFILL 2
-#define I8_RM_PREFILL 4
+#define I8_RN_PREFILL 4
+#define I8_RM_PREFILL 3
 #endif
 #ifndef I8_PF
 #define I8_PF 1
@@ -67,10 +68,10 @@ I8T INL void I8N(tile)(const int RN, const int RM, const int8_t *w, const float 
 }
 
 /* Rows [n0, n1) x [m0, m1) of y: weight rows in tiles of 4 for one activation
- * row (decode: four weight streams), else of 2 against up to 5 activation rows
- * (verify: 2..5 rows take one tile, each weight chunk loaded once for all;
- * prefill: 4-row chunks, 2 weight rows x K staying in L1 while the chunks of
- * the row block stream past). */
+ * row (decode: four weight streams), of 2 against 2..5 activation rows
+ * (verify: one tile, each weight chunk loaded once for all), and of 4 against
+ * 3-row chunks in prefill (4 weight rows x K stay in L1 while the chunks of the
+ * row block stream past). */
 I8T static void I8N(mm)(const td_tensor *W, const int8_t *xq, const int8_t *xa, const float *xs, int m0, int m1, int64_t n0, int64_t n1,
                         float *y, int64_t ldy) {
     const int64_t K = W->shape[1], nb = K / 32;
@@ -96,7 +97,8 @@ I8T static void I8N(mm)(const td_tensor *W, const int8_t *xq, const int8_t *xa, 
             if (rn == RN) {
 #define I8CASE(R, M_)                                                                                                                \
     case M_: I8N(tile)(R, M_, wr, sr, K, q, a, s, yr, n); break;
-                if (RN == 4) I8N(tile)(4, 1, wr, sr, K, q, a, s, yr, n);
+                if (RN == 4)
+                    switch (rm) { I8CASE(4, 1) I8CASE(4, 2) I8CASE(4, 3) default: break; }
                 else if (RN == 2)
                     switch (rm) { I8CASE(2, 1) I8CASE(2, 2) I8CASE(2, 3) I8CASE(2, 4) I8CASE(2, 5) }
                 else
