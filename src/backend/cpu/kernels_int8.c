@@ -97,7 +97,7 @@ static void mm_i8_c(const td_tensor *W, const int8_t *xq, const float *xs, int m
    ISA being AVX-512 says the rest. */
 bool td_kernels_have_vnni(void) {
     __builtin_cpu_init();
-    return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl");
+    return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
 }
 
 T256 static void x_to_q8_avx2(const float *x, int M, int64_t K, int8_t *xq, int8_t *xa, float *xs) {
