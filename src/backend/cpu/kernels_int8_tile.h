@@ -16,6 +16,11 @@
    2 x 4 (prefill-512, 3 alternating rounds; one thread on 256 x 2048 x 64: 4 x 2, 4 x 3, 2 x 3 0.52-0.54 ms, 2 x 4
    0.56-0.57, 2 x 5 0.58-0.61; 1 x 4 and 1 x 5 ran 0.96x the f32 path). Tried and dropped: the scale products of
    8 blocks in one vector multiply, broadcast from the stack (no faster; 2 rows 25% slower). */
+/* decode (M = 1): 2 weight rows per tile; 4 rows decoded 3-10% slower (AVX2 forced, 6 alternating rounds:
+   2 rows 39.9-46.3 tokens/s, 4 rows 37.6-40.0; 1 row 40.4-41.4) */
+#ifndef I8_RN_DECODE
+#define I8_RN_DECODE 2
+#endif
 #ifndef I8_RN2_MAX
 #define I8_RN2_MAX 5
 #define I8_RN_PREFILL 4
@@ -67,8 +72,8 @@ I8T INL void I8N(tile)(const int RN, const int RM, const int8_t *w, const float 
         }
 }
 
-/* Rows [n0, n1) x [m0, m1) of y: weight rows in tiles of 4 for one activation
- * row (decode: four weight streams), of 2 against 2..5 activation rows
+/* Rows [n0, n1) x [m0, m1) of y: weight rows in tiles of 2 for one activation
+ * row (decode), of 2 against 2..5 activation rows
  * (verify: one tile, each weight chunk loaded once for all), and of 4 against
  * 3-row chunks in prefill (4 weight rows x K stay in L1 while the chunks of the
  * row block stream past). */
@@ -77,7 +82,7 @@ I8T static void I8N(mm)(const td_tensor *W, const int8_t *xq, const int8_t *xa, 
     const int64_t K = W->shape[1], nb = K / 32;
     const int8_t *wq = W->data;
     const float *wsc = W->scales;
-    const int M = m1 - m0, RN = M == 1 ? 4 : M <= I8_RN2_MAX ? 2 : M <= 5 ? 1 : I8_RN_PREFILL;
+    const int M = m1 - m0, RN = M == 1 ? I8_RN_DECODE : M <= I8_RN2_MAX ? 2 : M <= 5 ? 1 : I8_RN_PREFILL;
     const int RMX = M <= 5 ? M : I8_RM_PREFILL;
     for (int64_t n = n0; n < n1;) {
         const int rn = n1 - n >= RN ? RN : 1; /* the last rows go one at a time */
