@@ -237,10 +237,11 @@ static void cpu_matmul(td_backend *b, const td_tensor *W, const float *x, int M,
         j.xa = xa;
         j.xs = xs;
     }
-    if ((double)M * (double)j.N * (double)K < 32768.0) matmul_task(&(matmul_job){.W = W, .x = x, .xb = xb, .ldb = j.ldb, .xq = j.xq, .xa = j.xa, .xs = j.xs, .y = y,
-                                                                               .M = M, .mb = M, .n_mblocks = 1, .isa = b->isa, .tune = b->tune,
-                                                                               .N = j.N, .rows = j.N}, 0); /* too small to share */
-    else td_pool_for(pool_of(b), tasks, matmul_task, &j);
+    if ((double)M * (double)j.N * (double)K < 32768.0) { /* too small to share: one task takes it all */
+        matmul_job one = j;
+        one.mb = M, one.n_mblocks = 1, one.rows = j.N;
+        matmul_task(&one, 0);
+    } else td_pool_for(pool_of(b), tasks, matmul_task, &j);
     free(xb);
     free(xi);
 }

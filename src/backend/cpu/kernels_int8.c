@@ -88,9 +88,17 @@ static void mm_i8_c(const td_tensor *W, const int8_t *xq, const float *xs, int m
 }
 
 #if defined(__x86_64__) && defined(__GNUC__)
-#ifndef I8_ZMM
-#define I8_ZMM 1
-#endif
+/* The row pointers of activation rows mc .. mc + rm - 1 (rm <= 5) for a tile: quantized, |q|, scales, outputs. */
+static inline void i8_rows(const int8_t *xq, const int8_t *xa, const float *xs, float *y, int64_t K, int64_t ldy, int mc, int rm,
+                           const int8_t **q, const int8_t **a, const float **s, float **yr) {
+    for (int i = 0; i < rm; i++) {
+        q[i] = xq + (int64_t)(mc + i) * K;
+        a[i] = xa + (int64_t)(mc + i) * K;
+        s[i] = xs + (int64_t)(mc + i) * (K / 32);
+        yr[i] = y + (int64_t)(mc + i) * ldy;
+    }
+}
+
 /* decode: one zmm pair (2 weight rows) per tile; two pairs decoded 2-11% slower (3 alternating rounds:
    39.6 / 47.2 / 46.0 against 38.8 / 42.4 / 42.4 tokens/s) */
 #ifndef I8Z_RP_DECODE
@@ -215,14 +223,10 @@ TZ static void mm_vnni512(const td_tensor *W, const int8_t *xq, const int8_t *xa
     for (; n + 2 * RP <= n1; n += 2 * RP)
         for (int mc = m0; mc < m1; mc += RMX) {
             const int rm = m1 - mc >= RMX ? RMX : m1 - mc;
-            const int8_t *q[5];
+            const int8_t *q[5], *a[5];
             const float *s[5];
             float *yr[5];
-            for (int i = 0; i < rm; i++) {
-                q[i] = xq + (int64_t)(mc + i) * K;
-                s[i] = xs + (int64_t)(mc + i) * nb;
-                yr[i] = y + (int64_t)(mc + i) * ldy;
-            }
+            i8_rows(xq, xa, xs, y, K, ldy, mc, rm, q, a, s, yr);
             if (RP == 1) tilez(1, 1, wq + n * K, wsc + n * nb, K, q, s, yr, n);
             else switch (rm) {
             case 1: tilez(2, 1, wq + n * K, wsc + n * nb, K, q, s, yr, n); break;
@@ -255,7 +259,7 @@ void td_matmul_block_i8(td_isa isa, const td_tensor *W, const int8_t *xq, const 
     TD_ASSERT(W->dtype == TD_DTYPE_Q8 && W->shape[1] % 32 == 0 && "matmul_i8: q8 weights");
 #if defined(__x86_64__) && defined(__GNUC__)
     if (isa == TD_ISA_AVX512 && td_kernels_have_vnni()) {
-        (I8_ZMM ? mm_vnni512 : mm_vnni)(W, xq, xa, xs, m0, m1, n0, n1, y, ldy);
+        mm_vnni512(W, xq, xa, xs, m0, m1, n0, n1, y, ldy);
         return;
     }
     if (isa == TD_ISA_AVX2 || isa == TD_ISA_AVX512) {

@@ -26,11 +26,6 @@
 #define I8_RN_PREFILL 4
 #define I8_RM_PREFILL 3
 #endif
-#ifndef I8_PF
-#define I8_PF 1
-#define I8_PFT 1
-#define I8_PFH _MM_HINT_T0
-#endif
 
 I8T INL void I8N(tile)(const int RN, const int RM, const int8_t *w, const float *ws, int64_t K, const int8_t *const *xq,
                        const int8_t *const *xa, const float *const *xs, float *const *y, int64_t n) {
@@ -43,12 +38,10 @@ I8T INL void I8N(tile)(const int RN, const int RM, const int8_t *w, const float 
     for (int64_t b = 0; b < nb; b++) {
         __m256i wv[4];
         __m256 dw[4];
-#if I8_PF
         if ((b & 1) == 0)
-            for (int r = 0; r < RN; r++) _mm_prefetch((const char *)(w + (I8_PFT * RN + r) * K + b * 32), I8_PFH);
+            for (int r = 0; r < RN; r++) _mm_prefetch((const char *)(w + (RN + r) * K + b * 32), _MM_HINT_T0);
         if ((b & 15) == 0)
-            for (int r = 0; r < RN; r++) _mm_prefetch((const char *)(ws + (I8_PFT * RN + r) * nb + b), I8_PFH);
-#endif
+            for (int r = 0; r < RN; r++) _mm_prefetch((const char *)(ws + (RN + r) * nb + b), _MM_HINT_T0);
         for (int r = 0; r < RN; r++) {
             wv[r] = _mm256_loadu_si256((const __m256i *)(w + r * K + b * 32));
             dw[r] = _mm256_broadcast_ss(ws + r * nb + b);
@@ -91,12 +84,7 @@ I8T static void I8N(mm)(const td_tensor *W, const int8_t *xq, const int8_t *xa, 
             const int8_t *q[5], *a[5];
             const float *s[5];
             float *yr[5];
-            for (int i = 0; i < rm; i++) {
-                q[i] = xq + (int64_t)(mc + i) * K;
-                a[i] = xa + (int64_t)(mc + i) * K;
-                s[i] = xs + (int64_t)(mc + i) * nb;
-                yr[i] = y + (int64_t)(mc + i) * ldy;
-            }
+            i8_rows(xq, xa, xs, y, K, ldy, mc, rm, q, a, s, yr);
             const int8_t *wr = wq + n * K;
             const float *sr = wsc + n * nb;
             if (rn == RN) {
