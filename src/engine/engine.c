@@ -132,7 +132,7 @@ int td_engine_load(const char *model_dir, const td_engine_opts *opts, td_engine 
         rc = TD_FAIL(err, TD_ERR_ARG, "quantize %d (0 none, 1 q8)", e->opts.quantize);
         goto fail;
     }
-    if ((rc = td_model_quantize(e->model, (td_quant_kind)e->opts.quantize, err))) goto fail;
+    if ((rc = td_model_quantize(e->model, (td_quant_kind)e->opts.quantize, e->opts.precision == TD_PRECISION_INT8, err))) goto fail;
     if ((rc = setup_backend(e, err)) || (rc = finish_load(e, err))) goto fail;
     if (e->backend->counters.weight_copy_bytes) td_weights_release_pages(e->model->weights);
     *out = e;

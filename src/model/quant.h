@@ -10,9 +10,14 @@ typedef enum { TD_QUANT_NONE = 0, TD_QUANT_Q8 = 1 } td_quant_kind;
  * and F32 scales s [N*K/32]: s = absmax of the 32-block / 127, q = round(w / s). */
 void td_quantize_q8_rows(const td_tensor *W, int64_t r0, int64_t r1, int8_t *q, float *s);
 
+/* Rows [r0, r1) of row-major q8 data [N, K] rearranged in place into the grouped order of
+ * td_q8g_offset (the int8-activation kernels' layout); the scales keep their order. */
+void td_q8_group_rows(int8_t *q, int64_t K, int64_t r0, int64_t r1);
+
 /* Quantizes every linear weight of a loaded model that is F32/BF16/F16 with
  * in_features % 32 == 0 (not the embedding or a tied lm_head); the int8 copies
- * are owned by the model (freed by td_model_free) and counted in owned_bytes. */
-int td_model_quantize(td_model *m, td_quant_kind kind, td_err *err);
+ * are owned by the model (freed by td_model_free) and counted in owned_bytes.
+ * grouped: in the int8-activation kernels' order (td_tensor.q8_grouped). */
+int td_model_quantize(td_model *m, td_quant_kind kind, bool grouped, td_err *err);
 
 #endif

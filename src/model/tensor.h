@@ -3,6 +3,7 @@
  * kernels can dequantize in registers instead of expanding in memory. */
 #ifndef TANDEM_MODEL_TENSOR_H
 #define TANDEM_MODEL_TENSOR_H
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
@@ -39,7 +40,21 @@ typedef struct td_tensor {
     int64_t scale_block[2];
     float scale_f;
     const char *name; /* borrowed from the weight index */
+    /* Q8 only: each row's blocks in groups of 8 (td_q8g_offset) for the int8-activation kernels
+       (--precision int8); false: row-major, the order of every other path */
+    bool q8_grouped;
 } td_tensor;
+
+/* Where element k of a q8 row of K (K % 32 == 0) lies when the row is grouped: the row's 32-blocks in
+ * groups of 8 (the last group has gs = the blocks left, 1..8); element i of block b0 + j (j < gs) of the
+ * group that starts at block b0 at 32 * b0 + 4 * gs * (i / 4) + 4 * j + i % 4. So 32 consecutive bytes of
+ * a whole group hold 4 elements of each of its 8 blocks, and a byte dot product (VPMADDUBSW + VPMADDWD,
+ * VPDPBUSD) sums each block's elements into its own int32 lane: 8 chunks give the 8 blocks' exact sums
+ * side by side, and one scale multiply serves 8 blocks (kernels_int8.c). */
+static inline int64_t td_q8g_offset(int64_t k, int64_t K) {
+    const int64_t b = k / 32, i = k % 32, b0 = b & ~(int64_t)7, nb = K / 32, gs = nb - b0 < 8 ? nb - b0 : 8;
+    return 32 * b0 + 4 * gs * (i / 4) + 4 * (b - b0) + i % 4;
+}
 
 static inline int64_t td_tensor_numel(const td_tensor *t) {
     int64_t n = 1;

@@ -317,11 +317,30 @@ static void test_case_int8(int64_t N, int64_t K, const td_isa *isas, int n_isas)
     for (int64_t i = 0; i < K; i += 7) x[K + i] = 127.0f / 254.0f; /* row 1: ties x * 127 / amax = k + 0.5 */
     if (K >= 32) x[K + 31] = 1.0f;
     float *first = malloc(sizeof(float) * (size_t)(16 * N));
+    /* the int8 kernels' copy of the weights: grouped as --precision int8 loads them (td_q8g_offset) */
+    td_tensor wg = w.t;
+    int8_t *gq = malloc((size_t)(N * K));
+    memcpy(gq, w.data, (size_t)(N * K));
+    td_q8_group_rows(gq, K, 0, N);
+    wg.data = gq, wg.q8_grouped = true;
+    {
+        int perm_ok = 1; /* a permutation of each row's bytes: every element found where td_q8g_offset says */
+        for (int64_t n = 0; n < N; n++)
+            for (int64_t k = 0; k < K; k++) perm_ok &= gq[n * K + td_q8g_offset(k, K)] == ((const int8_t *)w.data)[n * K + k];
+        unsigned char *seen = calloc((size_t)K, 1);
+        for (int64_t k = 0; k < K; k++) {
+            const int64_t o = td_q8g_offset(k, K);
+            perm_ok &= o >= 0 && o < K && !seen[o];
+            if (o >= 0 && o < K) seen[o] = 1;
+        }
+        free(seen);
+        CHECK(perm_ok, "q8 grouping N=%lld K=%lld: not the permutation td_q8g_offset states", (long long)N, (long long)K);
+    }
     for (int ii = 0; ii < n_isas; ii++) {
         for (int t = 1; t <= 3; t++) bk[t]->isa = (int)isas[ii], bk[t]->precision = TD_PRECISION_F32;
         run_mm(2, &w.t, x, 16, yf);
         for (int t = 1; t <= 3; t++) bk[t]->precision = TD_PRECISION_INT8;
-        run_mm(2, &w.t, x, 16, y16);
+        run_mm(2, &wg, x, 16, y16);
         const char *in = td_isa_name(isas[ii]);
         double worst = 0, worst_q = 0;
         int bad = 0, bad_q = 0;
@@ -352,7 +371,7 @@ static void test_case_int8(int64_t N, int64_t K, const td_isa *isas, int n_isas)
               (long long)K, bad_q, worst_q);
         CHECK(memcmp(yf, y16, sizeof(float) * (size_t)(16 * N)) != 0, "int8 %s: the result equals the f32 path's", in);
         int diff_m, diff_rows, diff_t;
-        invariance(&w.t, x, N, K, MBIG, y16, y, row1, &diff_m, &diff_rows, &diff_t);
+        invariance(&wg, x, N, K, MBIG, y16, y, row1, &diff_m, &diff_rows, &diff_t);
         CHECK(diff_m == 0 && diff_rows == 0 && diff_t == 0, "int8 %s N=%lld K=%lld: %d batch sizes, %d prefill rows, %d thread counts differ",
               in, (long long)N, (long long)K, diff_m, diff_rows, diff_t);
         if (ii == 0) memcpy(first, y16, sizeof(float) * (size_t)(16 * N));
@@ -381,6 +400,7 @@ static void test_case_int8(int64_t N, int64_t K, const td_isa *isas, int n_isas)
         free(qx); free(q0); free(s0);
     }
     free(first);
+    free(gq);
     for (int t = 1; t <= 3; t++) bk[t]->precision = TD_PRECISION_F32, bk[t]->isa = (int)td_kernels_best_isa();
     bufs_free(&cb);
 }

@@ -209,6 +209,7 @@ td_tune td_kernels_best_tune(void) {
 void td_matmul_block(td_isa isa, td_tune tune, const td_tensor *W, const float *x, int m0, int m1, int64_t n0, int64_t n1, float *y,
                      int64_t ldy) {
     (void)tune; /* the C kernel has one shape */
+    TD_ASSERT(!(W->dtype == TD_DTYPE_Q8 && W->q8_grouped) && "matmul: grouped q8 weights take int8 activations");
     switch (isa) {
 #if defined(__x86_64__) && defined(__GNUC__)
     case TD_ISA_AVX512: td_mm_avx512(tune, W, x, m0, m1, n0, n1, y, ldy); return;

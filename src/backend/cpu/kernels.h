@@ -80,9 +80,10 @@ void td_matmul_block_bf16(const td_tensor *W, const uint16_t *xb, int64_t ldb, i
 
 /* INT8 activations (kernels_int8.c, `--precision int8`) for q8 weights:
  * td_x_to_q8 quantizes x [M, K] (K % 32 == 0) per 32-block as the q8 weights
- * are (s = absmax / 127): xq [M, K] int8, xa [M, K] = |xq|, xs [M, K/32];
- * td_matmul_block_i8 is td_matmul_block for a TD_DTYPE_Q8 W on those rows,
- * summing each block's products exactly in integers. Every isa gives the C
+ * are (s = absmax / 127): xq [M, K] int8 and xa [M, K] = |xq|, each row in the
+ * grouped order of td_q8g_offset, and xs [M, K/32] in block order;
+ * td_matmul_block_i8 is td_matmul_block for a grouped TD_DTYPE_Q8 W
+ * (q8_grouped) on those rows, summing each block's products exactly in integers. Every isa gives the C
  * reference's bits (AVX-512 with VNNI uses VPDPBUSD; the rule is in
  * kernels_int8.c); same batch-invariance rule as the f32 kernels. */
 bool td_kernels_have_vnni(void);

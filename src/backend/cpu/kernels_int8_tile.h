@@ -1,61 +1,88 @@
 /* The int8 x int8 tiles of kernels_int8.c, included once per instruction set:
  * the includer defines I8T (target attribute), I8N(name) (a suffixed name)
- * and I8_DOT(a, s) (the 8 int32 lanes sum(a[4j..4j+3] * s[4j..4j+3]) of an
- * unsigned-by-signed byte product: VPMADDUBSW + VPMADDWD on AVX2, VPDPBUSD
- * where the CPU has VNNI; both exact, so the same integers).
+ * and I8_DOTACC(acc, a, s) (acc + the 8 int32 lanes sum(a[4j..4j+3] * s[4j..4j+3])
+ * of an unsigned-by-signed byte product: VPMADDUBSW + VPMADDWD + VPADDD on AVX2,
+ * VPDPBUSD where the CPU has VNNI; both exact, so the same integers).
  *
- * Tile: RN weight rows x RM activation rows over the whole K. Per 32-block b
- * and output (n, m): the block's exact integer lanes p (above, with the sign
- * of x moved onto w: |x| * (w * sign x) = x * w), converted to float, and
- * acc = fma(ws[n,b] * xs[m,b], p, acc): the arithmetic of mm_i8_c, lane
- * by lane, so every tile shape and M gives the C reference's bits. */
+ * Tile: RN weight rows x RM activation rows over the whole K, in groups of 8
+ * blocks (td_q8g_offset: chunk v of a group holds elements 4v..4v+3 of each of
+ * its blocks, block j in lane j). Per group and output (n, m): the 8 chunks'
+ * byte products summed in int32 lanes (with the sign of x moved onto w:
+ * |x| * (w * sign x) = x * w), so lane j ends with block j's exact sum P; then
+ * acc = fma(ws[n, 8 blocks] * xs[m, 8 blocks], (float)P, acc): the arithmetic
+ * of mm_i8_c, lane by lane, so every tile shape and M gives the C reference's
+ * bits. The last group of a row whose blocks are not a multiple of 8 loads its
+ * chunks of 4 * gs bytes masked (lanes >= gs read as 0, scales too: their FMA
+ * adds 0 * 0, which leaves acc as it is, and acc is never -0). */
 
-/* Tile shapes by M, measured with AVX2 forced on the EPYC Zen 5 (bench/results/int8-avx2-2026-12-07.md):
-   on the 27B-proportioned q8 model (2 threads), 2 x M tiles for M = 2..5 against 1 x M for M = 3..5: a 3-row verify
-   30 against 35 ms, a 5-row one 43 against 47-50 ms; prefill 4 x 3 tiles: 146-154 against 134-135 tokens/s with
-   2 x 4 (prefill-512, 3 alternating rounds; one thread on 256 x 2048 x 64: 4 x 2, 4 x 3, 2 x 3 0.52-0.54 ms, 2 x 4
-   0.56-0.57, 2 x 5 0.58-0.61; 1 x 4 and 1 x 5 ran 0.96x the f32 path). Tried and dropped: the scale products of
-   8 blocks in one vector multiply, broadcast from the stack (no faster; 2 rows 25% slower). */
-/* decode (M = 1): 2 weight rows per tile; 4 rows decoded 3-10% slower (AVX2 forced, 6 alternating rounds:
-   2 rows 39.9-46.3 tokens/s, 4 rows 37.6-40.0; 1 row 40.4-41.4) */
+/* Tile shapes by M (AVX2 forced on the EPYC Zen 5, one thread, weights in L2, 256 x 4096 x M, GMAC/s):
+   grouped tiles 1 x 5 92, 2 x 5 75 (accumulators spill past 16 ymm), 2 x 4 95, 1 x 4 78, 2 x 3 97, 1 x 3 77,
+   4 x 2 92, 2 x 2 70, 4 x 1 81, 2 x 1 77; the per-block tiles they replaced ran 57-66. */
 #ifndef I8_RN_DECODE
-#define I8_RN_DECODE 2
+#define I8_RN_DECODE 4
 #endif
-#ifndef I8_RN2_MAX
-#define I8_RN2_MAX 5
-#define I8_RN_PREFILL 4
+#ifndef I8_RN_PREFILL
+#define I8_RN_PREFILL 2
 #define I8_RM_PREFILL 3
 #endif
+#ifndef I8_RN_M4
+#define I8_RN_M4 2
+#define I8_RM_M4 4
+#endif
+#ifndef I8_RN_M5
+#define I8_RN_M5 1
+#define I8_RM_M5 5
+#endif
+
+/* One group of tile(): blocks b0 .. b0 + gs - 1; masked: gs < 8 (a constant at each call, so the full
+   groups carry no masks). */
+I8T INL void I8N(group)(const int RN, const int RM, const bool masked, const int8_t *w, const float *ws, int64_t K, int64_t b0,
+                        int gs, const int8_t *const *xq, const int8_t *const *xa, const float *const *xs, __m256 (*acc)[5]) {
+    const int64_t nb = K / 32, cs = masked ? 4 * gs : 32;
+    const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(gs), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    __m256i ia[4][5];
+    for (int r = 0; r < RN; r++)
+        for (int m = 0; m < RM; m++) ia[r][m] = _mm256_setzero_si256();
+    /* Prefetch the next tile's rows (and their scales) at the same offset, as kernels_x86.c's
+       tile256: the hardware prefetchers alone leave too few lines in flight for a few short rows */
+    if (!masked) {
+        const int64_t ahead = RN * i8_tiles_ahead(RN, K);
+        for (int r = 0; r < RN; r++)
+            for (int l = 0; l < 4; l++) _mm_prefetch((const char *)(w + (ahead + r) * K + 32 * b0 + 64 * l), _MM_HINT_T0);
+        if ((b0 & 15) == 0)
+            for (int r = 0; r < RN; r++) _mm_prefetch((const char *)(ws + (ahead + r) * nb + b0), _MM_HINT_T0);
+    }
+    for (int v = 0; v < 8; v++) {
+        const int64_t off = 32 * b0 + cs * v;
+        __m256i wv[4];
+        for (int r = 0; r < RN; r++)
+            wv[r] = masked ? _mm256_maskload_epi32((const int *)(const void *)(w + r * K + off), mask)
+                           : _mm256_loadu_si256((const __m256i *)(w + r * K + off));
+        for (int m = 0; m < RM; m++) {
+            const __m256i q = masked ? _mm256_maskload_epi32((const int *)(const void *)(xq[m] + off), mask)
+                                     : _mm256_loadu_si256((const __m256i *)(xq[m] + off));
+            const __m256i a = masked ? _mm256_maskload_epi32((const int *)(const void *)(xa[m] + off), mask)
+                                     : _mm256_loadu_si256((const __m256i *)(xa[m] + off));
+            for (int r = 0; r < RN; r++) ia[r][m] = I8_DOTACC(ia[r][m], a, _mm256_sign_epi8(wv[r], q));
+        }
+    }
+    for (int r = 0; r < RN; r++) {
+        const __m256 dw = masked ? _mm256_maskload_ps(ws + r * nb + b0, mask) : _mm256_loadu_ps(ws + r * nb + b0);
+        for (int m = 0; m < RM; m++) {
+            const __m256 dx = masked ? _mm256_maskload_ps(xs[m] + b0, mask) : _mm256_loadu_ps(xs[m] + b0);
+            acc[r][m] = _mm256_fmadd_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(ia[r][m]), acc[r][m]);
+        }
+    }
+}
 
 I8T INL void I8N(tile)(const int RN, const int RM, const int8_t *w, const float *ws, int64_t K, const int8_t *const *xq,
                        const int8_t *const *xa, const float *const *xs, float *const *y, int64_t n) {
-    const int64_t nb = K / 32;
+    const int64_t nb = K / 32, full = nb & ~(int64_t)7;
     __m256 acc[4][5];
     for (int r = 0; r < RN; r++)
         for (int m = 0; m < RM; m++) acc[r][m] = _mm256_setzero_ps();
-    /* Prefetch the next tile's rows (and their scales) at the same offset, as kernels_x86.c's
-       tile256: the hardware prefetchers alone leave too few lines in flight for a few short rows */
-    for (int64_t b = 0; b < nb; b++) {
-        __m256i wv[4];
-        __m256 dw[4];
-        if ((b & 1) == 0)
-            for (int r = 0; r < RN; r++) _mm_prefetch((const char *)(w + (RN + r) * K + b * 32), _MM_HINT_T0);
-        if ((b & 15) == 0)
-            for (int r = 0; r < RN; r++) _mm_prefetch((const char *)(ws + (RN + r) * nb + b), _MM_HINT_T0);
-        for (int r = 0; r < RN; r++) {
-            wv[r] = _mm256_loadu_si256((const __m256i *)(w + r * K + b * 32));
-            dw[r] = _mm256_broadcast_ss(ws + r * nb + b);
-        }
-        for (int m = 0; m < RM; m++) {
-            const __m256i q = _mm256_loadu_si256((const __m256i *)(xq[m] + b * 32));
-            const __m256i a = _mm256_loadu_si256((const __m256i *)(xa[m] + b * 32));
-            const __m256 dx = _mm256_broadcast_ss(xs[m] + b);
-            for (int r = 0; r < RN; r++) {
-                const __m256i p = I8_DOT(a, _mm256_sign_epi8(wv[r], q));
-                acc[r][m] = _mm256_fmadd_ps(_mm256_mul_ps(dw[r], dx), _mm256_cvtepi32_ps(p), acc[r][m]);
-            }
-        }
-    }
+    for (int64_t b0 = 0; b0 < full; b0 += 8) I8N(group)(RN, RM, false, w, ws, K, b0, 8, xq, xa, xs, acc);
+    if (full < nb) I8N(group)(RN, RM, true, w, ws, K, full, (int)(nb - full), xq, xa, xs, acc);
     for (int r = 0; r < RN; r++)
         for (int m = 0; m < RM; m++) { /* reduce8: lanes 4 apart, then 2, then 1 */
             __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc[r][m]), _mm256_extractf128_ps(acc[r][m], 1));
@@ -65,18 +92,19 @@ I8T INL void I8N(tile)(const int RN, const int RM, const int8_t *w, const float 
         }
 }
 
-/* Rows [n0, n1) x [m0, m1) of y: weight rows in tiles of 2 for one activation
- * row (decode), of 2 against 2..5 activation rows
- * (verify: one tile, each weight chunk loaded once for all), and of 4 against
- * 3-row chunks in prefill (4 weight rows x K stay in L1 while the chunks of the
- * row block stream past). */
+/* Rows [n0, n1) x [m0, m1) of y: weight rows in tiles of RN against the
+ * activation rows (decode 4 x 1, verify 4 x 2, 2 x 3, 2 x 4, 1 x 5: each
+ * weight chunk loaded once for all of them), and of 2 against 3-row chunks in
+ * prefill (2 weight rows x K stay in L1 while the chunks of the row block
+ * stream past). */
 I8T static void I8N(mm)(const td_tensor *W, const int8_t *xq, const int8_t *xa, const float *xs, int m0, int m1, int64_t n0, int64_t n1,
                         float *y, int64_t ldy) {
     const int64_t K = W->shape[1], nb = K / 32;
     const int8_t *wq = W->data;
     const float *wsc = W->scales;
-    const int M = m1 - m0, RN = M == 1 ? I8_RN_DECODE : M <= I8_RN2_MAX ? 2 : M <= 5 ? 1 : I8_RN_PREFILL;
-    const int RMX = M <= 5 ? M : I8_RM_PREFILL;
+    const int M = m1 - m0;
+    const int RN = M == 1 ? I8_RN_DECODE : M == 2 ? 4 : M == 3 ? 2 : M == 4 ? I8_RN_M4 : M == 5 ? I8_RN_M5 : I8_RN_PREFILL;
+    const int RMX = M <= 3 ? M : M == 4 ? I8_RM_M4 : M == 5 ? I8_RM_M5 : I8_RM_PREFILL;
     for (int64_t n = n0; n < n1;) {
         const int rn = n1 - n >= RN ? RN : 1; /* the last rows go one at a time */
         for (int mc = m0; mc < m1; mc += RMX) {
@@ -87,19 +115,12 @@ I8T static void I8N(mm)(const td_tensor *W, const int8_t *xq, const int8_t *xa, 
             i8_rows(xq, xa, xs, y, K, ldy, mc, rm, q, a, s, yr);
             const int8_t *wr = wq + n * K;
             const float *sr = wsc + n * nb;
-            if (rn == RN) {
 #define I8CASE(R, M_)                                                                                                                \
     case M_: I8N(tile)(R, M_, wr, sr, K, q, a, s, yr, n); break;
-                if (RN == 4)
-                    switch (rm) { I8CASE(4, 1) I8CASE(4, 2) I8CASE(4, 3) default: break; }
-                else if (RN == 2)
-                    switch (rm) { I8CASE(2, 1) I8CASE(2, 2) I8CASE(2, 3) I8CASE(2, 4) I8CASE(2, 5) }
-                else
-                    switch (rm) { I8CASE(1, 1) I8CASE(1, 2) I8CASE(1, 3) I8CASE(1, 4) I8CASE(1, 5) }
-            } else {
-                switch (rm) { I8CASE(1, 1) I8CASE(1, 2) I8CASE(1, 3) I8CASE(1, 4) I8CASE(1, 5) }
+            if (rn == 1) switch (rm) { I8CASE(1, 1) I8CASE(1, 2) I8CASE(1, 3) I8CASE(1, 4) I8CASE(1, 5) }
+            else if (RN == 4) switch (rm) { I8CASE(4, 1) I8CASE(4, 2) I8CASE(4, 3) default: break; }
+            else switch (rm) { I8CASE(2, 1) I8CASE(2, 2) I8CASE(2, 3) I8CASE(2, 4) I8CASE(2, 5) }
 #undef I8CASE
-            }
         }
         n += rn;
     }
