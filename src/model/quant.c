@@ -36,10 +36,11 @@ void td_q8_group_rows(int8_t *q, int64_t K, int64_t r0, int64_t r1) {
     const int64_t nb = K / 32;
     for (int64_t n = r0; n < r1; n++)
         for (int64_t b0 = 0; b0 < nb; b0 += 8) { /* one group at a time: it stays within its 32 * gs bytes */
-            int8_t *row = q + n * K;
-            const int64_t len = (nb - b0 < 8 ? nb - b0 : 8) * 32;
-            for (int64_t k = 0; k < len; k++) g[td_q8g_offset(32 * b0 + k, K) - 32 * b0] = row[32 * b0 + k];
-            memcpy(row + 32 * b0, g, (size_t)len);
+            int8_t *grp = q + n * K + 32 * b0;
+            const int gs = nb - b0 < 8 ? (int)(nb - b0) : 8;
+            for (int j = 0; j < gs; j++) /* block j's 4-byte pieces v to 4 * gs * v + 4 * j (td_q8g_offset) */
+                for (int v = 0; v < 8; v++) memcpy(g + 4 * gs * v + 4 * j, grp + 32 * j + 4 * v, 4);
+            memcpy(grp, g, (size_t)(32 * gs));
         }
 }
 

@@ -181,6 +181,13 @@ static void cpu_fill_random(td_backend *b, void *dst, td_dtype dtype, size_t n, 
 #define ROWS_SMALL_M 16
 #define ROWS_LARGE_M 32
 #define M_BLOCK 64
+/* int8 activations (M <= 16): 64 weight rows per task. The int8 tiles prefetch 4 KB ahead within a
+   task, and each task boundary restarts that stream: with AVX2 forced on the EPYC Zen 5 (27B-proportioned
+   q8 model, 2 threads, 6 alternating rounds, medians) a 5-token verify took 41.5 ms with 16 rows, 35.3
+   with 64, 35.8 with 256; decode 37.3 / 41.4 / 39.8 tokens/s. */
+#ifndef I8_ROWS_SMALL_M
+#define I8_ROWS_SMALL_M 64
+#endif
 
 typedef struct {
     const td_tensor *W;
@@ -211,7 +218,8 @@ static void cpu_matmul(td_backend *b, const td_tensor *W, const float *x, int M,
     if (!td_matmul_supported(W, &why)) TD_ASSERT(!"matmul: unsupported weight");
     matmul_job j = {.W = W, .x = x, .y = y, .M = M, .N = W->shape[0], .isa = b->isa, .tune = b->tune};
     int64_t K = W->shape[1];
-    j.rows = M <= 16 ? ROWS_SMALL_M : ROWS_LARGE_M;
+    const bool int8 = b->precision == TD_PRECISION_INT8 && W->dtype == TD_DTYPE_Q8; /* other weights: the f32 path */
+    j.rows = M > 16 ? ROWS_LARGE_M : int8 ? I8_ROWS_SMALL_M : ROWS_SMALL_M;
     j.mb = M <= 16 ? M : b->precision == TD_PRECISION_BF16 ? TD_BF16_M_BLOCK : M_BLOCK;
     j.n_mblocks = (M + j.mb - 1) / j.mb;
     int tasks = (int)((j.N + j.rows - 1) / j.rows) * j.n_mblocks;
@@ -226,7 +234,7 @@ static void cpu_matmul(td_backend *b, const td_tensor *W, const float *x, int M,
         j.xb = xb;
     }
     void *xi = NULL;
-    if (b->precision == TD_PRECISION_INT8 && W->dtype == TD_DTYPE_Q8) { /* other weights: the f32 path */
+    if (int8) {
         const size_t qb = (size_t)M * (size_t)K;
         xi = malloc(2 * qb + (size_t)M * (size_t)(K / 32) * sizeof(float));
         TD_ASSERT(xi && "matmul: out of memory for the int8 activations");
