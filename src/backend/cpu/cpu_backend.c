@@ -178,16 +178,19 @@ static void cpu_fill_random(td_backend *b, void *dst, td_dtype dtype, size_t n, 
  * a group of weight rows is reused from L1 (BF16 activations: 128-row blocks,
  * the BF16 panel's, which halve its weight conversions: +6-10% on the
  * 27B-shaped matrices, one thread, side by side). */
-#define ROWS_SMALL_M 16
+/* Decode/verify (M <= 16): 64 weight rows per task. The tiles prefetch ahead within a task, and each
+   task boundary restarts that stream. Measured on the EPYC Zen 5 guest (27B-proportioned model, 2 threads,
+   alternating rounds, medians), 16 rows -> 64 rows:
+   - int8 activations, AVX2, q8 (6 rounds): 5-token verify 41.5 -> 35.3 ms (256 rows: 35.8), decode 37.3
+     -> 41.4 tokens/s (256 rows: 39.8);
+   - f32, AVX2, BF16 weights (3 rounds): decode level (22.9-23.3), 5-token verify 53.8-55.7 -> 50.4-51.8 ms;
+   - f32, AVX-512, BF16: decode 24.0-24.5 -> 24.1-25.0 tokens/s, verify 43.8-45.5 -> 42.9-44.2 ms;
+   - f32, AVX2, q8: decode 31.3-35.4 -> 39.7-40.1 tokens/s, verify 65.3-72.0 -> 63.9-67.1 ms. */
+#ifndef ROWS_SMALL_M
+#define ROWS_SMALL_M 64
+#endif
 #define ROWS_LARGE_M 32
 #define M_BLOCK 64
-/* int8 activations (M <= 16): 64 weight rows per task. The int8 tiles prefetch 4 KB ahead within a
-   task, and each task boundary restarts that stream: with AVX2 forced on the EPYC Zen 5 (27B-proportioned
-   q8 model, 2 threads, 6 alternating rounds, medians) a 5-token verify took 41.5 ms with 16 rows, 35.3
-   with 64, 35.8 with 256; decode 37.3 / 41.4 / 39.8 tokens/s. */
-#ifndef I8_ROWS_SMALL_M
-#define I8_ROWS_SMALL_M 64
-#endif
 
 typedef struct {
     const td_tensor *W;
@@ -219,7 +222,7 @@ static void cpu_matmul(td_backend *b, const td_tensor *W, const float *x, int M,
     matmul_job j = {.W = W, .x = x, .y = y, .M = M, .N = W->shape[0], .isa = b->isa, .tune = b->tune};
     int64_t K = W->shape[1];
     const bool int8 = b->precision == TD_PRECISION_INT8 && W->dtype == TD_DTYPE_Q8; /* other weights: the f32 path */
-    j.rows = M > 16 ? ROWS_LARGE_M : int8 ? I8_ROWS_SMALL_M : ROWS_SMALL_M;
+    j.rows = M > 16 ? ROWS_LARGE_M : ROWS_SMALL_M;
     j.mb = M <= 16 ? M : b->precision == TD_PRECISION_BF16 ? TD_BF16_M_BLOCK : M_BLOCK;
     j.n_mblocks = (M + j.mb - 1) / j.mb;
     int tasks = (int)((j.N + j.rows - 1) / j.rows) * j.n_mblocks;

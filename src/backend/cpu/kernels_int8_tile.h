@@ -17,7 +17,10 @@
 
 /* Tile shapes by M (AVX2 forced on the EPYC Zen 5, one thread, weights in L2, 256 x 4096 x M, GMAC/s):
    grouped tiles 1 x 5 92, 2 x 5 75 (accumulators spill past 16 ymm), 2 x 4 95, 1 x 4 78, 2 x 3 97, 1 x 3 77,
-   4 x 2 92, 2 x 2 70, 4 x 1 81, 2 x 1 77; the per-block tiles they replaced ran 57-66. */
+   4 x 2 92, 2 x 2 70, 4 x 1 81, 2 x 1 77; the per-block tiles they replaced ran 57-66. In the model
+   (27B-proportioned, q8, 2 threads, alternating rounds, medians): decode with 4 and with 2 rows per tile
+   37.8 tokens/s each (5 rounds); M = 4 as 4 x 2 chunks and M = 5 as 2 x 3 + 2 x 2 chunks were no faster
+   than 2 x 4 and 1 x 5 (5-token verify 46.8 ms against 40.3, 6 rounds). */
 #ifndef I8_RN_DECODE
 #define I8_RN_DECODE 4
 #endif
