@@ -192,6 +192,15 @@ static void cpu_fill_random(td_backend *b, void *dst, td_dtype dtype, size_t n, 
 #define ROWS_LARGE_M 32
 #define M_BLOCK 64
 
+/* Weight rows per decode/verify task: ROWS_SMALL_M, halved (down to 16, the rows before the change) while
+   that leaves fewer than 4 tasks per thread, so a many-core CPU still splits the smaller matrices (N = 1024
+   on 16 threads: 64 tasks of 16 rows, not 16 of 64). The split never changes a bit. */
+static int64_t small_m_rows(int64_t N, int threads) {
+    int64_t rows = ROWS_SMALL_M;
+    while (rows > 16 && N < rows * 4 * threads) rows /= 2;
+    return rows;
+}
+
 typedef struct {
     const td_tensor *W;
     const float *x;
@@ -222,7 +231,7 @@ static void cpu_matmul(td_backend *b, const td_tensor *W, const float *x, int M,
     matmul_job j = {.W = W, .x = x, .y = y, .M = M, .N = W->shape[0], .isa = b->isa, .tune = b->tune};
     int64_t K = W->shape[1];
     const bool int8 = b->precision == TD_PRECISION_INT8 && W->dtype == TD_DTYPE_Q8; /* other weights: the f32 path */
-    j.rows = M > 16 ? ROWS_LARGE_M : ROWS_SMALL_M;
+    j.rows = M > 16 ? ROWS_LARGE_M : small_m_rows(j.N, b->n_threads);
     j.mb = M <= 16 ? M : b->precision == TD_PRECISION_BF16 ? TD_BF16_M_BLOCK : M_BLOCK;
     j.n_mblocks = (M + j.mb - 1) / j.mb;
     int tasks = (int)((j.N + j.rows - 1) / j.rows) * j.n_mblocks;
