@@ -178,23 +178,20 @@ static void cpu_fill_random(td_backend *b, void *dst, td_dtype dtype, size_t n, 
  * a group of weight rows is reused from L1 (BF16 activations: 128-row blocks,
  * the BF16 panel's, which halve its weight conversions: +6-10% on the
  * 27B-shaped matrices, one thread, side by side). */
-/* Decode/verify (M <= 16): 64 weight rows per task. The tiles prefetch ahead within a task, and each
-   task boundary restarts that stream. Measured on the EPYC Zen 5 guest (27B-proportioned model, 2 threads,
-   alternating rounds, medians), 16 rows -> 64 rows:
+#define ROWS_SMALL_M 64
+#define ROWS_LARGE_M 32
+#define M_BLOCK 64
+
+/* Weight rows per decode/verify task (M <= 16): 64, halved (down to 16) while that leaves fewer than 4
+   tasks per thread, so a many-core CPU still splits the smaller matrices (N = 1024 on 16 threads: 64 tasks
+   of 16 rows, not 16 of 64). The split never changes a bit. Why 64 and not 16: the tiles prefetch ahead
+   within a task, and each task boundary restarts that stream. Measured on the EPYC Zen 5 guest
+   (27B-proportioned model, 2 threads, alternating rounds, medians), 16 rows -> 64 rows:
    - int8 activations, AVX2, q8 (6 rounds): 5-token verify 41.5 -> 35.3 ms (256 rows: 35.8), decode 37.3
      -> 41.4 tokens/s (256 rows: 39.8);
    - f32, AVX2, BF16 weights (3 rounds): decode level (22.9-23.3), 5-token verify 53.8-55.7 -> 50.4-51.8 ms;
    - f32, AVX-512, BF16: decode 24.0-24.5 -> 24.1-25.0 tokens/s, verify 43.8-45.5 -> 42.9-44.2 ms;
    - f32, AVX2, q8: decode 31.3-35.4 -> 39.7-40.1 tokens/s, verify 65.3-72.0 -> 63.9-67.1 ms. */
-#ifndef ROWS_SMALL_M
-#define ROWS_SMALL_M 64
-#endif
-#define ROWS_LARGE_M 32
-#define M_BLOCK 64
-
-/* Weight rows per decode/verify task: ROWS_SMALL_M, halved (down to 16, the rows before the change) while
-   that leaves fewer than 4 tasks per thread, so a many-core CPU still splits the smaller matrices (N = 1024
-   on 16 threads: 64 tasks of 16 rows, not 16 of 64). The split never changes a bit. */
 static int64_t small_m_rows(int64_t N, int threads) {
     int64_t rows = ROWS_SMALL_M;
     while (rows > 16 && N < rows * 4 * threads) rows /= 2;
