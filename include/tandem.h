@@ -227,6 +227,7 @@ typedef struct td_spec_counters {
     uint64_t drafts, draft_tokens, accepted_tokens;
     uint64_t accepted_per_pos[TD_MAX_SPEC_DEPTH];
     uint64_t chosen_depth[TD_MAX_SPEC_DEPTH + 1]; /* decode steps run at each draft depth (0 = no draft) */
+    uint64_t explored_steps; /* of those, steps `auto` ran at a depth other than its choice, to measure it (exploration bursts) */
 } td_spec_counters;
 
 typedef enum { TD_FINISH_NONE = 0, TD_FINISH_STOP, TD_FINISH_LENGTH, TD_FINISH_CANCEL } td_finish;

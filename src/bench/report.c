@@ -22,6 +22,7 @@ static td_spec_counters depth_counters(const bench_report *r, int d) {
         s.accepted_tokens += c->accepted_tokens;
         for (int i = 0; i < TD_MAX_SPEC_DEPTH; i++) s.accepted_per_pos[i] += c->accepted_per_pos[i];
         for (int i = 0; i <= TD_MAX_SPEC_DEPTH; i++) s.chosen_depth[i] += c->chosen_depth[i];
+        s.explored_steps += c->explored_steps;
     }
     return s;
 }
@@ -127,10 +128,11 @@ static void md_chosen_table(FILE *f, const bench_report *r) {
         td_spec_counters all = depth_counters(r, d);
         for (int i = 0; i <= TD_MAX_SPEC_DEPTH; i++)
             if (all.chosen_depth[i]) kmax = i;
-        fprintf(f, "\n## Chosen depth (auto)\n\nDecode steps at each draft depth (%% of the task's steps); mean depth.\n\n| task |");
+        fprintf(f, "\n## Chosen depth (auto)\n\nDecode steps at each draft depth (%% of the task's steps); mean depth; steps run in "
+                   "exploration bursts (a deeper depth measured as it runs, counted in its column too).\n\n| task |");
         for (int i = 0; i <= kmax; i++) fprintf(f, " %d |", i);
-        fprintf(f, " mean |\n|---|");
-        for (int i = 0; i <= kmax + 1; i++) fprintf(f, "---|");
+        fprintf(f, " mean | explored |\n|---|");
+        for (int i = 0; i <= kmax + 2; i++) fprintf(f, "---|");
         fprintf(f, "\n");
         for (int t = 0; t <= su->n_tasks; t++) {
             td_spec_counters s = t < su->n_tasks ? cell(r, t, d)->spec : all;
@@ -138,7 +140,8 @@ static void md_chosen_table(FILE *f, const bench_report *r) {
             for (int i = 0; i <= TD_MAX_SPEC_DEPTH; i++) n += s.chosen_depth[i], sum += (uint64_t)i * s.chosen_depth[i];
             fprintf(f, "| %s |", t < su->n_tasks ? su->tasks[t] : "**all**");
             for (int i = 0; i <= kmax; i++) fprintf(f, " %llu (%.0f%%) |", (unsigned long long)s.chosen_depth[i], n ? 100.0 * s.chosen_depth[i] / n : 0.0);
-            fprintf(f, " %.2f |\n", n ? (double)sum / n : 0.0);
+            fprintf(f, " %.2f | %llu (%.0f%%) |\n", n ? (double)sum / n : 0.0, (unsigned long long)s.explored_steps,
+                    n ? 100.0 * s.explored_steps / n : 0.0);
         }
     }
 }

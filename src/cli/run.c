@@ -33,7 +33,9 @@ static void print_stats(const td_gen_result *r, int depth, bool autod) {
     if (s->drafts) fprintf(stderr, " (%.1f%%), mean acceptance length %.2f", 100.0 * (double)s->accepted_tokens / (double)s->draft_tokens,
                            1.0 + (double)s->accepted_tokens / (double)s->drafts);
     fprintf(stderr, "\nchosen depth (decode steps):");
-    for (int k = 0; k <= depth && k <= TD_MAX_SPEC_DEPTH; k++) fprintf(stderr, " %d: %llu%s", k, (unsigned long long)s->chosen_depth[k], k < depth ? "," : "\n");
+    for (int k = 0; k <= depth && k <= TD_MAX_SPEC_DEPTH; k++) fprintf(stderr, " %d: %llu%s", k, (unsigned long long)s->chosen_depth[k], k < depth ? "," : "");
+    if (autod) fprintf(stderr, "; %llu of them exploring", (unsigned long long)s->explored_steps);
+    fputc('\n', stderr);
     if (!s->drafts) return;
     fprintf(stderr, "| position | accepted | rate |\n|---|---|---|\n");
     for (int i = 0; i < depth && i < TD_MAX_SPEC_DEPTH; i++)

@@ -224,6 +224,8 @@ int td_metrics_render(srv_metrics *m, const metrics_ctx *c, sbuf *out) {
         snprintf(n2, sizeof n2, "%s_count", cd);
         r |= sample_u(b, n2, mn, NULL, cum);
     }
+    r |= counter(b, "tandem_spec_explored_steps_total", "Decode steps auto ran at a deeper depth than its choice, to measure it.", mn,
+                 sp->explored_steps);
     r |= gauge(b, "tandem_max_num_seqs", "Requests run at once at most.", mn, c->max_num_seqs);
     r |= gauge(b, "tandem_max_queue", "Waiting requests before 503.", mn, c->max_queue);
     r |= gauge(b, "tandem_max_model_len", "Context window in tokens.", mn, c->n_ctx);

@@ -11,6 +11,12 @@ void td_ad_costs_init(td_ad_costs *c) {
 void td_ad_engine_init(td_ad_engine *e) {
     memset(e, 0, sizeof *e);
     td_ad_costs_init(&e->costs);
+    td_ad_explore_init(&e->explore);
+}
+
+void td_ad_explore_init(td_ad_explore *x) {
+    x->since = 0;
+    x->every = TD_AD_EXPLORE_MIN;
 }
 
 static void add(double *v, uint32_t *n, double x) {
@@ -213,6 +219,104 @@ void td_ad_state_init(td_ad_state *s, const td_ad_accept *global, uint64_t force
     s->force_seed = force_seed;
 }
 
+void td_ad_state_seed_real(td_ad_state *s, const td_ad_real *g) {
+    memset(&s->real, 0, sizeof s->real);
+    if (!g) return;
+    for (int k = 1; k <= TD_MAX_SPEC_DEPTH; k++) {
+        if (!(g->n[k] > 1e-9) || !(g->sum[k] >= 0)) continue;
+        double w = g->n[k] < TD_AD_REAL_SEED ? g->n[k] : TD_AD_REAL_SEED;
+        s->real.n[k] = w;
+        s->real.sum[k] = w * g->sum[k] / g->n[k];
+    }
+}
+
+void td_ad_observe_step(td_ad_state *s, td_ad_real *global, int k, int a) {
+    if (k < 1) return;
+    if (k > TD_MAX_SPEC_DEPTH) k = TD_MAX_SPEC_DEPTH;
+    if (a < 0) a = 0;
+    if (a > k) a = k;
+    td_ad_observe(&s->acc, k, a, TD_AD_DECAY);
+    bool settled = k == s->last_k; /* a step right after one at another depth starts where that depth left the text: not k's own */
+    s->last_k = k;
+    if (!settled) return;
+    s->real.n[k] += 1;
+    s->real.sum[k] += a + 1;
+    if (global) {
+        for (int j = 1; j <= TD_MAX_SPEC_DEPTH; j++) global->n[j] *= TD_AD_GLOBAL_REAL_DECAY, global->sum[j] *= TD_AD_GLOBAL_REAL_DECAY;
+        global->n[k] += 1;
+        global->sum[k] += a + 1;
+    }
+}
+
+double td_ad_req_expected(const td_ad_req *r, int k) {
+    if (k <= 0) return 1;
+    if (k > TD_MAX_SPEC_DEPTH) k = TD_MAX_SPEC_DEPTH;
+    double model = td_ad_expected(r->p, k), w = r->real_w[k];
+    if (!(w > 0) || !(r->real[k] >= 1)) return model;
+    return (w * r->real[k] + TD_AD_REAL_PRIOR * model) / (w + TD_AD_REAL_PRIOR);
+}
+
+void td_ad_req_from_state(td_ad_req *r, const td_ad_state *s) {
+    for (int j = 0; j < TD_MAX_SPEC_DEPTH; j++) r->p[j] = td_ad_p(&s->acc, j);
+    r->real[0] = 1, r->real_w[0] = 0;
+    for (int k = 1; k <= TD_MAX_SPEC_DEPTH; k++) {
+        r->real_w[k] = s->real.n[k];
+        r->real[k] = s->real.n[k] > 1e-9 ? s->real.sum[k] / s->real.n[k] : 0;
+    }
+    if (s->burst_left > 0) {
+        r->fixed = true;
+        r->k = s->burst_k < r->kmax ? s->burst_k : r->kmax;
+    }
+}
+
+/* The depth an exploration burst runs from `choice`: a deeper one within the
+ * window of the choice's predicted rate, the least measured (ties, within
+ * half a step of weight: the deeper); 0: none. */
+static int explore_pick(const td_ad_req *r, int choice) {
+    int pick = 0;
+    double floor = r->rate[choice] * (1 - TD_AD_EXPLORE_WINDOW);
+    for (int k = r->kmax; k >= 1; k--) {
+        if (k <= choice || !(r->rate[k] >= floor)) continue;
+        if (!pick || r->real_w[k] < r->real_w[pick] - 0.5) pick = k;
+    }
+    return pick;
+}
+
+int td_ad_next(td_ad_state *s, td_ad_explore *x, const td_ad_req *r) {
+    for (int k = 1; k <= TD_MAX_SPEC_DEPTH; k++) { /* every step: what a depth measured long ago fades back to the model */
+        s->real.n[k] *= TD_AD_REAL_DECAY;
+        s->real.sum[k] *= TD_AD_REAL_DECAY;
+    }
+    if (s->burst_left > 0) { /* r was fixed at the burst's depth */
+        s->steps++;
+        s->explored++;
+        s->since_draft = 0;
+        if (--s->burst_left == 0) s->burst_ended = true;
+        return r->k;
+    }
+    int choice = r->k;
+    if (s->burst_ended) { /* the choice after a burst: the same as before it, explore less often */
+        s->burst_ended = false;
+        if (choice == s->burst_from) x->every = x->every * 2 > TD_AD_EXPLORE_MAX ? TD_AD_EXPLORE_MAX : x->every * 2;
+        else x->every = TD_AD_EXPLORE_MIN;
+    }
+    if (choice > 0 && ++x->since >= x->every) {
+        int k = explore_pick(r, choice);
+        if (k > 0) {
+            x->since = 0;
+            s->burst_k = k, s->burst_from = choice;
+            s->burst_left = TD_AD_EXPLORE_BURST - 1;
+            s->burst_ended = s->burst_left == 0;
+            s->steps++;
+            s->explored++;
+            s->since_draft = 0;
+            s->probe = TD_AD_PROBE_MIN;
+            return k;
+        }
+    }
+    return td_ad_probe(s, choice, r->kmax);
+}
+
 /* The step's rate with the sums kept by the caller: E total, tokens, and
  * rows per MTP pass. */
 static double rate_of(td_ad_costs *c, double e, int tokens, const int *pass_rows, int max_k) {
@@ -225,7 +329,7 @@ double td_ad_rate(td_ad_costs *c, const td_ad_req *r, int n, int extra_tokens) {
     int rows[TD_MAX_SPEC_DEPTH] = {0}, tokens = extra_tokens, max_k = 0;
     double e = 0;
     for (int i = 0; i < n; i++) {
-        e += td_ad_expected(r[i].p, r[i].k);
+        e += td_ad_req_expected(&r[i], r[i].k);
         tokens += r[i].k + 1;
         for (int j = 0; j < r[i].k; j++) rows[j]++;
         if (r[i].k > max_k) max_k = r[i].k;
@@ -242,7 +346,8 @@ double td_ad_choose(td_ad_costs *c, td_ad_req *r, int n, int extra_tokens) {
         if (r[i].kmax > TD_MAX_SPEC_DEPTH) r[i].kmax = TD_MAX_SPEC_DEPTH;
         if (!r[i].fixed) r[i].k = 0;
         if (r[i].k > r[i].kmax) r[i].k = r[i].kmax;
-        e += td_ad_expected(r[i].p, r[i].k);
+        memset(r[i].rate, 0, sizeof r[i].rate);
+        e += td_ad_req_expected(&r[i], r[i].k);
         tokens += r[i].k + 1;
         for (int j = 0; j < r[i].k; j++) rows[j]++;
     }
@@ -254,7 +359,7 @@ double td_ad_choose(td_ad_costs *c, td_ad_req *r, int n, int extra_tokens) {
             if (r[i].fixed || r[i].kmax == 0) continue;
             int k0 = r[i].k;
             /* take request i out */
-            double e0 = e - td_ad_expected(r[i].p, k0);
+            double e0 = e - td_ad_req_expected(&r[i], k0);
             int t0 = tokens - (k0 + 1);
             for (int j = 0; j < k0; j++) rows[j]--;
             int others_max = 0;
@@ -265,7 +370,8 @@ double td_ad_choose(td_ad_costs *c, td_ad_req *r, int n, int extra_tokens) {
             for (int k = 0; k <= r[i].kmax; k++) {
                 if (k > 0) rows[k - 1]++;
                 int mk = k > others_max ? k : others_max;
-                rts[k] = rate_of(c, e0 + td_ad_expected(r[i].p, k), t0 + k + 1, rows, mk);
+                rts[k] = rate_of(c, e0 + td_ad_req_expected(&r[i], k), t0 + k + 1, rows, mk);
+                r[i].rate[k] = rts[k];
                 if (rts[k] > br * (1 + 1e-9)) { br = rts[k]; best = k; }
             }
             /* the deepest k within TD_AD_DEEPER_MARGIN of the best (see autodepth.h) */
@@ -273,7 +379,7 @@ double td_ad_choose(td_ad_costs *c, td_ad_req *r, int n, int extra_tokens) {
                 if (rts[k] >= br * (1 - TD_AD_DEEPER_MARGIN)) { best = k; br = rts[k]; break; }
             for (int k = r[i].kmax; k > best; k--) rows[k - 1]--;
             r[i].k = best;
-            e = e0 + td_ad_expected(r[i].p, best);
+            e = e0 + td_ad_req_expected(&r[i], best);
             tokens = t0 + best + 1;
             best_rate = br;
             if (best != k0) changed = true;

@@ -127,11 +127,27 @@ typedef struct td_ad_costs {
     bool dirty;
 } td_ad_costs;
 
+/* Decayed steps and tokens emitted, by depth (see TD_AD_REAL_DECAY). */
+typedef struct td_ad_real {
+    double n[TD_MAX_SPEC_DEPTH + 1], sum[TD_MAX_SPEC_DEPTH + 1];
+} td_ad_real;
+
+/* The exploration schedule (see TD_AD_EXPLORE_BURST), engine-wide: a
+ * request lives a few dozen steps (128 tokens at 2-4 per step), so an
+ * interval per request would never come round; one request's burst seeds
+ * every later request through the engine-wide realized figures. */
+typedef struct td_ad_explore {
+    int since;           /* drafting steps of auto requests since the last burst began */
+    int every;           /* the interval now */
+} td_ad_explore;
+
 /* Engine-wide state (td_engine.ad): the cost table, the server-wide
  * acceptance every new request is seeded from, and the chosen-depth totals. */
 typedef struct td_ad_engine {
     td_ad_costs costs;
     td_ad_accept global[2];  /* [0] greedy, [1] sampled requests (acceptance falls with temperature) */
+    td_ad_real real[2];      /* realized tokens per step by depth, from auto requests, the same two buckets */
+    td_ad_explore explore;
     uint64_t n_auto;         /* auto requests begun (every TD_AD_TRACK_EVERY-th tracks) */
     int n_live;              /* requests begun and not yet ended, any depth: the batch a new one joins */
     bool calibrated;
@@ -149,6 +165,50 @@ typedef struct td_ad_engine {
  * TD_AD_DRAFT_MARGIN's noise). */
 #define TD_AD_TRACK_MARGIN 1.15
 
+/* Realized tokens per step, by depth. The per-position acceptance model
+ * (td_ad_expected) takes positions as independent of the depth in use, and
+ * learns position j only where it drafts j. Where acceptance depends on
+ * the depth, that model misjudges the depths not in use: greedy text that
+ * repeats with period P lets the step length lock onto it, so the
+ * 27B-proportioned random model accepted 100% / 96.6% at positions 1 / 2
+ * at depth 4 but 86-92% at depths 1-3, and auto, learning at depth 2,
+ * priced depth 4 below it and stayed there 95% of the steps, 6.5-7.7%
+ * behind depth 4 (bench/results/int8-grouped-2026-12-07.md). So each
+ * request also keeps, per depth k, the tokens its steps at k emitted
+ * (accepted + 1) and the steps, both decayed by TD_AD_REAL_DECAY every
+ * decode step (a depth measured long ago fades back to the model); a step
+ * counts for k only when the one before it also ran at k (the first starts
+ * where another depth left the text). The choice reads E[emitted | k] as
+ * that mean shrunk toward the per-position model by TD_AD_REAL_PRIOR
+ * pseudo-steps. */
+#define TD_AD_REAL_DECAY 0.97
+#define TD_AD_REAL_PRIOR 4.0
+/* The engine-wide figures (td_ad_engine.real) decay by this at every settled
+ * step of any auto request; a new request starts from them at a weight of at
+ * most TD_AD_REAL_SEED steps per depth. */
+#define TD_AD_GLOBAL_REAL_DECAY 0.99
+#define TD_AD_REAL_SEED 8.0
+/* Exploration: every `every` drafting steps of auto requests
+ * (td_ad_explore: TD_AD_EXPLORE_MIN, doubling up to TD_AD_EXPLORE_MAX
+ * while a burst does not change the choice), the next request drafting at
+ * 0 < k < max runs
+ * TD_AD_EXPLORE_BURST consecutive steps at a deeper depth, so a depth the
+ * model prices low is measured as it really runs (consecutive: a lock-on
+ * needs a few steps to form). Only deeper: a shallower depth's positions are
+ * the ones being observed now, a deeper one's are stale or the prior. Which
+ * one: among those predicted within TD_AD_EXPLORE_WINDOW of the choice's
+ * rate, the least measured (ties: the deeper). Its cost is bounded: at most
+ * BURST / (BURST + MIN) of the steps, each predicted at most WINDOW
+ * slower. In a simulated engine (tests/c/test_autodepth.c, sim_run: 18
+ * requests of 128 tokens, 10 seeds) on periodic text where depth 4 runs
+ * 21% faster than the depth 2 the model picks, auto went from 0.83 to 0.97
+ * of the best fixed depth; where acceptance does not depend on the depth
+ * (i.i.d.) it costs 0.9%. */
+#define TD_AD_EXPLORE_BURST 8
+#define TD_AD_EXPLORE_MIN 48
+#define TD_AD_EXPLORE_MAX 384
+#define TD_AD_EXPLORE_WINDOW 0.25
+
 /* Per request. */
 typedef struct td_ad_state {
     int bucket;          /* global[bucket]: 0 greedy, 1 sampled */
@@ -158,6 +218,12 @@ typedef struct td_ad_state {
     bool probing;        /* the last step was a probe */
     bool measure_only;   /* tracks only to keep the figures measured (TD_AD_TRACK_EVERY): depth 0 but for its probes */
     int probe_base;      /* the choice before that probe */
+    td_ad_real real;     /* realized, by depth: seeded from the engine's, then its own */
+    int burst_k, burst_left; /* a burst in progress: its depth and the steps left */
+    int burst_from;      /* the choice the burst interrupted */
+    bool burst_ended;    /* the next choice decides the backoff */
+    int last_k;          /* the depth of the last drafting step observed */
+    uint64_t explored;   /* steps run in bursts */
     uint64_t steps;      /* decode steps so far (forced schedule) */
     uint64_t force_seed; /* test hook: non-zero = depth from a hash of (seed, step) */
 } td_ad_state;
@@ -168,6 +234,8 @@ typedef struct td_ad_req {
     int kmax;            /* largest depth allowed this step (cap by max_tokens, context) */
     bool fixed;          /* not auto: k is given */
     int k;               /* in: the fixed depth; out: the choice */
+    double real[TD_MAX_SPEC_DEPTH + 1], real_w[TD_MAX_SPEC_DEPTH + 1]; /* realized E[emitted | k] and its weight (0: none; td_ad_req_from_state) */
+    double rate[TD_MAX_SPEC_DEPTH + 1]; /* out (auto requests): the step's predicted tokens/s with this request at k, the others as chosen */
 } td_ad_req;
 
 void td_ad_engine_init(td_ad_engine *e);
@@ -202,6 +270,20 @@ double td_ad_expected(const double *p, int k);
 /* A verify drafted k and accepted a: updates positions 0..min(a, k-1)
  * with decay `decay`. */
 void td_ad_observe(td_ad_accept *acc, int k, int a, double decay);
+/* A request's step at depth k (> 0) accepted a: its per-position acceptance
+ * (TD_AD_DECAY) and its realized tokens at k, and those of `global` (the
+ * engine's, for its bucket; NULL: none). */
+void td_ad_observe_step(td_ad_state *s, td_ad_real *global, int k, int a);
+/* A new request's realized figures from the engine's (see TD_AD_REAL_SEED). */
+void td_ad_state_seed_real(td_ad_state *s, const td_ad_real *global);
+void td_ad_explore_init(td_ad_explore *x);
+/* E[emitted | k] the choice uses for r: the per-position model, blended
+ * with the realized mean where there is one. */
+double td_ad_req_expected(const td_ad_req *r, int k);
+/* r's acceptance inputs from an auto request's state (p, real, real_w);
+ * during an exploration burst r is fixed at the burst's depth (capped by
+ * r->kmax, which the caller sets first). */
+void td_ad_req_from_state(td_ad_req *r, const td_ad_state *s);
 /* A new request's state: prior = the engine-wide figures at
  * TD_AD_PRIOR_WEIGHT observations per position (td_ad_p_global). */
 void td_ad_state_init(td_ad_state *s, const td_ad_accept *global, uint64_t force_seed);
@@ -243,6 +325,10 @@ bool td_ad_measure_base(const td_ad_costs *c, const td_ad_req *r, int n, int ext
 /* After td_ad_choose: the probe rule for one request (returns the k to run).
  * choice: what td_ad_choose gave; kmax as in td_ad_req. */
 int td_ad_probe(td_ad_state *s, int choice, int kmax);
+/* After td_ad_choose, for an auto request whose r came from
+ * td_ad_req_from_state: the k to run, with exploration bursts (above) on
+ * top of the probe rule. */
+int td_ad_next(td_ad_state *s, td_ad_explore *x, const td_ad_req *r);
 /* Test hook: the forced depth for step `step` (0..kmax). */
 int td_ad_forced(uint64_t seed, uint64_t step, int kmax);
 #endif

@@ -298,6 +298,7 @@ static void ad_begin(td_gen *g, const td_sampling *sp) {
     int b = sp && sp->temperature > 0 ? 1 : 0;
     g->autod = true;
     td_ad_state_init(&g->ad, &ae->global[b], g->o.spec_schedule_seed);
+    td_ad_state_seed_real(&g->ad, &ae->real[b]);
     g->ad.bucket = b;
     if (!g->ad.force_seed && !td_ad_worth_tracking(&ae->costs, &ae->global[b], g->depth, ae->n_live + 1, TD_AD_TRACK_MARGIN)) {
         if (ae->n_auto % TD_AD_TRACK_EVERY == 0) g->ad.measure_only = true; /* tracks, drafts only to probe */
@@ -323,8 +324,12 @@ static int ad_plan(td_gen **active, int n) {
         q->fixed = !g->autod || g->ad.force_seed || !g->track || g->ad.measure_only;
         if (g->autod && g->ad.force_seed) q->k = td_ad_forced(g->ad.force_seed, g->ad.steps++, g->k);
         if (g->autod && (!g->track || g->ad.measure_only)) q->k = 0; /* not tracking: depth 0 throughout; measuring: 0 but probes */
-        for (int j = 0; j < TD_MAX_SPEC_DEPTH; j++)
-            q->p[j] = g->autod ? td_ad_p(&g->ad.acc, j) : td_ad_p_global(&ae->global[td_sampler_is_greedy(&g->sm) ? 0 : 1], j);
+        memset(q->real, 0, sizeof q->real);
+        memset(q->real_w, 0, sizeof q->real_w);
+        if (g->autod && !q->fixed) td_ad_req_from_state(q, &g->ad); /* its acceptance; fixed at its depth during an exploration burst */
+        else
+            for (int j = 0; j < TD_MAX_SPEC_DEPTH; j++)
+                q->p[j] = g->autod ? td_ad_p(&g->ad.acc, j) : td_ad_p_global(&ae->global[td_sampler_is_greedy(&g->sm) ? 0 : 1], j);
         n_auto += !q->fixed;
     }
     /* a decode-only step whose depth-0 cost was never timed: time it (see td_ad_measure_base) */
@@ -335,9 +340,10 @@ static int ad_plan(td_gen **active, int n) {
     for (int i = 0; i < nd; i++) {
         td_gen *g = dec[i];
         int k = r[i].k;
-        if (g->autod && !g->ad.force_seed && g->track && !base) k = td_ad_probe(&g->ad, k, r[i].kmax);
+        if (g->autod && !g->ad.force_seed && g->track && !base) k = g->ad.measure_only ? td_ad_probe(&g->ad, k, r[i].kmax) : td_ad_next(&g->ad, &ae->explore, &r[i]);
         g->k = k;
         g->res.spec.chosen_depth[k]++;
+        if (g->autod) g->res.spec.explored_steps = g->ad.explored;
         if (k > max_k) max_k = k;
     }
     return max_k;
@@ -357,7 +363,7 @@ static bool ad_coupled(const td_gen *g) { return g->autod && !g->ad.force_seed &
 /* A verify drafted g->k tokens and accepted a. */
 static void ad_observe(td_gen *g, int a) {
     td_ad_observe(&td_engine_ad(g->e)->global[g->autod ? g->ad.bucket : td_sampler_is_greedy(&g->sm) ? 0 : 1], g->k, a, TD_AD_GLOBAL_DECAY);
-    if (g->autod) td_ad_observe(&g->ad.acc, g->k, a, TD_AD_DECAY);
+    if (g->autod) td_ad_observe_step(&g->ad, g->ad.force_seed ? NULL : &td_engine_ad(g->e)->real[g->ad.bucket], g->k, a);
 }
 
 /* ---- lifecycle ---------------------------------------------------------- */

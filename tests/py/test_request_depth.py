@@ -48,3 +48,5 @@ def test_auto_depth_metrics(make_server):
     assert buckets == sorted(buckets) and m['tandem_spec_chosen_depth_bucket{le="+Inf"}'] == buckets[-1]
     assert m["tandem_spec_chosen_depth_count"] == buckets[-1] >= 23  # 24 tokens: at least one step per draft round
     assert buckets[0] >= 23  # the depth-0 request's steps
+    # exploration bursts are part of the histogram's steps, never more than them
+    assert 0 <= m["tandem_spec_explored_steps_total"] <= m["tandem_spec_chosen_depth_count"]
