@@ -263,6 +263,7 @@ void td_ad_req_from_state(td_ad_req *r, const td_ad_state *s) {
         r->real_w[k] = s->real.n[k];
         r->real[k] = s->real.n[k] > 1e-9 ? s->real.sum[k] / s->real.n[k] : 0;
     }
+    r->prev = s->last_choice;
     if (s->burst_left > 0) {
         r->fixed = true;
         r->k = s->burst_k < r->kmax ? s->burst_k : r->kmax;
@@ -295,6 +296,7 @@ int td_ad_next(td_ad_state *s, td_ad_explore *x, const td_ad_req *r) {
         return r->k;
     }
     int choice = r->k;
+    s->last_choice = choice + 1;
     if (s->burst_ended) { /* the choice after a burst: the same as before it, explore less often */
         s->burst_ended = false;
         if (choice == s->burst_from) x->every = x->every * 2 > TD_AD_EXPLORE_MAX ? TD_AD_EXPLORE_MAX : x->every * 2;
@@ -377,6 +379,9 @@ double td_ad_choose(td_ad_costs *c, td_ad_req *r, int n, int extra_tokens) {
             /* the deepest k within TD_AD_DEEPER_MARGIN of the best (see autodepth.h) */
             for (int k = r[i].kmax; k > best; k--)
                 if (rts[k] >= br * (1 - TD_AD_DEEPER_MARGIN)) { best = k; br = rts[k]; break; }
+            /* the depth it ran at last, while within TD_AD_STICKY of the best (see autodepth.h) */
+            int pk = r[i].prev - 1;
+            if (pk >= 0 && pk <= r[i].kmax && pk != best && rts[pk] >= br * (1 - TD_AD_STICKY)) best = pk, br = rts[pk];
             for (int k = r[i].kmax; k > best; k--) rows[k - 1]--;
             r[i].k = best;
             e = e0 + td_ad_req_expected(&r[i], best);

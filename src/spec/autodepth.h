@@ -78,6 +78,14 @@
  * practice low, estimates for k+1 (on the 27B-proportioned model auto split 3/4
  * where depth 4 measured 25% faster: bench/results/autodepth-quiet-2026-12-01.md). */
 #define TD_AD_DEEPER_MARGIN 0.02
+/* A request keeps the depth it chose last while that is predicted within this
+ * fraction of the best: switching between two depths that price alike breaks
+ * what consecutive steps at one depth build (on the random model's repeating
+ * text, a step length locked onto the period: auto alternating 2 and 4
+ * accepted 88.8 / 82.2 / 60.9 / 44.4% at positions 1-4 of its depth-4 steps,
+ * fixed depth 4 90.2 / 86.9 / 77.1 / 61.4%), and each switch acts on a noisy
+ * difference of a few percent. */
+#define TD_AD_STICKY 0.05
 /* Drafting at all (any auto request of the step at k > 0) must be predicted
  * this much faster than the same step with every auto request at 0. The
  * costs compared are wall-clock figures measured at different times on a
@@ -223,6 +231,7 @@ typedef struct td_ad_state {
     int burst_from;      /* the choice the burst interrupted */
     bool burst_ended;    /* the next choice decides the backoff */
     int last_k;          /* the depth of the last drafting step observed */
+    int last_choice;     /* 1 + the depth td_ad_next last chose outside bursts and probes (0: none) */
     uint64_t explored;   /* steps run in bursts */
     uint64_t steps;      /* decode steps so far (forced schedule) */
     uint64_t force_seed; /* test hook: non-zero = depth from a hash of (seed, step) */
@@ -236,6 +245,7 @@ typedef struct td_ad_req {
     int k;               /* in: the fixed depth; out: the choice */
     double real[TD_MAX_SPEC_DEPTH + 1], real_w[TD_MAX_SPEC_DEPTH + 1]; /* realized E[emitted | k] and its weight (0: none; td_ad_req_from_state) */
     double rate[TD_MAX_SPEC_DEPTH + 1]; /* out (auto requests): the step's predicted tokens/s with this request at k, the others as chosen */
+    int prev;            /* 1 + the depth chosen at its last step (0: none), kept while within TD_AD_STICKY of the best */
 } td_ad_req;
 
 void td_ad_engine_init(td_ad_engine *e);

@@ -363,6 +363,20 @@ int main(void) {
         td_ad_choose(&c, &r, 1, 0);
         CHECK(r.k == k_model, "weight 0 reads the model: %d", r.k);
     }
+    /* hysteresis: the depth chosen last is kept while within TD_AD_STICKY of
+     * the best. p = 0.5, t(T) = 1 + 0.1 T ms, a draft pass 0.01 ms: rates
+     * 1.240 / 1.326 / 1.311 / 1.258 at k = 1..4; 3 is taken (within 2% of 2,
+     * and deeper); 4 is 4.1% below it, 1 5.4% */
+    {
+        int got[3];
+        for (int i = 0; i < 3; i++) {
+            td_ad_req r = {.kmax = 4, .prev = i == 0 ? 0 : i == 1 ? 5 : 2};
+            for (int j = 0; j < TD_MAX_SPEC_DEPTH; j++) r.p[j] = 0.5;
+            td_ad_choose(&c, &r, 1, 0);
+            got[i] = r.k;
+        }
+        CHECK(got[0] == 3 && got[1] == 4 && got[2] == 3, "no previous: %d; previous 4: %d; previous 1: %d", got[0], got[1], got[2]);
+    }
     /* exploration: every TD_AD_EXPLORE_MIN drafting steps a burst of
      * TD_AD_EXPLORE_BURST at a deeper depth within the window; the interval
      * doubles while a burst leaves the choice where it was */
