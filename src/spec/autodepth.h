@@ -209,9 +209,11 @@ typedef struct td_ad_engine {
  * BURST / (BURST + MIN) of the steps, each predicted at most WINDOW
  * slower. In a simulated engine (tests/c/test_autodepth.c, sim_run: 18
  * requests of 128 tokens, 10 seeds) on periodic text where depth 4 runs
- * 21% faster than the depth 2 the model picks, auto went from 0.83 to 0.97
+ * 21% faster than the depth 2 the model picks, auto went from 0.83 to 0.96
  * of the best fixed depth; where acceptance does not depend on the depth
- * (i.i.d.) it costs 0.9%. */
+ * (i.i.d.) it costs 0.5%. On the random model itself, int8 AVX2, 5 runs:
+ * 1.01 / 1.00 / 1.01x depth 4 (edit / code / prose), from 0.94-0.99x
+ * (bench/results/autodepth-realized-2026-12-07.md). */
 #define TD_AD_EXPLORE_BURST 8
 #define TD_AD_EXPLORE_MIN 48
 #define TD_AD_EXPLORE_MAX 384

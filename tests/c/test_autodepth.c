@@ -435,14 +435,15 @@ int main(void) {
     }
     /* the simulated engine (sim_run): periodic text where depth 4 locks onto
      * the period (22% faster than depth 2, which the per-position model picks
-     * from what it sees at depth 2): auto within 4% of the best fixed depth
-     * (without realized figures and bursts: 0.83); where acceptance does not
-     * depend on the depth (i.i.d. 0.85) or barely, exploring costs under 3% */
+     * from what it sees at depth 2): auto within 6% of the best fixed depth
+     * (0.964 when written; without realized figures and bursts: 0.828); where
+     * acceptance does not depend on the depth (i.i.d. 0.85) or barely,
+     * exploring costs under 3% (0.995 and 0.982 when written) */
     {
         double best;
         int bk;
         double lock = sim_ratio(5, 0.05, 0.98, 10, &best, &bk);
-        CHECK(bk == 4 && lock > 0.96, "periodic text: auto %.3f of depth %d", lock, bk);
+        CHECK(bk == 4 && lock > 0.94, "periodic text: auto %.3f of depth %d", lock, bk);
         double iid = sim_ratio(0, 0.85, 0.85, 10, &best, &bk);
         CHECK(bk == 2 && iid > 0.97, "i.i.d. acceptance: auto %.3f of depth %d", iid, bk);
         double p7 = sim_ratio(7, 0.1, 0.97, 10, &best, &bk);
