@@ -326,6 +326,7 @@ static int ad_plan(td_gen **active, int n) {
         if (g->autod && (!g->track || g->ad.measure_only)) q->k = 0; /* not tracking: depth 0 throughout; measuring: 0 but probes */
         memset(q->real, 0, sizeof q->real);
         memset(q->real_w, 0, sizeof q->real_w);
+        q->prev = 0;
         if (g->autod && !q->fixed) td_ad_req_from_state(q, &g->ad); /* its acceptance; fixed at its depth during an exploration burst */
         else
             for (int j = 0; j < TD_MAX_SPEC_DEPTH; j++)
