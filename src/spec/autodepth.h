@@ -6,7 +6,10 @@
  *
  * where E[accepted + 1 | k] = 1 + sum_{i=1..k} prod_{j<=i} p_j from the
  * request's live per-position conditional acceptance p_j (exponentially
- * decayed, seeded from the engine-wide figures), t_fwd(T) the measured cost
+ * decayed, seeded from the engine-wide figures), blended with the tokens its
+ * steps at k really emitted where it has them (TD_AD_REAL_DECAY; kept fresh
+ * by short exploration bursts at a deeper depth, TD_AD_EXPLORE_BURST, and
+ * steadied by a 5% hysteresis, TD_AD_STICKY), t_fwd(T) the measured cost
  * of a target forward over T tokens (the cost table, by tokens in the step:
  * prefill chunks + every decode row's k+1) and t_draft the measured cost of
  * the batched MTP passes (pass j runs over the requests with k > j). With
