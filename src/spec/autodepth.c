@@ -283,15 +283,20 @@ static int explore_pick(const td_ad_req *r, int choice) {
     return pick;
 }
 
+/* One step of a burst: a drafting step of the request's own, counted as explored. */
+static void burst_step(td_ad_state *s) {
+    s->steps++;
+    s->explored++;
+    s->since_draft = 0;
+}
+
 int td_ad_next(td_ad_state *s, td_ad_explore *x, const td_ad_req *r) {
     for (int k = 1; k <= TD_MAX_SPEC_DEPTH; k++) { /* every step: what a depth measured long ago fades back to the model */
         s->real.n[k] *= TD_AD_REAL_DECAY;
         s->real.sum[k] *= TD_AD_REAL_DECAY;
     }
     if (s->burst_left > 0) { /* r was fixed at the burst's depth */
-        s->steps++;
-        s->explored++;
-        s->since_draft = 0;
+        burst_step(s);
         if (--s->burst_left == 0) s->burst_ended = true;
         return r->k;
     }
@@ -309,9 +314,7 @@ int td_ad_next(td_ad_state *s, td_ad_explore *x, const td_ad_req *r) {
             s->burst_k = k, s->burst_from = choice;
             s->burst_left = TD_AD_EXPLORE_BURST - 1;
             s->burst_ended = s->burst_left == 0;
-            s->steps++;
-            s->explored++;
-            s->since_draft = 0;
+            burst_step(s);
             s->probe = TD_AD_PROBE_MIN;
             return k;
         }

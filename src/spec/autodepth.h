@@ -202,10 +202,9 @@ typedef struct td_ad_engine {
 /* Exploration: every `every` drafting steps of auto requests
  * (td_ad_explore: TD_AD_EXPLORE_MIN, doubling up to TD_AD_EXPLORE_MAX
  * while a burst does not change the choice), the next request drafting at
- * 0 < k < max runs
- * TD_AD_EXPLORE_BURST consecutive steps at a deeper depth, so a depth the
- * model prices low is measured as it really runs (consecutive: a lock-on
- * needs a few steps to form). Only deeper: a shallower depth's positions are
+ * 0 < k < max runs TD_AD_EXPLORE_BURST consecutive steps at a deeper depth,
+ * so a depth the model prices low is measured as it really runs
+ * (consecutive: a lock-on needs a few steps to form). Only deeper: a shallower depth's positions are
  * the ones being observed now, a deeper one's are stale or the prior. Which
  * one: among those predicted within TD_AD_EXPLORE_WINDOW of the choice's
  * rate, the least measured (ties: the deeper). Its cost is bounded: at most
@@ -291,6 +290,7 @@ void td_ad_observe(td_ad_accept *acc, int k, int a, double decay);
 void td_ad_observe_step(td_ad_state *s, td_ad_real *global, int k, int a);
 /* A new request's realized figures from the engine's (see TD_AD_REAL_SEED). */
 void td_ad_state_seed_real(td_ad_state *s, const td_ad_real *global);
+/* The schedule at its start: TD_AD_EXPLORE_MIN, nothing counted. */
 void td_ad_explore_init(td_ad_explore *x);
 /* E[emitted | k] the choice uses for r: the per-position model, blended
  * with the realized mean where there is one. */
