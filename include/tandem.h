@@ -228,6 +228,8 @@ typedef struct td_spec_counters {
     uint64_t accepted_per_pos[TD_MAX_SPEC_DEPTH];
     uint64_t chosen_depth[TD_MAX_SPEC_DEPTH + 1]; /* decode steps run at each draft depth (0 = no draft) */
     uint64_t explored_steps; /* of those, steps `auto` ran at a depth other than its choice, to measure it (exploration bursts) */
+    uint64_t tracked_steps;  /* decode steps that kept the MTP layer in step with the target (every step at a fixed
+                                depth > 0; at `auto`, the steps of requests that can draft: their cost at depth 0) */
 } td_spec_counters;
 
 typedef enum { TD_FINISH_NONE = 0, TD_FINISH_STOP, TD_FINISH_LENGTH, TD_FINISH_CANCEL } td_finish;

@@ -129,10 +129,11 @@ static void md_chosen_table(FILE *f, const bench_report *r) {
         for (int i = 0; i <= TD_MAX_SPEC_DEPTH; i++)
             if (all.chosen_depth[i]) kmax = i;
         fprintf(f, "\n## Chosen depth (auto)\n\nDecode steps at each draft depth (%% of the task's steps); mean depth; steps run in "
-                   "exploration bursts (a deeper depth measured as it runs, counted in its column too).\n\n| task |");
+                   "exploration bursts (a deeper depth measured as it runs, counted in its column too); steps that kept the MTP layer "
+                   "in step (able to draft: what depth 0 costs auto).\n\n| task |");
         for (int i = 0; i <= kmax; i++) fprintf(f, " %d |", i);
-        fprintf(f, " mean | explored |\n|---|");
-        for (int i = 0; i <= kmax + 2; i++) fprintf(f, "---|");
+        fprintf(f, " mean | explored | tracked |\n|---|");
+        for (int i = 0; i <= kmax + 3; i++) fprintf(f, "---|");
         fprintf(f, "\n");
         for (int t = 0; t <= su->n_tasks; t++) {
             td_spec_counters s = t < su->n_tasks ? cell(r, t, d)->spec : all;
@@ -140,8 +141,8 @@ static void md_chosen_table(FILE *f, const bench_report *r) {
             for (int i = 0; i <= TD_MAX_SPEC_DEPTH; i++) n += s.chosen_depth[i], sum += (uint64_t)i * s.chosen_depth[i];
             fprintf(f, "| %s |", t < su->n_tasks ? su->tasks[t] : "**all**");
             for (int i = 0; i <= kmax; i++) fprintf(f, " %llu (%.0f%%) |", (unsigned long long)s.chosen_depth[i], n ? 100.0 * s.chosen_depth[i] / n : 0.0);
-            fprintf(f, " %.2f | %llu (%.0f%%) |\n", n ? (double)sum / n : 0.0, (unsigned long long)s.explored_steps,
-                    n ? 100.0 * s.explored_steps / n : 0.0);
+            fprintf(f, " %.2f | %llu (%.0f%%) | %llu (%.0f%%) |\n", n ? (double)sum / n : 0.0, (unsigned long long)s.explored_steps,
+                    n ? 100.0 * s.explored_steps / n : 0.0, (unsigned long long)s.tracked_steps, n ? 100.0 * s.tracked_steps / n : 0.0);
         }
     }
 }

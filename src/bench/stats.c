@@ -70,6 +70,7 @@ static void add_counters(td_spec_counters *a, const td_spec_counters *b) {
     for (int i = 0; i < TD_MAX_SPEC_DEPTH; i++) a->accepted_per_pos[i] += b->accepted_per_pos[i];
     for (int i = 0; i <= TD_MAX_SPEC_DEPTH; i++) a->chosen_depth[i] += b->chosen_depth[i];
     a->explored_steps += b->explored_steps;
+    a->tracked_steps += b->tracked_steps;
 }
 
 /* ---- cells --------------------------------------------------------------------- */

@@ -34,7 +34,8 @@ static void print_stats(const td_gen_result *r, int depth, bool autod) {
                            1.0 + (double)s->accepted_tokens / (double)s->drafts);
     fprintf(stderr, "\nchosen depth (decode steps):");
     for (int k = 0; k <= depth && k <= TD_MAX_SPEC_DEPTH; k++) fprintf(stderr, " %d: %llu%s", k, (unsigned long long)s->chosen_depth[k], k < depth ? "," : "");
-    if (autod) fprintf(stderr, "; %llu of them exploring", (unsigned long long)s->explored_steps);
+    if (autod) fprintf(stderr, "; %llu of them exploring, %llu tracking the MTP layer", (unsigned long long)s->explored_steps,
+                       (unsigned long long)s->tracked_steps);
     fputc('\n', stderr);
     if (!s->drafts) return;
     fprintf(stderr, "| position | accepted | rate |\n|---|---|---|\n");

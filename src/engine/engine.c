@@ -289,6 +289,7 @@ void td_engine_add_spec(td_engine *e, const td_spec_counters *c) {
     for (int i = 0; i < TD_MAX_SPEC_DEPTH; i++) t->accepted_per_pos[i] += c->accepted_per_pos[i];
     for (int i = 0; i <= TD_MAX_SPEC_DEPTH; i++) t->chosen_depth[i] += c->chosen_depth[i];
     t->explored_steps += c->explored_steps;
+    t->tracked_steps += c->tracked_steps;
 }
 
 int td_session_feed(td_session *s, const int32_t *tokens, int n, const float **logits, td_err *err) {

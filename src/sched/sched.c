@@ -159,6 +159,7 @@ static void finish_req(td_sched *s, req *q, const char *error) {
         for (int i = 0; i < TD_MAX_SPEC_DEPTH; i++) t->accepted_per_pos[i] += res.spec.accepted_per_pos[i];
         for (int i = 0; i <= TD_MAX_SPEC_DEPTH; i++) t->chosen_depth[i] += res.spec.chosen_depth[i];
         t->explored_steps += res.spec.explored_steps;
+        t->tracked_steps += res.spec.tracked_steps;
     }
     if (q->sess >= 0) {
         s->sess_busy[q->sess] = false;

@@ -226,6 +226,8 @@ int td_metrics_render(srv_metrics *m, const metrics_ctx *c, sbuf *out) {
     }
     r |= counter(b, "tandem_spec_explored_steps_total", "Decode steps auto ran at a deeper depth than its choice, to measure it.", mn,
                  sp->explored_steps);
+    r |= counter(b, "tandem_spec_tracked_steps_total", "Decode steps that kept the MTP layer in step with the target (what auto pays at depth 0 to be able to draft).", mn,
+                 sp->tracked_steps);
     r |= gauge(b, "tandem_max_num_seqs", "Requests run at once at most.", mn, c->max_num_seqs);
     r |= gauge(b, "tandem_max_queue", "Waiting requests before 503.", mn, c->max_queue);
     r |= gauge(b, "tandem_max_model_len", "Context window in tokens.", mn, c->n_ctx);

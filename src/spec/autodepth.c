@@ -302,6 +302,7 @@ int td_ad_next(td_ad_state *s, td_ad_explore *x, const td_ad_req *r) {
     }
     int choice = r->k;
     s->last_choice = choice + 1;
+    s->zero_run = choice == 0 ? s->zero_run + 1 : 0;
     if (s->burst_ended) { /* the choice after a burst: the same as before it, explore less often */
         s->burst_ended = false;
         if (choice == s->burst_from) x->every = x->every * 2 > TD_AD_EXPLORE_MAX ? TD_AD_EXPLORE_MAX : x->every * 2;
@@ -418,6 +419,10 @@ bool td_ad_worth_tracking(td_ad_costs *c, const td_ad_accept *global, int kmax, 
     double base = td_ad_rate(c, r, batch, 0); /* all at k = 0 */
     double best = td_ad_choose(c, r, batch, 0);
     return best > base * margin;
+}
+
+bool td_ad_stop_tracking(const td_ad_state *s, bool worth_now) {
+    return !s->measure_only && !s->force_seed && s->zero_run >= TD_AD_UNTRACK_AFTER && !worth_now;
 }
 
 bool td_ad_measure_base(const td_ad_costs *c, const td_ad_req *r, int n, int extra_tokens) {

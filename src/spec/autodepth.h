@@ -175,6 +175,17 @@ typedef struct td_ad_engine {
  * layer over every prompt token and a pass per generated one, on top of
  * TD_AD_DRAFT_MARGIN's noise). */
 #define TD_AD_TRACK_MARGIN 1.15
+/* A request that tracks because drafting paid when it began (a batch of one
+ * or two) keeps paying for it when the batch grows and depth 0 becomes the
+ * choice: the first requests of a 4-client load began alone, tracked and
+ * chose depth 0 on 96-99% of their steps
+ * (bench/results/autodepth-realized-2026-12-07.md). So a tracking request
+ * (not a measuring one, TD_AD_TRACK_EVERY) whose choice has been 0 for
+ * TD_AD_UNTRACK_AFTER consecutive steps, in a batch of the requests now
+ * live where td_ad_worth_tracking says no, stops tracking and runs as a
+ * fixed depth-0 request from there (td_ad_stop_tracking). The number is one
+ * probe interval (TD_AD_PROBE_MIN): its first probe has been seen. */
+#define TD_AD_UNTRACK_AFTER TD_AD_PROBE_MIN
 
 /* Realized tokens per step, by depth. The per-position acceptance model
  * (td_ad_expected) takes positions as independent of the depth in use, and
@@ -236,6 +247,7 @@ typedef struct td_ad_state {
     bool burst_ended;    /* the next choice decides the backoff */
     int last_k;          /* the depth of the last drafting step observed */
     int last_choice;     /* 1 + the depth td_ad_next last chose outside bursts and probes (0: none) */
+    int zero_run;        /* consecutive choices of depth 0 (td_ad_next, outside bursts) */
     uint64_t explored;   /* steps run in bursts */
     uint64_t steps;      /* decode steps so far (forced schedule) */
     uint64_t force_seed; /* test hook: non-zero = depth from a hash of (seed, step) */
@@ -313,6 +325,12 @@ void td_ad_state_init(td_ad_state *s, const td_ad_accept *global, uint64_t force
  * layer over every prompt token (~1/12 of a prefill on the 27B shape) and
  * one pass per generated token. */
 bool td_ad_worth_tracking(td_ad_costs *c, const td_ad_accept *global, int kmax, int batch, double margin);
+
+/* Whether the tracking auto request s should stop tracking now: it is not
+ * a measuring one nor under the forced test schedule, its choice has been 0
+ * for TD_AD_UNTRACK_AFTER steps, and `worth_now` (td_ad_worth_tracking for
+ * the batch it runs in) is false. */
+bool td_ad_stop_tracking(const td_ad_state *s, bool worth_now);
 
 /* Chooses k for every non-fixed request of the step (in place), given
  * `extra_tokens` prefill tokens in the same target forward. Coordinate

@@ -310,14 +310,29 @@ static void ad_begin(td_gen *g, const td_sampling *sp) {
 /* Chooses this step's depth for the auto requests among the active ones
  * (on entry g->k holds each decode row's cap: max depth, max_tokens,
  * context), counts every decode row's depth; returns the step's largest. */
+/* A tracking request stops tracking (TD_AD_UNTRACK_AFTER): from here it is a
+ * fixed depth-0 request, as if ad_begin had decided so. */
+static void ad_untrack(td_gen *g) {
+    g->track = false;
+    g->depth = 0;
+    td_mtp_lost(g->s);
+}
+
 static int ad_plan(td_gen **active, int n) {
     td_ad_req r[MAX_BATCH];
     td_gen *dec[MAX_BATCH];
     int nd = 0, extra = 0, n_auto = 0, max_k = 0;
+    int worth[2] = {-1, -1}; /* td_ad_worth_tracking for the live batch, per bucket, when asked */
     td_ad_engine *ae = td_engine_ad(active[0]->e);
     for (int i = 0; i < n; i++) {
         td_gen *g = active[i];
         if (g->phase != G_DECODE) { extra += g->chunk; continue; }
+        if (g->autod && g->track && g->ad.zero_run >= TD_AD_UNTRACK_AFTER) {
+            int b = g->ad.bucket;
+            if (worth[b] < 0) worth[b] = td_ad_worth_tracking(&ae->costs, &ae->global[b], g->depth, ae->n_live, TD_AD_TRACK_MARGIN);
+            if (td_ad_stop_tracking(&g->ad, worth[b])) ad_untrack(g);
+        }
+        if (g->track) g->res.spec.tracked_steps++;
         td_ad_req *q = &r[nd];
         dec[nd++] = g;
         q->kmax = q->k = g->k;

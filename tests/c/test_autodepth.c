@@ -188,6 +188,39 @@ int main(void) {
         CHECK(!td_ad_worth_tracking(&c, &hi, 4, 9, TD_AD_TRACK_MARGIN), "roofline, batch of 9: no tracking");
         CHECK(!td_ad_worth_tracking(&c, &hi, 0, 1, TD_AD_TRACK_MARGIN), "kmax 0: no tracking");
     }
+    /* a request that began tracking alone stops once its batch has grown: after
+     * TD_AD_UNTRACK_AFTER consecutive choices of 0, and only where the live
+     * batch would not track (the same roofline: batch 1 tracks, 4 does not) */
+    {
+        td_ad_accept hi = {{0}, {0}};
+        for (int i = 0; i < 50; i++) td_ad_observe(&hi, 4, 4, 1.0);
+        table(&c, 1.0, 0.25, true, 0.02);
+        bool w1 = td_ad_worth_tracking(&c, &hi, 4, 1, TD_AD_TRACK_MARGIN), w4 = td_ad_worth_tracking(&c, &hi, 4, 4, TD_AD_TRACK_MARGIN);
+        td_ad_explore x;
+        td_ad_explore_init(&x);
+        td_ad_state st;
+        td_ad_state_init(&st, &hi, 0);
+        td_ad_req r = {.kmax = 4};
+        int stop_at = 0, stop_alone = 0;
+        for (int step = 1; step <= 40; step++) {
+            r.k = step <= 5 ? 3 : 0; /* drafted while alone, then 0 in a batch of 4 */
+            td_ad_next(&st, &x, &r);
+            if (!stop_at && td_ad_stop_tracking(&st, w4)) stop_at = step;
+            stop_alone += td_ad_stop_tracking(&st, w1);
+        }
+        CHECK(w1 && !w4, "roofline: tracking alone %d, in 4 %d", w1, w4);
+        CHECK(stop_at == 5 + TD_AD_UNTRACK_AFTER && stop_alone == 0, "stops at step %d (want %d), %d stops where its batch tracks", stop_at,
+              5 + TD_AD_UNTRACK_AFTER, stop_alone);
+        r.k = 1; /* a choice above 0 starts the count again */
+        td_ad_next(&st, &x, &r);
+        CHECK(st.zero_run == 0 && !td_ad_stop_tracking(&st, false), "after a draft: run %d", st.zero_run);
+        /* a measuring request (TD_AD_TRACK_EVERY) and the forced schedule never stop */
+        st.zero_run = 100;
+        st.measure_only = true;
+        bool m = td_ad_stop_tracking(&st, false);
+        st.measure_only = false, st.force_seed = 7;
+        CHECK(!m && !td_ad_stop_tracking(&st, false), "measuring %d forced %d", m, td_ad_stop_tracking(&st, false));
+    }
     /* a prefill chunk in the same forward: the marginal verify token is cheap
      * (compute-bound linear part), so a request drafts */
     table(&c, 0.0, 1.0, false, 0.01);

@@ -36,7 +36,8 @@ def test_request_depth_is_lossless(server_spec):
 
 def test_auto_depth_metrics(make_server):
     """--spec-depth auto (issue 18): greedy output equals depth 0, /metrics has the chosen-depth
-    histogram (buckets 0..max) counting every decode step, and the auto gauge."""
+    histogram (buckets 0..max) counting every decode step, the auto gauge, and the steps that
+    kept MTP tracking."""
     s = make_server("--spec-depth", "auto", "--spec-depth-max", "3")
     m0 = s.metrics()
     assert m0["tandem_spec_decode_auto"] == 1 and m0["tandem_spec_decode_depth"] == 3
@@ -50,3 +51,11 @@ def test_auto_depth_metrics(make_server):
     assert buckets[0] >= 23  # the depth-0 request's steps
     # exploration bursts are part of the histogram's steps, never more than them
     assert 0 <= m["tandem_spec_explored_steps_total"] <= m["tandem_spec_chosen_depth_count"]
+    # tracked steps: none for the depth-0 request, at most every step; a fixed depth-2 request
+    # tracks at every one of its decode steps
+    assert 0 <= m["tandem_spec_tracked_steps_total"] <= m["tandem_spec_chosen_depth_count"] - 23
+    fixed = complete(s, num_speculative_tokens=2)
+    assert fixed.status_code == 200 and fixed.json()["choices"][0]["text"] == base.json()["choices"][0]["text"]
+    m2 = s.metrics()
+    steps = m2["tandem_spec_chosen_depth_count"] - m["tandem_spec_chosen_depth_count"]
+    assert steps >= 8 and m2["tandem_spec_tracked_steps_total"] - m["tandem_spec_tracked_steps_total"] == steps
