@@ -44,7 +44,11 @@
  * cost table keep being measured. A request that does not track runs
  * exactly as a fixed depth-0 one; so does one that would have to give up a
  * prefix-cache hit to track (a checkpoint saved by a request that did not
- * track has no MTP entries; gen.c start_prefill). A tracking request at depth 0 probes:
+ * track has no MTP entries; gen.c start_prefill), and one that began
+ * tracking in a small batch and has chosen depth 0 for TD_AD_UNTRACK_AFTER
+ * steps since its batch grew (td_ad_stop_tracking). The steps that track
+ * are counted (td_spec_counters.tracked_steps,
+ * tandem_spec_tracked_steps_total). A tracking request at depth 0 probes:
  * after `probe` steps at 0 it drafts one token, so p_1 keeps being
  * measured; a probe that does not change the choice doubles the interval
  * (16 .. 256 steps). */

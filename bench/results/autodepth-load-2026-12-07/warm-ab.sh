@@ -28,5 +28,6 @@ for r in $(seq 1 $ROUNDS); do
     echo "round $r depth ${d/-/auto} :: $res :: chosen(le0..4,+inf) explored tracked: $(metrics)" >> $out
   done
 done
+echo "AnonHugePages kB: $(grep AnonHugePages /proc/$pid/smaps_rollup 2>/dev/null | awk '{print $2}')" >> $out
 kill $pid; wait $pid 2>/dev/null
 echo done >> $out
