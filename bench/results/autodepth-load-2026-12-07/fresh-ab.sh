@@ -6,7 +6,8 @@
 BIN=${BIN:-build/tandem}
 TAG=${TAG:-new}
 ROUNDS=${ROUNDS:-4}
-OUTDIR=${OUTDIR:-/tmp/s12}
+OUTDIR=${OUTDIR:-build/load-ab}
+mkdir -p $OUTDIR
 PY=${PY:-build/venv-py/bin/python}
 PORT=${PORT:-8125}
 out=$OUTDIR/fresh-$TAG.txt
