@@ -3,12 +3,8 @@
 # (--spec-depth 0 or auto; SETTINGr0, e.g. autor0 or 4r0: that server, its
 # requests all asking for num_speculative_tokens 0), the order reversed every round.
 # usage: BIN=path/to/tandem TAG=new ROUNDS=4 [SETTINGS="0 auto autor0"] fresh-ab.sh   (from the repository root)
-BIN=${BIN:-build/tandem}
-TAG=${TAG:-new}
+. "$(dirname "$0")/env.sh"
 ROUNDS=${ROUNDS:-4}
-OUTDIR=${OUTDIR:-build/load-ab}
-mkdir -p $OUTDIR
-PY=${PY:-build/venv-py/bin/python}
 PORT=${PORT:-8125}
 out=$OUTDIR/fresh-$TAG.txt
 : > $out

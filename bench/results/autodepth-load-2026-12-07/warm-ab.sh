@@ -3,12 +3,8 @@
 # rounds alternate depth 0 (per-request num_speculative_tokens=0) and auto, the order
 # swapped every round; every round's prompts are salted so none reuses another's prefix.
 # usage: BIN=path/to/tandem TAG=new ROUNDS=6 warm-ab.sh   (from the repository root)
-BIN=${BIN:-build/tandem}
-TAG=${TAG:-new}
+. "$(dirname "$0")/env.sh"
 ROUNDS=${ROUNDS:-6}
-OUTDIR=${OUTDIR:-build/load-ab}
-mkdir -p $OUTDIR
-PY=${PY:-build/venv-py/bin/python}
 PORT=${PORT:-8123}
 out=$OUTDIR/warm-$TAG.txt
 : > $out
