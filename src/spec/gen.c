@@ -307,9 +307,6 @@ static void ad_begin(td_gen *g, const td_sampling *sp) {
     if (!g->ad.force_seed) ae->n_auto++;
 }
 
-/* Chooses this step's depth for the auto requests among the active ones
- * (on entry g->k holds each decode row's cap: max depth, max_tokens,
- * context), counts every decode row's depth; returns the step's largest. */
 /* A tracking request stops tracking (TD_AD_UNTRACK_AFTER): from here it is a
  * fixed depth-0 request, as if ad_begin had decided so. */
 static void ad_untrack(td_gen *g) {
@@ -318,6 +315,9 @@ static void ad_untrack(td_gen *g) {
     td_mtp_lost(g->s);
 }
 
+/* Chooses this step's depth for the auto requests among the active ones
+ * (on entry g->k holds each decode row's cap: max depth, max_tokens,
+ * context), counts every decode row's depth; returns the step's largest. */
 static int ad_plan(td_gen **active, int n) {
     td_ad_req r[MAX_BATCH];
     td_gen *dec[MAX_BATCH];
