@@ -231,6 +231,8 @@ typedef struct td_spec_counters {
     uint64_t tracked_steps;  /* decode steps that kept the MTP layer in step with the target (every step at a fixed
                                 depth > 0; at `auto`, the steps of requests that can draft: their cost at depth 0) */
 } td_spec_counters;
+/* Adds c to *to, field by field (every counter is a sum). */
+void td_spec_counters_add(td_spec_counters *to, const td_spec_counters *c);
 
 typedef enum { TD_FINISH_NONE = 0, TD_FINISH_STOP, TD_FINISH_LENGTH, TD_FINISH_CANCEL } td_finish;
 

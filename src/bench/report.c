@@ -15,15 +15,7 @@ static void depth_label(char *b, size_t n, int depth) {
 static td_spec_counters depth_counters(const bench_report *r, int d) {
     td_spec_counters s;
     memset(&s, 0, sizeof s);
-    for (int t = 0; t < r->su->n_tasks; t++) {
-        const td_spec_counters *c = &cell(r, t, d)->spec;
-        s.drafts += c->drafts;
-        s.draft_tokens += c->draft_tokens;
-        s.accepted_tokens += c->accepted_tokens;
-        for (int i = 0; i < TD_MAX_SPEC_DEPTH; i++) s.accepted_per_pos[i] += c->accepted_per_pos[i];
-        for (int i = 0; i <= TD_MAX_SPEC_DEPTH; i++) s.chosen_depth[i] += c->chosen_depth[i];
-        s.explored_steps += c->explored_steps;
-    }
+    for (int t = 0; t < r->su->n_tasks; t++) td_spec_counters_add(&s, &cell(r, t, d)->spec);
     return s;
 }
 

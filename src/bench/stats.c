@@ -63,16 +63,6 @@ double td_bench_mean_accept_len(const td_spec_counters *s) {
     return s->drafts ? 1.0 + (double)s->accepted_tokens / (double)s->drafts : 0.0;
 }
 
-static void add_counters(td_spec_counters *a, const td_spec_counters *b) {
-    a->drafts += b->drafts;
-    a->draft_tokens += b->draft_tokens;
-    a->accepted_tokens += b->accepted_tokens;
-    for (int i = 0; i < TD_MAX_SPEC_DEPTH; i++) a->accepted_per_pos[i] += b->accepted_per_pos[i];
-    for (int i = 0; i <= TD_MAX_SPEC_DEPTH; i++) a->chosen_depth[i] += b->chosen_depth[i];
-    a->explored_steps += b->explored_steps;
-    a->tracked_steps += b->tracked_steps;
-}
-
 /* ---- cells --------------------------------------------------------------------- */
 
 static int depth_index(const bench_suite *su, int depth) {
@@ -112,7 +102,7 @@ void td_bench_cells(const bench_suite *su, const bench_sample *samples, int n, b
                 psec[s->run] += s->prefill_s;
                 c->generated += (uint64_t)(s->n_generated > 0 ? s->n_generated : 0);
                 if (s->n_generated > 0) ttft[nt++] = s->ttft_s;
-                add_counters(&c->spec, &s->spec);
+                td_spec_counters_add(&c->spec, &s->spec);
             }
             int nr = 0, np = 0;
             for (int r = 0; r < max_run; r++) {

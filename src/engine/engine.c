@@ -281,16 +281,17 @@ void td_engine_memory(const td_engine *e, td_memory_info *o) {
 
 void td_engine_spec_counters(const td_engine *e, td_spec_counters *out) { *out = e->spec_totals; }
 
-void td_engine_add_spec(td_engine *e, const td_spec_counters *c) {
-    td_spec_counters *t = &e->spec_totals;
-    t->drafts += c->drafts;
-    t->draft_tokens += c->draft_tokens;
-    t->accepted_tokens += c->accepted_tokens;
-    for (int i = 0; i < TD_MAX_SPEC_DEPTH; i++) t->accepted_per_pos[i] += c->accepted_per_pos[i];
-    for (int i = 0; i <= TD_MAX_SPEC_DEPTH; i++) t->chosen_depth[i] += c->chosen_depth[i];
-    t->explored_steps += c->explored_steps;
-    t->tracked_steps += c->tracked_steps;
+void td_spec_counters_add(td_spec_counters *to, const td_spec_counters *c) {
+    to->drafts += c->drafts;
+    to->draft_tokens += c->draft_tokens;
+    to->accepted_tokens += c->accepted_tokens;
+    for (int i = 0; i < TD_MAX_SPEC_DEPTH; i++) to->accepted_per_pos[i] += c->accepted_per_pos[i];
+    for (int i = 0; i <= TD_MAX_SPEC_DEPTH; i++) to->chosen_depth[i] += c->chosen_depth[i];
+    to->explored_steps += c->explored_steps;
+    to->tracked_steps += c->tracked_steps;
 }
+
+void td_engine_add_spec(td_engine *e, const td_spec_counters *c) { td_spec_counters_add(&e->spec_totals, c); }
 
 int td_session_feed(td_session *s, const int32_t *tokens, int n, const float **logits, td_err *err) {
     if (n <= 0) return TD_FAIL(err, TD_ERR_ARG, "feed of %d tokens", n);

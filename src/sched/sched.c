@@ -152,14 +152,7 @@ static void finish_req(td_sched *s, req *q, const char *error) {
     if (res.n_prompt) {
         s->st.prefix_cache_queries += (uint64_t)res.n_prompt;
         s->st.prefix_cache_hits += (uint64_t)res.n_reused;
-        td_spec_counters *t = &s->st.spec;
-        t->drafts += res.spec.drafts;
-        t->draft_tokens += res.spec.draft_tokens;
-        t->accepted_tokens += res.spec.accepted_tokens;
-        for (int i = 0; i < TD_MAX_SPEC_DEPTH; i++) t->accepted_per_pos[i] += res.spec.accepted_per_pos[i];
-        for (int i = 0; i <= TD_MAX_SPEC_DEPTH; i++) t->chosen_depth[i] += res.spec.chosen_depth[i];
-        t->explored_steps += res.spec.explored_steps;
-        t->tracked_steps += res.spec.tracked_steps;
+        td_spec_counters_add(&s->st.spec, &res.spec);
     }
     if (q->sess >= 0) {
         s->sess_busy[q->sess] = false;

@@ -484,6 +484,18 @@ int main(void) {
         CHECK(p7 > 0.97, "period 7: auto %.3f of depth %d", p7, bk);
         printf("simulated engine: auto / best fixed depth: periodic %.3f, i.i.d. %.3f, period 7 %.3f\n", lock, iid, p7);
     }
+    /* counters sum field by field (the engine, scheduler and bench totals all use it) */
+    {
+        td_spec_counters a, b;
+        memset(&a, 0, sizeof a);
+        memset(&b, 0, sizeof b);
+        uint64_t *pa = (uint64_t *)&a, *pb = (uint64_t *)&b;
+        size_t nf = sizeof a / sizeof(uint64_t), bad = 0;
+        for (size_t i = 0; i < nf; i++) pa[i] = i + 1, pb[i] = 100 * (i + 1);
+        td_spec_counters_add(&a, &b);
+        for (size_t i = 0; i < nf; i++) bad += pa[i] != 101 * (i + 1);
+        CHECK(sizeof a % sizeof(uint64_t) == 0 && bad == 0, "%zu of %zu counters not summed", bad, nf);
+    }
     /* the forced schedule covers 0..kmax */
     int seen[5] = {0};
     for (uint64_t s = 0; s < 200; s++) {
