@@ -21,6 +21,7 @@
 #include "chi2.h"
 #include "spec/calibrate.h"
 #include "spec/gen.h"
+#include "spec/mtp.h"
 #include "backend/cpu/kernels.h"
 #ifdef SPEC_BF16
 #define SPEC_PRECISION TD_PRECISION_BF16
@@ -155,6 +156,55 @@ static void auto_untracked(const char *dir) {
     CHECK(td_session_generate(s, p2, 40, &sp, &o, collect, &v, &r1, &err) == 0, "auto: %s", err.msg);
     CHECK(r1.n_reused >= 32, "%s: a tracking request reused %d of 40 prompt tokens (the depth-0 request's checkpoint)", dir, r1.n_reused);
     td_session_free(s);
+    td_engine_free(e);
+}
+
+/* td_mtp_push of a prefill chunk writes the MTP entries in one pass (plus
+ * one for the rows pending before it): the draft after a 61-token prompt fed
+ * in chunks of 1 (row by row through the pending rows), 7 and 61 gives the
+ * same logits, bit for bit (a golden model: spec-partial's MTP head does not
+ * read the token embedding, so a wrong token would go unseen there). */
+static void mtp_push_chunks(const char *dir) {
+    td_engine *e = load(dir, 4);
+    if (!e) return;
+    td_err err = {0};
+    const int N = 61, H = e->model->cfg.hidden_size, V = e->model->cfg.vocab_size;
+    const int chunk[3] = {1, 7, N};
+    int32_t prompt[61];
+    for (int i = 0; i < N; i++) prompt[i] = (i * 11 + 3) % (V - 8);
+    td_backend *b = td_engine_backend(e);
+    float *hd = b->ops->alloc(b, (size_t)N * H * sizeof(float));
+    float *lg = malloc((size_t)V * sizeof(float)), *draft[3];
+    for (int v = 0; v < 3; v++) {
+        draft[v] = calloc((size_t)V, sizeof(float));
+        td_session *s = NULL;
+        CHECK(td_session_new(e, &s, &err) == 0, "session: %s", err.msg);
+        if (!s) break;
+        td_seq *q = td_session_seq(s);
+        int rc = td_seq_reserve(q, N + 8, &err);
+        td_mtp_start(s, true);
+        for (int off = 0; off < N && !rc; off += chunk[v]) {
+            int n = N - off < chunk[v] ? N - off : chunk[v];
+            td_fwd_item it = {.seq = q, .tokens = prompt + off, .n = n, .logits_rows = 1, .logits = lg, .hidden_d = hd};
+            rc = td_forward(td_engine_fwd(e), &it, 1, &err);
+            if (!rc) rc = td_mtp_push(s, hd, n, &err);
+            if (!rc) rc = td_mtp_catch_up(s, &err);
+        }
+        CHECK(rc == 0 && q->mtp_n == N - 1, "%s: chunks of %d: rc %d (%s), %d entries", dir, chunk[v], rc, err.msg, q->mtp_n);
+        int32_t toks[TD_MTP_PEND_CAP];
+        td_mtp_item mi;
+        td_mtp_first_item(s, 5, toks, &mi);
+        mi.logits_rows = 1;
+        mi.logits = draft[v];
+        if (!rc) CHECK(td_mtp_forward(td_engine_fwd(e), &mi, 1, &err) == 0, "draft: %s", err.msg);
+        td_session_free(s);
+    }
+    for (int v = 1; v < 3; v++)
+        CHECK(memcmp(draft[0], draft[v], (size_t)V * sizeof(float)) == 0, "%s: the draft after chunks of %d differs from row by row", dir,
+              chunk[v]);
+    for (int v = 0; v < 3; v++) free(draft[v]);
+    free(lg);
+    b->ops->free(b, hd);
     td_engine_free(e);
 }
 
@@ -402,6 +452,8 @@ int main(void) {
     greedy_auto("tests/models/spec-partial", 512 / SCALE);
     greedy_auto("models/demo", 256 / SCALE);
     auto_untracked("tests/models/spec-partial");
+    snprintf(dir, sizeof dir, "%s/tiny-b/bf16", golden_root());
+    mtp_push_chunks(dir);
     CHECK(distribution_test("tests/models/spec-agree", false) > 0.01, "%s: argmax-draft rejection sampling fails chi-square", name);
     CHECK(distribution_test("tests/models/spec-disagree", true) > 0.01, "%s: sampled-draft residual fails chi-square", name);
     g_schedule = 1000;
@@ -440,6 +492,8 @@ int main(void) {
     greedy_auto("tests/models/spec-partial", 512 / SCALE);
     greedy_auto("models/demo", 256 / SCALE);
     auto_untracked("tests/models/spec-partial");
+    snprintf(dir, sizeof dir, "%s/tiny-b/f32", golden_root());
+    mtp_push_chunks(dir);
     g_schedule = 1000;
     p = distribution_test("tests/models/spec-agree", false);
     CHECK(p > 0.01, "rejection sampling under a changing depth fails chi-square: p = %.4f", p);
