@@ -52,10 +52,12 @@ int td_mtp_catch_up(td_session *s, td_err *err) { return catch_up_to(s, s->seq.n
 /* A prefill chunk of n > 1 rows (positions n0 .. n_past-1): the entries of
  * the rows pending before it (their next token is the chunk's first), then
  * those of the chunk's rows but its last, each in one pass; the last row
- * stays pending. Pushed row by row, a 512-token chunk cost 27 passes of 19
- * rows, each reading the MTP layer's weights: 1.4 s of a 4-client round's
- * 28 s of forwards on the 27B-proportioned model (int8, AVX2). The kernels
- * give the same bits for any number of rows, so the entries are the same. */
+ * stays pending. Pushed row by row, a 512-token chunk ran 27 passes of 19
+ * rows, each reading the MTP layer's weights once; now they are read once
+ * per chunk. (On the 2-core CPU with int8, 19 rows are already compute-bound:
+ * the time stayed ~0.6 ms per row, bench/results/autodepth-fresh-aa-2026-12-07.md.)
+ * The kernels give the same bits for any number of rows, so the entries are
+ * the same (test_spec). */
 static int push_chunk(td_session *s, const float *rows, int n, td_err *err) {
     td_seq *q = &s->seq;
     td_mtp_track *t = &s->mtp;
