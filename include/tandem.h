@@ -212,6 +212,8 @@ typedef struct td_gen_opts {
     bool draft_sampling;     /* sample drafts from the MTP distribution (keeps q) instead of argmax */
     bool spec_auto;          /* adaptive depth: spec_depth is the maximum, each step picks 0..spec_depth (spec/autodepth.h) */
     uint64_t spec_schedule_seed; /* test hook: non-zero = each step's depth is a hash of (seed, step) in 0..spec_depth */
+    int joining;             /* with spec_auto: requests being admitted together with this one, after it (a
+                                scheduler's queue), counted in the batch it judges whether drafting pays in */
     bool ignore_eos;
     const int32_t *stop_ids; /* extra token ids that end generation (borrowed) */
     int n_stop;

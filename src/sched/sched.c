@@ -256,6 +256,8 @@ static void *loop(void *arg) {
                     s->sess_busy[si] = true;
                     q->sess = si;
                     q->r.gen.want_logits = q->r.top_logprobs >= 0; /* on_emit reads the row only then */
+                    int slots = s->o.max_num_seqs - s->n_running - 1; /* the queue behind it that this pass admits too */
+                    q->r.gen.joining = s->n_waiting < slots ? s->n_waiting : slots > 0 ? slots : 0;
                     if ((brc = td_gen_begin(s->sessions[si], q->prompt, q->r.n_prompt, &q->r.sampling, &q->r.gen, on_emit, q, &q->g, &err)))
                         q->g = NULL;
                 } else {

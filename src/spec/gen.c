@@ -286,7 +286,9 @@ static void save_checkpoint(td_gen *g) {
  * track = true (its depth is the maximum), so its MTP entries follow the
  * target at depth 0 too and it can draft again at any step; unless
  * drafting is not predicted to pay at all in a batch of the requests now
- * running and this one (td_ad_worth_tracking), then it runs as depth 0
+ * running, this one and those admitted with it (td_gen_opts.joining: four
+ * requests that arrive together judge a batch of four, not of 1, 2, 3 and 4)
+ * (td_ad_worth_tracking), then it runs as depth 0
  * without MTP work, except every TD_AD_TRACK_EVERY-th, which tracks and
  * runs at depth 0 but for its probes (measure_only), so the engine-wide
  * acceptance and costs keep being measured. One that does not track is a
@@ -300,7 +302,8 @@ static void ad_begin(td_gen *g, const td_sampling *sp) {
     td_ad_state_init(&g->ad, &ae->global[b], g->o.spec_schedule_seed);
     td_ad_state_seed_real(&g->ad, &ae->real[b]);
     g->ad.bucket = b;
-    if (!g->ad.force_seed && !td_ad_worth_tracking(&ae->costs, &ae->global[b], g->depth, ae->n_live + 1, TD_AD_TRACK_MARGIN)) {
+    int batch = ae->n_live + 1 + (g->o.joining > 0 ? g->o.joining : 0); /* the running ones, this one, those admitted with it */
+    if (!g->ad.force_seed && !td_ad_worth_tracking(&ae->costs, &ae->global[b], g->depth, batch, TD_AD_TRACK_MARGIN)) {
         if (ae->n_auto % TD_AD_TRACK_EVERY == 0) g->ad.measure_only = true; /* tracks, drafts only to probe */
         else g->track = false, g->depth = 0; /* a fixed depth-0 request: its buffers, KV steps and budget rows too */
     }

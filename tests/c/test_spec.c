@@ -156,6 +156,28 @@ static void auto_untracked(const char *dir) {
     CHECK(td_session_generate(s, p2, 40, &sp, &o, collect, &v, &r1, &err) == 0, "auto: %s", err.msg);
     CHECK(r1.n_reused >= 32, "%s: a tracking request reused %d of 40 prompt tokens (the depth-0 request's checkpoint)", dir, r1.n_reused);
     td_session_free(s);
+    /* a table where drafting pays alone but not in a batch of 4 (the step
+     * costs the same up to 4 rows, then grows with them): a request that
+     * begins alone tracks, unless 3 more are admitted with it (joining) */
+    td_ad_costs_init(&e->ad.costs);
+    for (int t = 1; t <= 64; t++) td_ad_costs_cal_fwd(&e->ad.costs, t, 1e-3 * (t > 4 ? t / 4.0 : 1.0));
+    td_ad_costs_cal_mtp(&e->ad.costs, 1, 0.01e-3);
+    CHECK(td_ad_worth_tracking(&e->ad.costs, &e->ad.global[0], 4, 1, TD_AD_TRACK_MARGIN) &&
+              !td_ad_worth_tracking(&e->ad.costs, &e->ad.global[0], 4, 4, TD_AD_TRACK_MARGIN),
+          "%s: the table makes tracking pay at batch 1, not at 4", dir);
+    for (int joining = 0; joining <= 3; joining += 3) {
+        e->ad.n_auto = 8 * TD_AD_TRACK_EVERY + 1; /* not the measuring one */
+        td_gen_opts oj = o;
+        oj.joining = joining;
+        td_session_new(e, &s, &err);
+        td_gen *g = NULL;
+        CHECK(td_gen_begin(s, prompt, 8, &sp, &oj, emit_none, NULL, &g, &err) == 0, "begin: %s", err.msg);
+        if (g) {
+            CHECK(td_gen_depth(g) == (joining ? 0 : 4), "%s: alone with %d joining: depth %d", dir, joining, td_gen_depth(g));
+            td_gen_end(g);
+        }
+        td_session_free(s);
+    }
     td_engine_free(e);
 }
 
