@@ -197,8 +197,8 @@ static void mtp_push_chunks(const char *dir) {
     td_backend *b = td_engine_backend(e);
     float *hd = b->ops->alloc(b, (size_t)N * H * sizeof(float));
     float *lg = malloc((size_t)V * sizeof(float)), *draft[3];
+    for (int v = 0; v < 3; v++) draft[v] = calloc((size_t)V, sizeof(float));
     for (int v = 0; v < 3; v++) {
-        draft[v] = calloc((size_t)V, sizeof(float));
         td_session *s = NULL;
         CHECK(td_session_new(e, &s, &err) == 0, "session: %s", err.msg);
         if (!s) break;
