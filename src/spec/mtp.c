@@ -78,14 +78,13 @@ int td_mtp_push(td_session *s, const float *rows, int n, td_err *err) {
     td_mtp_track *t = &s->mtp;
     td_backend *b = s->eng->backend;
     if (n > 1) return push_chunk(s, rows, n, err);
-    for (int i = 0; i < n; i++) {
-        int pos = s->seq.n_past - n + i;
-        if (pos - s->seq.mtp_n >= t->cap) { /* full: write the entries whose next token is known */
-            int rc = catch_up_to(s, pos, err);
-            if (rc) return rc;
-        }
-        b->ops->copy(b, t->pend + (size_t)(pos - s->seq.mtp_n) * t->H, rows + (size_t)i * t->H, (size_t)t->H * sizeof(float));
+    if (n < 1) return TD_OK;
+    int pos = s->seq.n_past - 1; /* a decode step's one row */
+    if (pos - s->seq.mtp_n >= t->cap) { /* full: write the entries whose next token is known */
+        int rc = catch_up_to(s, pos, err);
+        if (rc) return rc;
     }
+    b->ops->copy(b, t->pend + (size_t)(pos - s->seq.mtp_n) * t->H, rows, (size_t)t->H * sizeof(float));
     return TD_OK;
 }
 
