@@ -425,6 +425,16 @@ bool td_ad_stop_tracking(const td_ad_state *s, bool worth_now) {
     return !s->measure_only && !s->force_seed && s->zero_run >= TD_AD_UNTRACK_AFTER && !worth_now;
 }
 
+bool td_ad_measure_turn(td_ad_engine *ae, int n_prompt) {
+    if (n_prompt < 1) n_prompt = 1;
+    ae->measure_credit += n_prompt * TD_AD_MEASURE_SHARE;
+    if (ae->measure_credit < n_prompt) return false;
+    ae->measure_credit -= n_prompt;
+    return true;
+}
+
+void td_ad_measure_refund(td_ad_engine *ae, int n_prompt) { ae->measure_credit += n_prompt < 1 ? 1 : n_prompt; } /* as td_ad_measure_turn spent it */
+
 bool td_ad_measure_base(const td_ad_costs *c, const td_ad_req *r, int n, int extra_tokens) {
     if (extra_tokens != 0 || n <= 0) return false;
     int tokens = 0;

@@ -39,9 +39,9 @@
  * (the demo model on a CPU) that pass is ~1/7 of a forward per token: more
  * than the whole gain drafting could bring. So a new request tracks only
  * when some depth is predicted to pay with the engine-wide acceptance
- * (td_ad_worth_tracking, with a 15% margin for the tracking itself); one in
- * TD_AD_TRACK_EVERY tracks anyway, so the engine-wide acceptance and the
- * cost table keep being measured. A request that does not track runs
+ * (td_ad_worth_tracking, with a 15% margin for the tracking itself); now
+ * and then one tracks anyway (TD_AD_MEASURE_SHARE), so the engine-wide
+ * acceptance and the cost table keep being measured. A request that does not track runs
  * exactly as a fixed depth-0 one; so does one that would have to give up a
  * prefix-cache hit to track (a checkpoint saved by a request that did not
  * track has no MTP entries; gen.c start_prefill), and one that began
@@ -163,18 +163,27 @@ typedef struct td_ad_engine {
     td_ad_accept global[2];  /* [0] greedy, [1] sampled requests (acceptance falls with temperature) */
     td_ad_real real[2];      /* realized tokens per step by depth, from auto requests, the same two buckets */
     td_ad_explore explore;
-    uint64_t n_auto;         /* auto requests begun (every TD_AD_TRACK_EVERY-th tracks) */
+    double measure_credit;   /* MTP prompt rows a measuring request may still spend (TD_AD_MEASURE_SHARE) */
     int n_live;              /* requests begun and not yet ended, any depth: the batch a new one joins */
     bool calibrated;
 } td_ad_engine;
 
-/* Every this many auto requests one keeps MTP tracking and probes even
- * where drafting does not pay (td_ad_worth_tracking), so the engine-wide
- * acceptance and costs keep being measured; such a request runs at depth 0
- * but for its probes (one draft token every 16..256 steps): drafting deeper
- * where it was predicted not to pay would slow every request of its batch
- * (each MTP pass holds up the whole step). */
-#define TD_AD_TRACK_EVERY 8
+/* Now and then an auto request keeps MTP tracking and probes even where
+ * drafting does not pay (td_ad_worth_tracking), so the engine-wide
+ * acceptance and costs keep being measured; such a request (measure_only)
+ * runs at depth 0 but for its probes (one draft token every 16..256 steps):
+ * drafting deeper where it was predicted not to pay would slow every request
+ * of its batch (each MTP pass holds up the whole step). What it costs is
+ * the MTP layer over its prompt, so measuring is budgeted in prompt rows:
+ * every auto request that does not track adds TD_AD_MEASURE_SHARE of its
+ * prompt to ae->measure_credit, and the first whose whole prompt fits the
+ * credit measures and spends it (td_ad_measure_turn). Measuring thus takes
+ * at most that share of the MTP rows tracking every request would, and
+ * falls on short prompts. It was every 8th request, whatever its prompt: under 4
+ * clients on the 27B-proportioned model that was the 9th request of each
+ * load, a 464-token prompt, 525 of the ~700 MTP rows a load ran, for 2 probes
+ * (bench/results/autodepth-measure-2026-12-07.md). */
+#define TD_AD_MEASURE_SHARE (1.0 / 32)
 /* Tracking must buy at least this much predicted speedup (its own cost: the MTP
  * layer over every prompt token and a pass per generated one, on top of
  * TD_AD_DRAFT_MARGIN's noise). */
@@ -184,7 +193,7 @@ typedef struct td_ad_engine {
  * choice: the first requests of a 4-client load began alone, tracked and
  * chose depth 0 on 96-99% of their steps
  * (bench/results/autodepth-realized-2026-12-07.md). So a tracking request
- * (not a measuring one, TD_AD_TRACK_EVERY) whose choice has been 0 for
+ * (not a measuring one, TD_AD_MEASURE_SHARE) whose choice has been 0 for
  * TD_AD_UNTRACK_AFTER consecutive steps, in a batch of the requests now
  * live where td_ad_worth_tracking says no, stops tracking and runs as a
  * fixed depth-0 request from there (td_ad_stop_tracking). The number is one
@@ -243,7 +252,7 @@ typedef struct td_ad_state {
     int since_draft;     /* steps at depth 0 since the last draft */
     int probe;           /* probe interval now */
     bool probing;        /* the last step was a probe */
-    bool measure_only;   /* tracks only to keep the figures measured (TD_AD_TRACK_EVERY): depth 0 but for its probes */
+    bool measure_only;   /* tracks only to keep the figures measured (TD_AD_MEASURE_SHARE): depth 0 but for its probes */
     int probe_base;      /* the choice before that probe */
     td_ad_real real;     /* realized, by depth: seeded from the engine's, then its own */
     int burst_k, burst_left; /* a burst in progress: its depth and the steps left */
@@ -335,6 +344,13 @@ bool td_ad_worth_tracking(td_ad_costs *c, const td_ad_accept *global, int kmax, 
  * for TD_AD_UNTRACK_AFTER steps, and `worth_now` (td_ad_worth_tracking for
  * the batch it runs in) is false. */
 bool td_ad_stop_tracking(const td_ad_state *s, bool worth_now);
+
+/* For an auto request of n_prompt tokens that will not track: adds its
+ * share to ae->measure_credit (TD_AD_MEASURE_SHARE) and returns whether it
+ * measures (its whole prompt fits the credit, which it then spends). */
+bool td_ad_measure_turn(td_ad_engine *ae, int n_prompt);
+/* Gives back what td_ad_measure_turn spent, for a request that will not measure after all. */
+void td_ad_measure_refund(td_ad_engine *ae, int n_prompt);
 
 /* Chooses k for every non-fixed request of the step (in place), given
  * `extra_tokens` prefill tokens in the same target forward. Coordinate

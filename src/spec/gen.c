@@ -288,14 +288,15 @@ static void save_checkpoint(td_gen *g) {
  * drafting is not predicted to pay at all in a batch of the requests now
  * running, this one and those admitted with it (td_gen_opts.joining: four
  * requests that arrive together judge a batch of four, not of 1, 2, 3 and 4)
- * (td_ad_worth_tracking), then it runs as depth 0
- * without MTP work, except every TD_AD_TRACK_EVERY-th, which tracks and
- * runs at depth 0 but for its probes (measure_only), so the engine-wide
- * acceptance and costs keep being measured. One that does not track is a
- * fixed depth-0 request from here on (depth 0: its work buffers, the KV it
- * reserves per step and the rows it takes from the step's token budget are
- * a depth-0 request's, not the maximum depth's). */
-static void ad_begin(td_gen *g, const td_sampling *sp) {
+ * (td_ad_worth_tracking), then it runs as depth 0 without MTP work, except
+ * now and then one (td_ad_measure_turn: a budget of MTP prompt rows, spent
+ * on short prompts first), which tracks and runs at depth 0 but for its
+ * probes (measure_only), so the engine-wide acceptance and costs keep being
+ * measured. One that does not track is a fixed depth-0 request from here on
+ * (depth 0: its work buffers, the KV it reserves per step and the rows it
+ * takes from the step's token budget are a depth-0 request's, not the
+ * maximum depth's). */
+static void ad_begin(td_gen *g, const td_sampling *sp, int n_prompt) {
     td_ad_engine *ae = td_engine_ad(g->e);
     int b = sp && sp->temperature > 0 ? 1 : 0;
     g->autod = true;
@@ -304,10 +305,17 @@ static void ad_begin(td_gen *g, const td_sampling *sp) {
     g->ad.bucket = b;
     int batch = ae->n_live + 1 + (g->o.joining > 0 ? g->o.joining : 0); /* the running ones, this one, those admitted with it */
     if (!g->ad.force_seed && !td_ad_worth_tracking(&ae->costs, &ae->global[b], g->depth, batch, TD_AD_TRACK_MARGIN)) {
-        if (ae->n_auto % TD_AD_TRACK_EVERY == 0) g->ad.measure_only = true; /* tracks, drafts only to probe */
+        if (td_ad_measure_turn(ae, n_prompt)) g->ad.measure_only = true; /* tracks, drafts only to probe */
         else g->track = false, g->depth = 0; /* a fixed depth-0 request: its buffers, KV steps and budget rows too */
     }
-    if (!g->ad.force_seed) ae->n_auto++;
+}
+
+/* A measuring request that will not measure after all (a failed begin, a
+ * prefix-cache hit it would have to give up) gives back what it spent: its
+ * prompt as it began; refund false after a preemption (spent and used). */
+static void ad_unmeasure(td_gen *g, int n_prompt, bool refund) {
+    if (g->autod && g->ad.measure_only && refund) td_ad_measure_refund(td_engine_ad(g->e), n_prompt);
+    g->ad.measure_only = false;
 }
 
 /* A tracking request stops tracking (TD_AD_UNTRACK_AFTER): from here it is a
@@ -410,7 +418,7 @@ static int start_prefill(td_gen *g, td_err *err) {
         int with = td_kv_match_len(td_engine_kv(e), prompt, n_prompt - 1, true, cap);
         int own = reuse < n_prompt && reuse > 0 && td_mtp_valid(s) && !memcmp(q->tokens, prompt, (size_t)reuse * sizeof(int32_t)) ? reuse : 0;
         if (td_kv_match_len(td_engine_kv(e), prompt, n_prompt - 1, false, cap) > (with > own ? with : own))
-            g->ad.measure_only = false, g->track = false, g->depth = 0;
+            ad_unmeasure(g, g->n_prompt0, g->res.n_preemptions == 0), g->track = false, g->depth = 0;
     }
     if (reuse >= n_prompt || (reuse > 0 && memcmp(q->tokens, prompt, (size_t)reuse * sizeof(int32_t)) != 0) || (g->track && !td_mtp_valid(s) && reuse > 0)) {
         td_session_reset(s);
@@ -483,7 +491,7 @@ int td_gen_begin(td_session *s, const int32_t *prompt, int n_prompt, const td_sa
     g->cons = o->constraint;
     g->depth = td_engine_model(e)->has_mtp ? o->spec_depth : 0;
     g->track = g->depth > 0;
-    if (g->depth > 0 && (o->spec_auto || o->spec_schedule_seed)) ad_begin(g, sp);
+    if (g->depth > 0 && (o->spec_auto || o->spec_schedule_seed)) ad_begin(g, sp, n_prompt);
     g->prompt = TD_MALLOC(err, (size_t)n_prompt * sizeof(int32_t));
     g->stop_ids = TD_MALLOC(err, (size_t)(o->n_stop + 1) * sizeof(int32_t));
     int rc = (!g->prompt || !g->stop_ids) ? TD_ERR_NOMEM : td_sampler_init(&g->sm, sp, c->vocab_size, prompt, n_prompt, err);
@@ -500,6 +508,7 @@ int td_gen_begin(td_session *s, const int32_t *prompt, int n_prompt, const td_sa
     }
     if (!rc) rc = alloc_buffers(g, err);
     if (rc) {
+        ad_unmeasure(g, n_prompt, true);
         td_sampler_free(&g->sm);
         free(g->prompt);
         free(g->stop_ids);
@@ -515,6 +524,7 @@ int td_gen_begin(td_session *s, const int32_t *prompt, int n_prompt, const td_sa
     g->t_begin = now_s();
     rc = start_prefill(g, err);
     if (rc) {
+        ad_unmeasure(g, n_prompt, true);
         free(g->out);
         td_sampler_free(&g->sm);
         free(g->prompt);

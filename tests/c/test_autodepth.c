@@ -214,12 +214,42 @@ int main(void) {
         r.k = 1; /* a choice above 0 starts the count again */
         td_ad_next(&st, &x, &r);
         CHECK(st.zero_run == 0 && !td_ad_stop_tracking(&st, false), "after a draft: run %d", st.zero_run);
-        /* a measuring request (TD_AD_TRACK_EVERY) and the forced schedule never stop */
+        /* a measuring request (TD_AD_MEASURE_SHARE) and the forced schedule never stop */
         st.zero_run = 100;
         st.measure_only = true;
         bool m = td_ad_stop_tracking(&st, false);
         st.measure_only = false, st.force_seed = 7;
         CHECK(!m && !td_ad_stop_tracking(&st, false), "measuring %d forced %d", m, td_ad_stop_tracking(&st, false));
+    }
+    /* the measuring budget: each request that does not track adds 1/32 of
+     * its prompt; the first whose whole prompt fits measures and spends it */
+    {
+        td_ad_engine ae;
+        memset(&ae, 0, sizeof ae);
+        int first = 0, measured = 0;
+        for (int i = 1; i <= 100; i++)
+            if (td_ad_measure_turn(&ae, 64)) {
+                measured++;
+                if (!first) first = i;
+            }
+        /* i requests hold i * 2 rows: the 32nd fits its 64, then every 32nd */
+        CHECK(TD_AD_MEASURE_SHARE == 1.0 / 32 && first == 32 && measured == 3, "equal prompts: first at %d, %d of 100", first, measured);
+        /* short prompts go first: a 600-row prompt does not fit 300 rows of
+         * credit, a 70-row one after it does; the rows spent stay within the share */
+        memset(&ae, 0, sizeof ae);
+        ae.measure_credit = 300;
+        bool lng = td_ad_measure_turn(&ae, 600), shrt = td_ad_measure_turn(&ae, 70);
+        CHECK(!lng && shrt && fabs(ae.measure_credit - (300 + 670 / 32.0 - 70)) < 1e-9, "long %d short %d credit %.3f", lng, shrt, ae.measure_credit);
+        td_ad_measure_refund(&ae, 70);
+        CHECK(fabs(ae.measure_credit - (300 + 670 / 32.0)) < 1e-9, "refund: credit %.3f", ae.measure_credit);
+        memset(&ae, 0, sizeof ae);
+        double read = 0, spent = 0;
+        for (int i = 0; i < 1000; i++) {
+            int n = 67 + (i * 7919) % 560; /* 67..626, like bench/prompts */
+            read += n;
+            if (td_ad_measure_turn(&ae, n)) spent += n;
+        }
+        CHECK(spent <= read * TD_AD_MEASURE_SHARE && spent >= read * TD_AD_MEASURE_SHARE - 700, "mixed prompts: %.0f of %.0f rows measured", spent, read);
     }
     /* a prefill chunk in the same forward: the marginal verify token is cheap
      * (compute-bound linear part), so a request drafts */

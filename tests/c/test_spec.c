@@ -105,8 +105,8 @@ static int emit_none(void *u, int32_t t, const float *row) { (void)u, (void)t, (
 
 /* Issue 18: an auto request that does not track (drafting predicted not to
  * pay: a verify row costs as much as a token, t(T) = T ms) is a fixed
- * depth-0 request, its budget rows and KV steps included; the one in
- * TD_AD_TRACK_EVERY that tracks keeps the maximum depth. */
+ * depth-0 request, its budget rows and KV steps included; the measuring
+ * one (TD_AD_MEASURE_SHARE) that tracks keeps the maximum depth. */
 static void auto_untracked(const char *dir) {
     td_engine *e = load(dir, 4);
     if (!e) return;
@@ -118,6 +118,7 @@ static void auto_untracked(const char *dir) {
     int32_t prompt[8] = {1, 2, 3, 4, 5, 6, 7, 8};
     td_gen_opts o = {.max_tokens = 8, .spec_depth = 4, .ignore_eos = true, .spec_auto = true};
     int depth[3] = {-1, -1, -1};
+    e->ad.measure_credit = 8; /* the first 8-token prompt fits: it measures */
     for (int i = 0; i < 3; i++) {
         td_session *s;
         td_session_new(e, &s, &err);
@@ -140,16 +141,17 @@ static void auto_untracked(const char *dir) {
     CHECK(td_session_generate(s, p2, 40, &sp, &o0, collect, &v, &r0, &err) == 0, "depth 0: %s", err.msg);
     td_session_free(s);
     td_session_new(e, &s, &err);
-    e->ad.n_auto = 8 * TD_AD_TRACK_EVERY; /* the next auto request is the measuring one */
+    e->ad.measure_credit = 40; /* the next auto request is the measuring one */
     v.n = 0;
     CHECK(td_session_generate(s, p2, 40, &sp, &o, collect, &v, &r1, &err) == 0, "auto: %s", err.msg);
     CHECK(r1.n_reused >= 32, "%s: the measuring request reused %d of 40 prompt tokens (the depth-0 request's checkpoint)", dir, r1.n_reused);
+    CHECK(fabs(e->ad.measure_credit - (40 + 40 * TD_AD_MEASURE_SHARE)) < 1e-9, "%s: it gave its 40 rows back: credit %.3f", dir, e->ad.measure_credit);
     td_session_free(s);
     /* nor does one that tracks because drafting pays (a flat verify cost) */
     td_ad_costs_init(&e->ad.costs);
     for (int t = 1; t <= 64; t++) td_ad_costs_cal_fwd(&e->ad.costs, t, 1e-3 * (1.0 + 0.01 * t));
     td_ad_costs_cal_mtp(&e->ad.costs, 1, 0.01e-3);
-    e->ad.n_auto = 8 * TD_AD_TRACK_EVERY + 1;
+    e->ad.measure_credit = 0;
     CHECK(td_ad_worth_tracking(&e->ad.costs, &e->ad.global[0], 4, 1, TD_AD_TRACK_MARGIN), "%s: the flat table makes tracking pay", dir);
     td_session_new(e, &s, &err);
     v.n = 0;
@@ -166,7 +168,7 @@ static void auto_untracked(const char *dir) {
               !td_ad_worth_tracking(&e->ad.costs, &e->ad.global[0], 4, 4, TD_AD_TRACK_MARGIN),
           "%s: the table makes tracking pay at batch 1, not at 4", dir);
     for (int joining = 0; joining <= 3; joining += 3) {
-        e->ad.n_auto = 8 * TD_AD_TRACK_EVERY + 1; /* not the measuring one */
+        e->ad.measure_credit = 0; /* not a measuring one */
         td_gen_opts oj = o;
         oj.joining = joining;
         td_session_new(e, &s, &err);
