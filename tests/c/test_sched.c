@@ -7,6 +7,7 @@
 #include "check.h"
 #include "engine/engine.h"
 #include "sched/sched.h"
+#include "spec/autodepth.h"
 
 typedef struct {
     int32_t out[256];
@@ -60,6 +61,64 @@ static td_request make_req(const int32_t *prompt, int n, int depth, int max_toke
     s->mu = &mu;
     s->cv = &cv;
     return r;
+}
+
+/* Issue 18: the requests one admission pass takes judge their batch
+ * together (td_gen_opts.joining, which the scheduler sets). A cost table
+ * where drafting pays in a batch of 2 but not of 5; request A (depth 0)
+ * runs, and from its first token's callback (the scheduler thread, between
+ * steps, without its lock) four auto requests are submitted, so all four
+ * wait for the same admission pass. Each judges a batch of 5 (A, itself,
+ * those admitted with it) and none tracks; judged one by one (batches of
+ * 2, 3, 4, 5) the first would. */
+static td_sched *hook_sched;
+static td_request hook_reqs[4];
+static int hook_submitted;
+static int on_token_then_submit(void *u, const td_token_event *ev) {
+    if (!hook_submitted) {
+        td_err err = {0};
+        for (int i = 0; i < 4; i++) hook_submitted += td_sched_submit(hook_sched, &hook_reqs[i], NULL, &err) == 0;
+    }
+    return on_token(u, ev);
+}
+
+static void joining_judged_together(td_engine *e, int32_t prompts[][300], const int *lens) {
+    td_err err = {0};
+    td_ad_costs *c = &e->ad.costs;
+    td_ad_costs_init(c);
+    for (int t = 1; t <= 64; t++) td_ad_costs_cal_fwd(c, t, 1e-3 * (t > 4 ? t / 4.0 : 1.0)); /* flat to 4 rows, then per row */
+    td_ad_costs_cal_mtp(c, 1, 0.01e-3);
+    e->ad.measure_credit = 0; /* none of the four measures */
+    CHECK(td_ad_worth_tracking(c, &e->ad.global[0], 4, 2, TD_AD_TRACK_MARGIN) && !td_ad_worth_tracking(c, &e->ad.global[0], 4, 5, TD_AD_TRACK_MARGIN),
+          "the table makes tracking pay in a batch of 2, not of 5");
+    td_sched_opts so;
+    td_sched_opts_default(&so);
+    so.max_num_seqs = 5;
+    td_sched *sch;
+    if (td_sched_new(e, &so, &sch, &err)) { CHECK(0, "%s", err.msg); return; }
+    sink sa, sj[4];
+    memset(&sa, 0, sizeof sa);
+    memset(sj, 0, sizeof sj);
+    for (int i = 0; i < 4; i++) {
+        hook_reqs[i] = make_req(prompts[1 + i], lens[1 + i], 4, 8, &sj[i]);
+        hook_reqs[i].gen.spec_auto = true;
+    }
+    hook_sched = sch;
+    hook_submitted = 0;
+    td_request a = make_req(prompts[0], lens[0], 0, 40, &sa);
+    a.on_token = on_token_then_submit;
+    CHECK(td_sched_submit(sch, &a, NULL, &err) == 0, "%s", err.msg);
+    wait_all(&sa, 1);
+    CHECK(hook_submitted == 4, "submitted %d of 4 from the callback", hook_submitted);
+    wait_all(sj, hook_submitted);
+    int tracked = 0;
+    for (int i = 0; i < hook_submitted; i++) {
+        CHECK(!sj[i].error[0] && sj[i].n == 8, "joining request %d: n %d error '%s'", i, sj[i].n, sj[i].error);
+        tracked += sj[i].res.spec.tracked_steps > 0;
+    }
+    CHECK(tracked == 0, "%d of 4 requests admitted together tracked (each should judge a batch of 5)", tracked);
+    printf("joining: 4 auto requests admitted in one pass next to a running one: %d tracked\n", tracked);
+    td_sched_free(sch);
 }
 
 int main(void) {
@@ -169,6 +228,7 @@ int main(void) {
     free(big);
     wait_all(qs, accepted);
     td_sched_free(sch);
+    joining_judged_together(e, prompts, lens);
     td_engine_free(e);
     TEST_MAIN_END("sched");
 }
