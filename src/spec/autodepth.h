@@ -41,8 +41,8 @@
  * when some depth is predicted to pay with the engine-wide acceptance
  * (td_ad_worth_tracking, with a 15% margin for the tracking itself); now
  * and then one tracks anyway (TD_AD_MEASURE_SHARE), so the engine-wide
- * acceptance and the cost table keep being measured. A request that does not track runs
- * exactly as a fixed depth-0 one; so does one that would have to give up a
+ * acceptance and the cost table keep being measured. A request that does
+ * not track runs exactly as a fixed depth-0 one; so does one that would have to give up a
  * prefix-cache hit to track (a checkpoint saved by a request that did not
  * track has no MTP entries; gen.c start_prefill), and one that began
  * tracking in a small batch and has chosen depth 0 for TD_AD_UNTRACK_AFTER
