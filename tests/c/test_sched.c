@@ -16,12 +16,26 @@ typedef struct {
     td_gen_result res;
     char error[256];
     int cancel_after; /* 0 = never */
+    bool hold;        /* block the scheduler thread at the first token until release_gate() */
     pthread_mutex_t *mu;
     pthread_cond_t *cv;
 } sink;
 
+static bool gate_open;
+static void release_gate(pthread_mutex_t *m, pthread_cond_t *c) {
+    pthread_mutex_lock(m);
+    gate_open = true;
+    pthread_cond_broadcast(c);
+    pthread_mutex_unlock(m);
+}
+
 static int on_token(void *u, const td_token_event *ev) {
     sink *s = u;
+    if (s->hold) { /* the request cannot finish before the test says so */
+        pthread_mutex_lock(s->mu);
+        while (!gate_open) pthread_cond_wait(s->cv, s->mu);
+        pthread_mutex_unlock(s->mu);
+    }
     if (s->n < 256) s->out[s->n++] = ev->token;
     return s->cancel_after && s->n >= s->cancel_after ? 2 : 0;
 }
@@ -207,19 +221,25 @@ int main(void) {
     CHECK(st.running == 0 && st.waiting == 0, "running %d waiting %d after all finished", st.running, st.waiting);
     CHECK(st.prefix_cache_hits > 0 && st.spec.drafts > 0, "stats: hits %llu drafts %llu", (unsigned long long)st.prefix_cache_hits, (unsigned long long)st.spec.drafts);
     td_sched_free(sch);
-    /* bounded queue: 1 running + 1 waiting, the third is refused */
+    /* bounded queue: 1 running + 1 waiting, the third is refused. The first
+     * request holds the scheduler thread at its first token until all three
+     * are submitted, so it cannot finish early and free its slot (it did
+     * under ASan on a loaded CI machine). */
     so.max_num_seqs = 1;
     so.max_queue = 1;
     td_sched_new(e, &so, &sch, &err);
     sink qs[3];
     memset(qs, 0, sizeof qs);
+    gate_open = false;
     int refused = 0, accepted = 0;
     for (int i = 0; i < 3; i++) {
         r = make_req(prompts[7], lens[7], 0, 64, &qs[i]);
+        qs[i].hold = i == 0;
         rc = td_sched_submit(sch, &r, NULL, &err);
         if (rc == TD_ERR_LIMIT) refused++; else accepted++;
     }
-    CHECK(refused >= 1, "queue bound not enforced (%d refused)", refused);
+    release_gate(&mu, &cv);
+    CHECK(refused == 1 && accepted == 2, "queue bound: %d refused, %d accepted (want 1, 2)", refused, accepted);
     /* context overflow is refused at submit */
     int32_t *big = calloc(3000, sizeof(int32_t));
     r = make_req(big, 3000, 0, 4, &qs[2]);
