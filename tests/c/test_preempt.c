@@ -158,8 +158,14 @@ int main(void) {
     td_sched_get_stats(sch, &st);
     CHECK(st.preemptions > 0, "the pool ran out but nothing was preempted (%llu)", (unsigned long long)st.preemptions);
     CHECK(g_log_preempt == (int)st.preemptions, "every preemption logged (%d of %llu)", g_log_preempt, (unsigned long long)st.preemptions);
-    usleep(20000);
-    td_sched_get_stats(sch, &st);
+    /* the scheduler thread measures the pool after the last on_done returns:
+     * wait for it (up to 10 s; a loaded ASan run can take longer than a
+     * fixed 20 ms sleep) rather than race it */
+    for (int t = 0; t < 1000; t++) {
+        td_sched_get_stats(sch, &st);
+        if (st.kv_cache_usage == 0.0) break;
+        usleep(10000);
+    }
     CHECK(st.kv_cache_usage == 0.0, "idle: kv_cache_usage %.3f", st.kv_cache_usage);
     check_accounting(e, "after the preemption run");
     CHECK(npre == (int)st.preemptions, "per-request preemptions %d, scheduler %llu", npre, (unsigned long long)st.preemptions);
