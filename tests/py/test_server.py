@@ -436,12 +436,19 @@ def test_concurrent_greedy_identical(server):
 
 
 def test_keepalive_while_queued(make_server):
-    """A stream waiting behind another request gets empty deltas (every 2 s)."""
+    """A stream waiting behind other requests gets empty deltas (every 2 s).
+    Three 3500-token streams go ahead of it (one running, two waiting), so it
+    waits for about 10,000 tokens: several seconds even where the demo model
+    decodes thousands of tokens a second (one long stream alone finished in
+    under 2 s on a fast build, and the test could not see a keep-alive)."""
     s = make_server("--max-num-seqs", "1", "--quiet")
     long_body = {"messages": MSG, "max_tokens": 3500, "temperature": 0, "ignore_eos": True, "stream": True}
-    first = requests.post(s.url("/v1/chat/completions"), json=long_body, stream=True, timeout=60)
-    it1 = first.iter_lines()  # keep a reference: a collected iterator closes the connection
-    next(it1)
+    ahead = []
+    for _ in range(3):
+        r = requests.post(s.url("/v1/chat/completions"), json=long_body, stream=True, timeout=60)
+        it = r.iter_lines()  # keep a reference: a collected iterator closes the connection
+        ahead.append((r, it))
+    next(ahead[0][1])
     t0 = time.time()
     second = requests.post(s.url("/v1/chat/completions"), json=dict(long_body, max_tokens=4), stream=True, timeout=60)
     got_keepalive = False
@@ -453,11 +460,11 @@ def test_keepalive_while_queued(make_server):
                 break
         if time.time() - t0 > 8:
             break
-    first.close()
+    waited = time.time() - t0
+    for r, _ in ahead:
+        r.close()
     second.close()
-    if not got_keepalive and time.time() - t0 < 2:
-        pytest.skip("the first request finished too fast to queue the second")
-    assert got_keepalive
+    assert got_keepalive, f"no keep-alive delta after {waited:.1f} s in the queue"
 
 
 # ---- reasoning split end to end (template opens <think>) -----------------------------
