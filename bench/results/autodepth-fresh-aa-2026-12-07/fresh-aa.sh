@@ -36,7 +36,10 @@ for r in $(seq 1 $ROUNDS); do
     pid=$!
     for i in $(seq 1 300); do grep -q "ready on" $log && break; sleep 1; done
     res=$($PY bench/serve_load.py --url http://127.0.0.1:$PORT/v1 --clients 4 --requests 16 --max-tokens 64 $extra 2>&1 | tail -1)
-    echo "round $r $d :: $res" >> $out
+    # the server's anonymous memory in transparent huge pages, and its resident size (kB)
+    thp=$(awk '/^AnonHugePages/ {print $2}' /proc/$pid/smaps_rollup 2>/dev/null)
+    rss=$(awk '/^Rss/ {print $2}' /proc/$pid/smaps_rollup 2>/dev/null)
+    echo "round $r $d :: $res :: thp_kB $thp rss_kB $rss" >> $out
     kill $pid; wait $pid 2>/dev/null
   done
 done
