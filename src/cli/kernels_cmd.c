@@ -17,7 +17,7 @@ static int usage(void) {
            "  -m, --model DIR     model for the decode / verify / prefill rows (default: none, kernels only)\n"
            "  --random-config FILE  instead of -m: a random-weight model of this config.json generated in the\n"
            "                      backend's memory (no weight files), its linear weights in --dtype (bf16, f32, fp8, nvfp4,\n"
-           "                      q8; the matmul table has no q8 and is skipped with it)\n"
+           "                      q8; the matmul table has no q8 and is skipped with it; q8 runs with --precision int8 too)\n"
            "  --mtp-mix F         with it: an MTP head that partly agrees with the trunk (make_random_model.py --mtp F,\n"
            "                      0..100: 0 agrees always); default -1 = no MTP head\n"
            "  --hidden N, --layers N, --vocab N  with it: the config scaled down as make_random_model.py (default: as is)\n"
@@ -41,7 +41,8 @@ static int usage(void) {
            "  --tune default|amd  model rows with these kernel tile choices (default: this CPU's, amd on AMD Zen 5+;\n"
            "                      the same bits either way)\n"
            "  --quantize none|q8  model weights to int8 at load (default none)\n"
-           "  --precision f32|bf16|int8 model runs with f32 (default), bf16 or int8 (q8 weights) matmul activations\n"
+           "  --precision f32|bf16|int8 model runs with f32 (default), bf16 or int8 (q8 weights: --quantize q8,\n"
+           "                      or --random-config with --dtype q8) matmul activations\n"
            "  -v, --verbose       errors with their source location\n"
            "  -h, --help          this help\n");
     return 0;

@@ -26,8 +26,9 @@ size_t td_session_bytes_for(const td_config *c, int depth, int max_chunk) {
            td_gen_work_bytes_for(c, depth, TD_MTP_PEND_CAP, max_chunk);
 }
 
-/* The backend of e->opts: created, its ISA and precision set. */
-static int setup_backend(td_engine *e, td_err *err) {
+/* The backend of e->opts: created, its ISA and precision set. q8: the model's linear weights will be q8
+   (--quantize q8, or a random model generated in q8). */
+static int setup_backend(td_engine *e, bool q8, td_err *err) {
     int rc;
     int threads = e->opts.n_threads;
     if (threads <= 0) {
@@ -57,7 +58,7 @@ static int setup_backend(td_engine *e, td_err *err) {
         rc = TD_FAIL(err, TD_ERR_ARG, "precision %d (0 f32, 1 bf16, 2 int8)", (int)e->opts.precision);
         goto fail;
     }
-    if (e->opts.precision == TD_PRECISION_INT8 && e->opts.quantize != TD_QUANT_Q8) {
+    if (e->opts.precision == TD_PRECISION_INT8 && !q8) {
         rc = TD_FAIL(err, TD_ERR_ARG, "--precision int8 needs --quantize q8 (it multiplies the q8 weights by int8 activations)");
         goto fail;
     }
@@ -133,7 +134,7 @@ int td_engine_load(const char *model_dir, const td_engine_opts *opts, td_engine 
         goto fail;
     }
     if ((rc = td_model_quantize(e->model, (td_quant_kind)e->opts.quantize, e->opts.precision == TD_PRECISION_INT8, err))) goto fail;
-    if ((rc = setup_backend(e, err)) || (rc = finish_load(e, err))) goto fail;
+    if ((rc = setup_backend(e, e->opts.quantize == TD_QUANT_Q8, err)) || (rc = finish_load(e, err))) goto fail;
     if (e->backend->counters.weight_copy_bytes) td_weights_release_pages(e->model->weights);
     *out = e;
     return TD_OK;
@@ -154,8 +155,10 @@ int td_engine_load_random(const char *config_path, const td_random_spec *spec, c
         rc = TD_FAIL(err, TD_ERR_ARG, "a random model is generated in its dtype: no quantize (use the spec's dtype)");
         goto fail;
     }
-    if ((rc = td_config_load(config_path, &cfg, err)) || (rc = setup_backend(e, err))) goto fail;
-    if ((rc = td_model_random(&cfg, spec, e->backend, &e->model, err)) || (rc = finish_load(e, err))) goto fail;
+    td_random_spec rs = *spec;
+    rs.q8_grouped = e->opts.precision == TD_PRECISION_INT8; /* the int8 kernels' order (setup_backend: a Q8 spec) */
+    if ((rc = td_config_load(config_path, &cfg, err)) || (rc = setup_backend(e, spec->dtype == TD_DTYPE_Q8, err))) goto fail;
+    if ((rc = td_model_random(&cfg, &rs, e->backend, &e->model, err)) || (rc = finish_load(e, err))) goto fail;
     *out = e;
     return TD_OK;
 fail:

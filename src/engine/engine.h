@@ -45,7 +45,8 @@ struct td_session {
  * no weight files, no tokenizer) from the config at config_path (a config.json
  * or a model directory) as spec says: the benchmarks' test vehicle, e.g. a full
  * 27B config on a device. opts as td_engine_load (quantize must be 0: the spec
- * has the dtype). *out is caller-owned (td_engine_free, which frees the
+ * has the dtype; precision int8 needs a Q8 spec, whose weights are then
+ * generated in the grouped order the int8 kernels read). *out is caller-owned (td_engine_free, which frees the
  * weights before the backend); on error *out is NULL and err says why (bad
  * spec or config, weights that do not fit the backend). */
 int td_engine_load_random(const char *config_path, const td_random_spec *spec, const td_engine_opts *opts, td_engine **out,

@@ -7,6 +7,7 @@
 #include <string.h>
 #include <unistd.h>
 #include "backend/fill_random.h"
+#include "model/quant.h"
 #include "util/err.h"
 
 typedef struct {
@@ -65,6 +66,25 @@ static int vec(builder *B, float **out, uint64_t n, bool uniform, float v) {
 /* The format of the embedding, lm_head and MTP fc (and of unquantizable weights). */
 static td_dtype plain_dtype(const td_random_spec *s) { return s->dtype == TD_DTYPE_F32 ? TD_DTYPE_F32 : TD_DTYPE_BF16; }
 
+/* Rows of a drawn Q8 weight d [rows, cols] in backend memory put in the grouped order (td_q8_group_rows),
+   through the host in chunks of about 4 MB (the backend's memory may not be the host's). */
+static int group_q8(builder *B, int8_t *d, int64_t rows, int64_t cols) {
+    int64_t per = ((int64_t)4 << 20) / cols;
+    if (per < 1) per = 1;
+    if (per > rows) per = rows;
+    int8_t *h = TD_CALLOC(B->err, (size_t)per, (size_t)cols);
+    if (!h) return TD_ERR_NOMEM;
+    td_backend *b = B->b;
+    for (int64_t r0 = 0; r0 < rows; r0 += per) {
+        const int64_t nr = rows - r0 < per ? rows - r0 : per;
+        b->ops->download(b, h, d + r0 * cols, (size_t)(nr * cols));
+        td_q8_group_rows(h, cols, 0, nr);
+        b->ops->upload(b, d + r0 * cols, h, (size_t)(nr * cols));
+    }
+    free(h);
+    return TD_OK;
+}
+
 /* Linear weight [rows, cols] uniform in +-scale (scale 0: zeros) in the spec's
  * dtype (quant) or the plain one. FP8: e4m3 of uniform +-448 with F32 block
  * scales scale / 448 per 128 x 128; NVFP4: e2m1 of uniform +-6, fp8 block
@@ -109,6 +129,11 @@ static int linear(builder *B, td_tensor *t, int64_t rows, int64_t cols, float sc
         t->scales_dtype = TD_DTYPE_F32;
         t->scale_block[0] = 1;
         t->scale_block[1] = 32;
+        if (B->s->q8_grouped) {
+            int rc = scale != 0 ? group_q8(B, d, rows, cols) : TD_OK; /* zeros: any order */
+            if (rc) return rc;
+            t->q8_grouped = true;
+        }
     } else if (scale != 0) {
         b->ops->fill_random(b, d, dt, (size_t)n, seed, TD_FILL_UNIFORM, scale);
     }

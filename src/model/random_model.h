@@ -28,6 +28,8 @@ typedef struct td_random_spec {
     uint64_t seed;     /* the weights are a pure function of (config, spec) */
     float mtp_mix;     /* < 0: no MTP head; >= 0: the head above with MIX = mtp_mix (at most 100) */
     int hidden, layers, vocab; /* 0: as the config; else scaled as make_random_model.py (td_config_scale) */
+    bool q8_grouped;   /* Q8 weights stored in the grouped order of td_q8g_offset (--precision int8 reads
+                          that): the same weights, each row's bytes permuted after they are drawn */
 } td_random_spec;
 
 /* Scales c as make_random_model.py does: hidden > 0 scales the widths by

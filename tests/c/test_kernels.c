@@ -379,6 +379,21 @@ static void test_case_int8(int64_t N, int64_t K, const td_isa *isas, int n_isas)
             CHECK(memcmp(first, y16, sizeof(float) * (size_t)(16 * N)) == 0, "int8 N=%lld K=%lld: %s differs from %s", (long long)N,
                   (long long)K, in, td_isa_name(isas[0]));
     }
+    /* one call over all N rows and 5 activation rows (the backend hands the kernels at most 64 rows per
+       task; the 1 x 5 tiles go over K in segments per block of 64 rows): every ISA equals the C path */
+    {
+        int8_t *q5 = malloc((size_t)(10 * K)), *a5 = q5 + 5 * K;
+        float *s5 = malloc(sizeof(float) * (size_t)(5 * nb)), *yc = malloc(sizeof(float) * (size_t)(10 * N)), *yi = yc + 5 * N;
+        td_x_to_q8(TD_ISA_C, x, 5, K, q5, a5, s5);
+        td_matmul_block_i8(TD_ISA_C, &wg, q5, a5, s5, 0, 5, 0, N, yc, N);
+        for (int ii = 0; ii < n_isas; ii++) {
+            memset(yi, 0, sizeof(float) * (size_t)(5 * N));
+            td_matmul_block_i8(isas[ii], &wg, q5, a5, s5, 0, 5, 0, N, yi, N);
+            CHECK(!memcmp(yc, yi, sizeof(float) * (size_t)(5 * N)), "int8 %s N=%lld K=%lld: one call over all rows differs from c",
+                  td_isa_name(isas[ii]), (long long)N, (long long)K);
+        }
+        free(q5); free(s5); free(yc);
+    }
     /* the activation quantizer alone: every ISA's bytes and scales equal the C reference's, on blocks
        with zeros, ties, an infinity and a NaN (what a broken upstream layer could hand it) */
     {
@@ -506,9 +521,10 @@ int main(void) {
               dv, es / ms, eo / mo);
         free(S); free(R); free(K); free(Q); free(V); free(O); free(RO); free(scr);
     }
-    /* int8 activations: block counts odd and even, weight-row tails of every tile */
-    const int64_t i8_shapes[][2] = {{37, 32}, {9, 96}, {64, 256}, {13, 2080}, {130, 1024}};
-    for (int i = 0; i < 5; i++) test_case_int8(i8_shapes[i][0], i8_shapes[i][1], isas, n_isas);
+    /* int8 activations: block counts odd and even, weight-row tails of every tile; at M = 5, K = 4640
+       and 8224 go over K in 2 and 3 segments (I8_SEG_BYTES), the last with a tail group */
+    const int64_t i8_shapes[][2] = {{37, 32}, {9, 96}, {64, 256}, {13, 2080}, {130, 1024}, {70, 4640}, {67, 8224}};
+    for (int i = 0; i < 7; i++) test_case_int8(i8_shapes[i][0], i8_shapes[i][1], isas, n_isas);
     printf("kernels: int8 activations on%s%s\n", n_isas > 2 && td_kernels_have_vnni() ? " (AVX-512 with VNNI)" : "",
            n_isas > 1 ? "" : " the C path only");
     /* unsupported layouts are refused, not miscomputed */

@@ -19,6 +19,7 @@
 #include "backend/fill_random.h"
 #include "engine/engine.h"
 #include "model/random_model.h"
+#include "model/tensor.h"
 
 #define CONFIG "tests/data/configs/qwen3.6-27b.config.json"
 
@@ -176,6 +177,61 @@ static void test_cpu_guard(td_dtype dt) {
     td_engine_free(c); td_engine_free(g); td_engine_free(c2);
 }
 
+/* --precision int8 on a random Q8 model: the weights are drawn as for the f32 path, then stored in the
+   int8 kernels' grouped order, so the two paths run the same model: their logits agree to the int8
+   activations' rounding (a wrong or missing permutation gives unrelated logits), cpu and guard give the
+   same bits, and a BF16 spec is refused (int8 multiplies q8 weights only). */
+static void test_int8(void) {
+    td_err err = {0};
+    td_engine *e[3] = {0};
+    const char *bk[3] = {"cpu", "cpu", "guard"};
+    const td_precision pr[3] = {TD_PRECISION_F32, TD_PRECISION_INT8, TD_PRECISION_INT8};
+    for (int i = 0; i < 3; i++) {
+        td_engine_opts o = {.n_threads = 2, .spec_depth = 1, .max_context = 512, .backend = bk[i], .max_seqs = 1, .precision = pr[i]};
+        td_random_spec rs = {.dtype = TD_DTYPE_Q8, .seed = 11, .mtp_mix = 0.05f, .hidden = 256, .layers = 4, .vocab = 4096};
+        CHECK(td_engine_load_random(CONFIG, &rs, &o, &e[i], &err) == 0, "random q8, precision %d on %s: %s", (int)pr[i], bk[i], err.msg);
+    }
+    if (e[0] && e[1] && e[2]) {
+        int V = td_engine_cfg(e[0])->vocab_size;
+        float *f = logits_of(e[0]), *q = logits_of(e[1]), *g = logits_of(e[2]);
+        CHECK(memcmp(q, g, 2 * (size_t)V * sizeof(float)) == 0, "int8: cpu and guard logits differ");
+        double big = 0, diff = 0, sf = 0, sq = 0, sfq = 0;
+        for (int i = 0; i < 2 * V; i++) {
+            big = fmax(big, fabs(f[i]));
+            diff = fmax(diff, fabs((double)f[i] - q[i]));
+            sf += (double)f[i] * f[i], sq += (double)q[i] * q[i], sfq += (double)f[i] * q[i];
+        }
+        const double rel = diff / big, corr = sfq / sqrt(sf * sq);
+        printf("random q8: int8 vs f32 activations, largest logit difference %.3g of the largest logit, correlation %.6f\n", rel, corr);
+        CHECK(rel < 0.05 && corr > 0.999, "int8 vs f32 on the same random q8 model: %.3g of the largest logit apart, correlation %.6f", rel,
+              corr);
+        /* byte for byte: each grouped row is the f32 model's row in td_q8g_offset's order */
+        const td_model *mf = td_engine_model(e[0]), *mq = td_engine_model(e[1]);
+        const td_tensor *tf[3] = {&mf->layers[0].gate_proj, &mf->layers[3].down_proj, &mf->mtp.layer.up_proj};
+        const td_tensor *tq[3] = {&mq->layers[0].gate_proj, &mq->layers[3].down_proj, &mq->mtp.layer.up_proj};
+        for (int i = 0; i < 3; i++) {
+            CHECK(tq[i]->dtype == TD_DTYPE_Q8 && tq[i]->q8_grouped && !tf[i]->q8_grouped, "int8: tensor %d's q8 weights grouped (and only there)", i);
+            const int64_t N = tq[i]->shape[0], K = tq[i]->shape[1];
+            int8_t *a = malloc((size_t)(N * K)), *b = malloc((size_t)(N * K));
+            td_backend *bf = td_engine_backend(e[0]), *bq = td_engine_backend(e[1]);
+            bf->ops->download(bf, a, tf[i]->data, (size_t)(N * K));
+            bq->ops->download(bq, b, tq[i]->data, (size_t)(N * K));
+            int64_t bad = 0;
+            for (int64_t n = 0; n < N; n++)
+                for (int64_t k = 0; k < K; k++) bad += b[n * K + td_q8g_offset(k, K)] != a[n * K + k];
+            CHECK(bad == 0 && tq[i]->shape[0] == tf[i]->shape[0] && tq[i]->shape[1] == tf[i]->shape[1],
+                  "int8: tensor %d [%lld x %lld]: %lld bytes not where td_q8g_offset puts them", i, (long long)N, (long long)K, (long long)bad);
+            free(a); free(b);
+        }
+        free(f); free(q); free(g);
+    }
+    for (int i = 0; i < 3; i++) td_engine_free(e[i]);
+    td_engine_opts o = {.n_threads = 1, .precision = TD_PRECISION_INT8};
+    td_random_spec rs = {.dtype = TD_DTYPE_BF16, .seed = 1, .mtp_mix = -1, .hidden = 256, .layers = 4, .vocab = 4096};
+    td_engine *x = NULL;
+    CHECK(td_engine_load_random(CONFIG, &rs, &o, &x, &err) == TD_ERR_ARG && x == NULL, "precision int8 with a BF16 random model accepted");
+}
+
 #define NGEN 64
 typedef struct { int32_t t[NGEN + 8]; int n; } toks;
 static int keep(void *u, int32_t t) {
@@ -292,6 +348,7 @@ int main(void) {
     test_cpu_guard(TD_DTYPE_F8_E4M3);
     test_cpu_guard(TD_DTYPE_NVFP4);
     test_cpu_guard(TD_DTYPE_Q8);
+    test_int8();
     test_mtp();
     TEST_MAIN_END("test_random_model");
 }

@@ -95,6 +95,67 @@ I8T INL void I8N(tile)(const int RN, const int RM, const int8_t *w, const float 
         }
 }
 
+/* K segments for 5-row verify: the 1 x 5 tile reads its activation rows (q and |q|: 10 x K bytes) once
+ * per weight row, and past L1 they come from L2 each time. Where they pass I8_SEG_BYTES, blocks of up to
+ * 64 weight rows go over K in segments of whole groups whose activation bytes stay under it, the
+ * accumulators kept in buf between segments; every weight byte is still read once. Measured in one
+ * process, the two builds interleaved (16 reps, medians, 2 threads, AVX2 forced on the Zen 5 guest,
+ * weights streaming from memory, int8): the 27B's own shapes, 6 x [5120 x 17408] and 6 x [17408 x
+ * 5120], 5 rows took 0.73-0.77x and 0.78x the time (t(5)/t(1) of the matrices 1.58-1.63 -> 1.10-1.26),
+ * an A/A pair 1.00; 4 rows (2 x 4 tiles) 0.99-1.06x, so M = 4 is left whole. */
+#ifndef I8_SEG_BYTES
+#define I8_SEG_BYTES 32768
+#endif
+#define I8_SEG_ROWS 64
+
+/* A 1 x 5 tile at row n over groups [g0, g1) of ng: the accumulators start at 0 (g0 = 0) or from buf
+   ([5][8] floats, this row's earlier segment), and go back to buf or, after the last group, are reduced
+   into y as in tile(). Loaded and stored whole, so each lane sees the same FMAs in the same order: the
+   same bits as tile(). */
+I8T INL void I8N(tile_seg5)(const int8_t *w, const float *ws, int64_t K, int64_t g0, int64_t g1, int64_t ng, float *buf,
+                            const int8_t *const *xq, const int8_t *const *xa, const float *const *xs, float *const *y, int64_t n) {
+    const int64_t nb = K / 32, full = nb & ~(int64_t)7, ge = g1 < full / 8 ? g1 : full / 8;
+    __m256 acc[1][5];
+    for (int m = 0; m < 5; m++) acc[0][m] = g0 == 0 ? _mm256_setzero_ps() : _mm256_load_ps(buf + m * 8);
+    for (int64_t b0 = 8 * g0; b0 < 8 * ge; b0 += 8) I8N(group)(1, 5, false, w, ws, K, b0, 8, xq, xa, xs, acc);
+    if (g1 > full / 8) I8N(group)(1, 5, true, w, ws, K, full, (int)(nb - full), xq, xa, xs, acc); /* the tail group */
+    if (g1 < ng) {
+        for (int m = 0; m < 5; m++) _mm256_store_ps(buf + m * 8, acc[0][m]);
+        return;
+    }
+    for (int m = 0; m < 5; m++) { /* reduce8, as tile() */
+        __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc[0][m]), _mm256_extractf128_ps(acc[0][m], 1));
+        h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+        h = _mm_add_ss(h, _mm_movehdup_ps(h));
+        y[m][n] = _mm_cvtss_f32(h);
+    }
+}
+
+/* Rows [n0, n1) x activation rows m0 .. m0 + 4 in 1 x 5 tiles, K in segments of whole groups (as evenly as
+   they go) whose activation bytes stay under I8_SEG_BYTES, per block of up to I8_SEG_ROWS weight rows. */
+I8T __attribute__((noinline)) static void I8N(mm_seg5)(const td_tensor *W, const int8_t *xq, const int8_t *xa, const float *xs, int m0, int64_t n0, int64_t n1,
+                             float *y, int64_t ldy) {
+    const int64_t K = W->shape[1], nb = K / 32, ng = (nb + 7) / 8;
+    const int8_t *wq = W->data;
+    const float *wsc = W->scales;
+    int64_t most = I8_SEG_BYTES / (2 * 5 * 256);
+    if (most < 1) most = 1;
+    const int64_t nseg = (ng + most - 1) / most, gps = (ng + nseg - 1) / nseg;
+    const int8_t *q[5], *a[5];
+    const float *s[5];
+    float *yr[5];
+    i8_rows(xq, xa, xs, y, K, ldy, m0, 5, q, a, s, yr);
+    _Alignas(32) float buf[I8_SEG_ROWS * 5 * 8];
+    for (int64_t nblk = n0; nblk < n1; nblk += I8_SEG_ROWS) {
+        const int64_t nend = n1 - nblk > I8_SEG_ROWS ? nblk + I8_SEG_ROWS : n1;
+        for (int64_t g0 = 0; g0 < ng; g0 += gps) {
+            const int64_t g1 = ng - g0 > gps ? g0 + gps : ng;
+            for (int64_t n = nblk; n < nend; n++)
+                I8N(tile_seg5)(wq + n * K, wsc + n * nb, K, g0, g1, ng, buf + (n - nblk) * 5 * 8, q, a, s, yr, n);
+        }
+    }
+}
+
 /* Rows [n0, n1) x [m0, m1) of y: weight rows in tiles of RN against the
  * activation rows (decode 4 x 1, verify 4 x 2, 2 x 3, 2 x 4, 1 x 5: each
  * weight chunk loaded once for all of them), and of 2 against 3-row chunks in
@@ -108,6 +169,10 @@ I8T static void I8N(mm)(const td_tensor *W, const int8_t *xq, const int8_t *xa, 
     const int M = m1 - m0;
     const int RN = M == 1 ? I8_RN_DECODE : M == 2 ? 4 : M == 3 ? 2 : M == 4 ? I8_RN_M4 : M == 5 ? I8_RN_M5 : I8_RN_PREFILL;
     const int RMX = M <= 3 ? M : M == 4 ? I8_RM_M4 : M == 5 ? I8_RM_M5 : I8_RM_PREFILL;
+    if (M == 5 && RMX == 5 && I8_RN_M5 == 1 && 2 * 5 * K > I8_SEG_BYTES) {
+        I8N(mm_seg5)(W, xq, xa, xs, m0, n0, n1, y, ldy);
+        return;
+    }
     for (int64_t n = n0; n < n1;) {
         const int rn = n1 - n >= RN ? RN : 1; /* the last rows go one at a time */
         for (int mc = m0; mc < m1; mc += RMX) {
