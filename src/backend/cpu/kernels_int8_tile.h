@@ -100,9 +100,9 @@ I8T INL void I8N(tile)(const int RN, const int RM, const int8_t *w, const float 
  * 64 weight rows go over K in segments of whole groups whose activation bytes stay under it, the
  * accumulators kept in buf between segments; every weight byte is still read once. Measured in one
  * process, the two builds interleaved (16 reps, medians, 2 threads, AVX2 forced on the Zen 5 guest,
- * weights streaming from memory, int8): the 27B's own shapes, 6 x [5120 x 17408] and 6 x [17408 x
- * 5120], 5 rows took 0.73-0.77x and 0.78x the time (t(5)/t(1) of the matrices 1.58-1.63 -> 1.10-1.26),
- * an A/A pair 1.00; 4 rows (2 x 4 tiles) 0.99-1.06x, so M = 4 is left whole. */
+ * weights streaming from memory, int8; bench/results/int8-kseg-2026-12-08.md): the 27B's own shapes,
+ * 6 x [5120 x 17408] and 6 x [17408 x 5120], 5 rows took 0.81-0.87x and 0.79-0.83x the time (an A/A
+ * pair 0.99-1.00); 4 rows (2 x 4 tiles) segmented too took 0.97-1.08x, so M = 4 is left whole. */
 #ifndef I8_SEG_BYTES
 #define I8_SEG_BYTES 32768
 #endif
