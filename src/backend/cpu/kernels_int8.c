@@ -143,6 +143,16 @@ bool td_kernels_have_vnni(void) {
     return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
 }
 
+/* The sum of v's 8 lanes in a fixed order: lanes 4 apart, then 2, then 1 (every tile's last step, so
+   every tile shape gives the same bits). Target avx2 alone: each caller's target (ymm, VNNI, zmm tiles)
+   includes it. */
+__attribute__((target("avx2"))) INL float reduce8(__m256 v) {
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h);
+}
+
 T256 static void x_to_q8_avx2(const float *x, int M, int64_t K, int8_t *xq, int8_t *xa, float *xs) {
     const int64_t nb = K / 32;
     const __m256 sign = _mm256_set1_ps(-0.0f), lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
@@ -259,13 +269,8 @@ TZ INL void tilez(const int RP, const int RM, const int8_t *w, const float *ws, 
     if (full < nb) groupz(RP, RM, true, w, ws, K, full, (int)(nb - full), xq, xs, acc);
     for (int p = 0; p < RP; p++)
         for (int m = 0; m < RM; m++)
-            for (int h = 0; h < 2; h++) { /* reduce8 of each half, as the ymm tiles */
-                const __m256 v = h ? _mm512_extractf32x8_ps(acc[p][m], 1) : _mm512_castps512_ps256(acc[p][m]);
-                __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-                s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-                s = _mm_add_ss(s, _mm_movehdup_ps(s));
-                y[m][n + 2 * p + h] = _mm_cvtss_f32(s);
-            }
+            for (int h = 0; h < 2; h++) /* reduce8 of each half, as the ymm tiles */
+                y[m][n + 2 * p + h] = reduce8(h ? _mm512_extractf32x8_ps(acc[p][m], 1) : _mm512_castps512_ps256(acc[p][m]));
 }
 
 /* Weight rows in tiles of 4 (two zmm pairs) against up to 5 activation rows (verify 4 x M, prefill 4 x 4

@@ -87,12 +87,7 @@ I8T INL void I8N(tile)(const int RN, const int RM, const int8_t *w, const float 
     for (int64_t b0 = 0; b0 < full; b0 += 8) I8N(group)(RN, RM, false, w, ws, K, b0, 8, xq, xa, xs, acc);
     if (full < nb) I8N(group)(RN, RM, true, w, ws, K, full, (int)(nb - full), xq, xa, xs, acc);
     for (int r = 0; r < RN; r++)
-        for (int m = 0; m < RM; m++) { /* reduce8: lanes 4 apart, then 2, then 1 */
-            __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc[r][m]), _mm256_extractf128_ps(acc[r][m], 1));
-            h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-            h = _mm_add_ss(h, _mm_movehdup_ps(h));
-            y[m][n + r] = _mm_cvtss_f32(h);
-        }
+        for (int m = 0; m < RM; m++) y[m][n + r] = reduce8(acc[r][m]);
 }
 
 /* K segments for 5-row verify: the 1 x 5 tile reads its activation rows (q and |q|: 10 x K bytes) once
@@ -123,12 +118,7 @@ I8T INL void I8N(tile_seg5)(const int8_t *w, const float *ws, int64_t K, int64_t
         for (int m = 0; m < 5; m++) _mm256_store_ps(buf + m * 8, acc[0][m]);
         return;
     }
-    for (int m = 0; m < 5; m++) { /* reduce8, as tile() */
-        __m128 h = _mm_add_ps(_mm256_castps256_ps128(acc[0][m]), _mm256_extractf128_ps(acc[0][m], 1));
-        h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-        h = _mm_add_ss(h, _mm_movehdup_ps(h));
-        y[m][n] = _mm_cvtss_f32(h);
-    }
+    for (int m = 0; m < 5; m++) y[m][n] = reduce8(acc[0][m]);
 }
 
 /* Rows [n0, n1) x activation rows m0 .. m0 + 4 in 1 x 5 tiles, K in segments of whole groups (as evenly as
