@@ -3,7 +3,7 @@
  * build/libtandem.a, B = td_mm_avx2_B (td_mm_avx512_B) from a variant of
  * src/backend/cpu/kernels_x86.c compiled by bench/kernel_ab.sh (its entry
  * points renamed with objcopy). Weights: BF16 [262144 x 2048] = 1 GiB (with
- * KAB_DTYPE=q8: int8 of the same shape, 512 MiB, + F32 scales per 32) in
+ * KAB_DTYPE=q8: int8 of the same shape, 512 MiB, + BF16 scales per 32) in
  * MADV_HUGEPAGE memory (as the engine's copied weights), streaming from
  * memory as a decode step does; 2 threads in 16-row tasks (static halves).
  * Each repetition times M = 1 and M = 5 for A and B, the order of A and B
@@ -71,18 +71,18 @@ int main(int argc, char **argv) {
     if (!td_kernels_have_isa(avx512 ? TD_ISA_AVX512 : TD_ISA_AVX2)) { fprintf(stderr, "this CPU has no %s\n", avx512 ? "avx512" : "avx2"); return 1; }
     const size_t bytes = (size_t)(N * K) * (q8 ? 1 : sizeof(uint16_t));
     uint8_t *w = aligned_alloc((size_t)1 << 21, bytes); /* bytes is a multiple of 2 MiB */
-    float *s = q8 ? malloc(sizeof *s * (size_t)(N * K / 32)) : NULL;
+    uint16_t *s = q8 ? malloc(sizeof *s * (size_t)(N * K / 32)) : NULL;
     float *x = malloc(sizeof *x * 5 * (size_t)K), *ya = malloc(sizeof *ya * 5 * (size_t)N), *yb = malloc(sizeof *yb * 5 * (size_t)N);
     if (!w || !x || !ya || !yb || (q8 && !s)) return 1;
     madvise(w, bytes, MADV_HUGEPAGE);
     if (q8) {
         for (int64_t i = 0; i < N * K; i++) w[i] = (uint8_t)(((uint64_t)i * 2654435761u) >> 20); /* int8, all values */
-        for (int64_t i = 0; i < N * K / 32; i++) s[i] = 1.0f / 64 + (float)(i % 13) / 1024;
+        for (int64_t i = 0; i < N * K / 32; i++) s[i] = td_f32_to_bf16(1.0f / 64 + (float)(i % 13) / 1024);
     } else
         for (int64_t i = 0; i < N * K; i++) ((uint16_t *)w)[i] = (uint16_t)(0x3f80 ^ (((uint64_t)i * 2654435761u) >> 20 & 0x7f)); /* [0.5, 2) */
     for (int64_t i = 0; i < 5 * K; i++) x[i] = (float)((i * 7919) % 1000) / 1000.0f - 0.5f;
     const td_tensor W = {.dtype = q8 ? TD_DTYPE_Q8 : TD_DTYPE_BF16, .ndim = 2, .shape = {N, K}, .data = w,
-                         .scales = s, .scales_dtype = TD_DTYPE_F32, .scale_block = {1, 32}};
+                         .scales = s, .scales_dtype = TD_DTYPE_BF16, .scale_block = {1, 32}};
     const mm_fn f[2] = {avx512 ? td_mm_avx512 : td_mm_avx2, avx512 ? td_mm_avx512_B : td_mm_avx2_B};
     bool same1 = true;
     static double t[2][2][64]; /* [A/B][M = 1 / 5][rep] */

@@ -59,7 +59,7 @@ typedef enum { TD_KV_AUTO = 0, TD_KV_BF16 = 1, TD_KV_FP8 = 2, TD_KV_F32 = 3 } td
  * BF16) to BF16 and uses the CPU's BF16 dot-product instructions (AVX-512
  * BF16): faster prefill, within the tolerance test_precision states. INT8
  * (with quantize q8 only) quantizes the activations of the q8 weights' matmuls
- * as the weights are (int8, an f32 scale per 32) and sums each block's
+ * as the weights are (int8, an f32 scale per 32; the weights' are BF16) and sums each block's
  * products exactly in integers (AVX2 VPMADDUBSW, VNNI): W8A8 as llama.cpp's
  * Q8_0, faster decode, verify and prefill where there is no BF16 dot product;
  * other weights keep f32. All are batch-invariant, so greedy output at any

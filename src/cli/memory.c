@@ -96,8 +96,9 @@ int td_cli_engine_opts(const common_opts *o, int max_seqs, int batch_tokens, td_
     eo->backend = o->backend;
     eo->max_prefill_chunk = batch_tokens; /* one chunk may use the whole step budget */
     if (o->quantize) {
-        /* the int8 copies (1.125 bytes per weight) come on top of the mapped file, which stays
-         * counted: a conservative 9/16 of the BF16 bytes (norms and embedding included) */
+        /* the int8 copies (1.0625 bytes per weight: int8 and a BF16 scale per 32) come on top of
+         * the mapped file, which stays counted: a conservative 9/16 of the BF16 bytes (17/32 and
+         * the norms and embedding, which are not quantized, included) */
         w.main += w.main * 9 / 16;
         w.mtp += w.mtp * 9 / 16;
         w.lm_head += w.lm_head * 9 / 16;

@@ -187,7 +187,7 @@ const char *td_common_opts_help(void) {
            "                            dot products: faster prefill) or int8 (with --quantize q8: W8A8 integer dot\n"
            "                            products, faster on AVX2); within a stated tolerance, lossless drafting kept\n"
            "  --isa auto|c|avx2|avx512  CPU kernels (default auto: the best this CPU has; all give the same tokens)\n"
-           "  --quantize none|q8        q8: BF16/F16/F32 linear weights to int8 at load, F32 scale per 32 inputs (default none)\n"
+           "  --quantize none|q8        q8: BF16/F16/F32 linear weights to int8 at load, BF16 scale per 32 inputs (default none)\n"
            "  --device cpu|cuda         where the model runs: cpu (default) or cuda (an NVIDIA GPU; a build with\n"
            "                            make CUDA=1); the same as --backend cpu|cuda\n"
            "  --backend cpu|guard|cuda  cpu (default; $TANDEM_BACKEND when not given); guard = the CPU ops with all\n"

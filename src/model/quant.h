@@ -7,8 +7,10 @@
 typedef enum { TD_QUANT_NONE = 0, TD_QUANT_Q8 = 1 } td_quant_kind;
 
 /* Rows [r0, r1) of a [N, K] F32/BF16/F16 weight (K % 32 == 0) as int8 q [N*K]
- * and F32 scales s [N*K/32]: s = absmax of the 32-block / 127, q = round(w / s). */
-void td_quantize_q8_rows(const td_tensor *W, int64_t r0, int64_t r1, int8_t *q, float *s);
+ * and BF16 scales s [N*K/32]: s = one of the two BF16 neighbours of the
+ * 32-block's absmax / 127 (the one with the smaller squared error), q =
+ * round(w / s) clamped to +-127. */
+void td_quantize_q8_rows(const td_tensor *W, int64_t r0, int64_t r1, int8_t *q, uint16_t *s);
 
 /* Rows [r0, r1) of row-major q8 data [N, K] rearranged in place into the grouped order of
  * td_q8g_offset (the int8-activation kernels' layout); the scales keep their order. */

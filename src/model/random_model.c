@@ -89,7 +89,7 @@ static int group_q8(builder *B, int8_t *d, int64_t rows, int64_t cols) {
  * dtype (quant) or the plain one. FP8: e4m3 of uniform +-448 with F32 block
  * scales scale / 448 per 128 x 128; NVFP4: e2m1 of uniform +-6, fp8 block
  * scales 1.0 per 16 inputs, global scale / 6; Q8: int8 of uniform +-127,
- * F32 scales scale / 127 per 32 inputs. */
+ * BF16 scales scale / 127 per 32 inputs. */
 static int linear(builder *B, td_tensor *t, int64_t rows, int64_t cols, float scale, bool quant, int64_t *params, size_t *bytes) {
     td_dtype dt = quant && cols % (B->s->dtype == TD_DTYPE_Q8 ? 32 : 16) == 0 ? B->s->dtype : plain_dtype(B->s);
     uint64_t seed = tensor_seed(B), n = mul(B, (uint64_t)rows, (uint64_t)cols);
@@ -97,7 +97,7 @@ static int linear(builder *B, td_tensor *t, int64_t rows, int64_t cols, float sc
     uint64_t sr = 0, sc = 0;
     if (dt == TD_DTYPE_F8_E4M3) { sr = ((uint64_t)rows + 127) / 128; sc = ((uint64_t)cols + 127) / 128; ns = mul(B, mul(B, sr, sc), 4); }
     if (dt == TD_DTYPE_NVFP4) { sr = (uint64_t)rows; sc = (uint64_t)cols / 16; ns = mul(B, sr, sc); }
-    if (dt == TD_DTYPE_Q8) { sr = (uint64_t)rows; sc = (uint64_t)cols / 32; ns = mul(B, mul(B, sr, sc), 4); }
+    if (dt == TD_DTYPE_Q8) { sr = (uint64_t)rows; sc = (uint64_t)cols / 32; ns = mul(B, mul(B, sr, sc), 2); }
     void *d = buf(B, nd), *sp = ns ? buf(B, ns) : NULL;
     *params += (int64_t)n;
     *bytes += (size_t)(nd + ns);
@@ -125,8 +125,8 @@ static int linear(builder *B, td_tensor *t, int64_t rows, int64_t cols, float sc
         t->scale_f = scale / 6.0f;
     } else if (dt == TD_DTYPE_Q8) {
         if (scale != 0) b->ops->fill_random(b, d, dt, (size_t)n, seed, TD_FILL_UNIFORM, 127.0f);
-        b->ops->fill_random(b, sp, TD_DTYPE_F32, (size_t)(sr * sc), seed + 1, TD_FILL_CONST, scale / 127.0f);
-        t->scales_dtype = TD_DTYPE_F32;
+        b->ops->fill_random(b, sp, TD_DTYPE_BF16, (size_t)(sr * sc), seed + 1, TD_FILL_CONST, scale / 127.0f);
+        t->scales_dtype = TD_DTYPE_BF16;
         t->scale_block[0] = 1;
         t->scale_block[1] = 32;
         if (B->s->q8_grouped) {

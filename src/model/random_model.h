@@ -21,7 +21,7 @@
 
 typedef struct td_random_spec {
     td_dtype dtype;    /* linear weights: F32, BF16, F8_E4M3 (128 x 128 F32 block scales), NVFP4 (fp8
-                          scales per 16 inputs, global scale) or Q8 (F32 scales per 32 inputs, as
+                          scales per 16 inputs, global scale) or Q8 (BF16 scales per 32 inputs, as
                           --quantize q8 makes); the embedding, lm_head and MTP fc are BF16 (F32 when
                           dtype is F32), and so is a linear weight whose in_features is not a multiple
                           of the format's block (16; Q8: 32) */

@@ -16,7 +16,7 @@ typedef enum {
     TD_DTYPE_I32,
     TD_DTYPE_I64,
     TD_DTYPE_U8,
-    TD_DTYPE_Q8,        /* int8 [out, in], made at load by --quantize q8; F32 scales [out, in/32] */
+    TD_DTYPE_Q8,        /* int8 [out, in], made at load by --quantize q8; BF16 scales [out, in/32] */
     TD_DTYPE_COUNT
 } td_dtype;
 
@@ -34,7 +34,7 @@ typedef struct td_tensor {
     /* Quantization (unused for F32/BF16/F16):
      *  F8_E4M3: per-tensor `scale_f` or block scales `scales` ([out/blk, in/blk] F32).
      *  NVFP4:   `scales` = fp8 e4m3 [out, in/16], global multiplier `scale_f`.
-     *  Q8:      `scales` = F32 [out, in/32] (value = int8 * scale, blocks of 32 along in). */
+     *  Q8:      `scales` = BF16 [out, in/32] (value = int8 * scale, blocks of 32 along in). */
     const void *scales;
     td_dtype scales_dtype;
     int64_t scale_block[2];
@@ -72,6 +72,11 @@ static inline uint16_t td_f32_to_bf16(float f) { /* round to nearest even */
     if ((v.u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((v.u >> 16) | 0x40);
     uint32_t r = 0x7fffu + ((v.u >> 16) & 1u);
     return (uint16_t)((v.u + r) >> 16);
+}
+/* The least bf16 >= f for f >= 0 (the upper of a q8 block scale's two BF16 candidates, quant.c). */
+static inline uint16_t td_f32_to_bf16_up(float f) {
+    union { float f; uint32_t u; } v = { f };
+    return (uint16_t)((v.u >> 16) + ((v.u & 0xffffu) != 0));
 }
 float td_f16_to_f32(uint16_t h);
 

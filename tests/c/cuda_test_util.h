@@ -78,9 +78,9 @@ static inline weight make_weight(int kind, int64_t N, int64_t K) {
         uint8_t *s = malloc(ns); for (size_t i = 0; i < ns; i++) s[i] = (uint8_t)(0x28 + rnd() % 24); w.scales = s; } break;
     default: W->dtype = TD_DTYPE_Q8; w.name = "q8"; {
         int8_t *p = malloc(n); for (size_t i = 0; i < n; i++) p[i] = (int8_t)rnd(); w.data = p;
-        W->scale_block[0] = 1; W->scale_block[1] = 32; W->scales_dtype = TD_DTYPE_F32;
+        W->scale_block[0] = 1; W->scale_block[1] = 32; W->scales_dtype = TD_DTYPE_BF16;
         size_t ns = n / 32;
-        float *s = malloc(ns * 4); for (size_t i = 0; i < ns; i++) s[i] = 0.001f * (rndf() + 1.5f); w.scales = s; } break;
+        uint16_t *s = malloc(ns * 2); for (size_t i = 0; i < ns; i++) s[i] = td_f32_to_bf16(0.001f * (rndf() + 1.5f)); w.scales = s; } break;
     }
     W->data = w.data;
     W->scales = w.scales;

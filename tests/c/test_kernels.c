@@ -120,19 +120,44 @@ static void make_w(wcase c, int64_t N, int64_t K, wmat *w) {
         for (int64_t i = 0; i < N * K; i++) f[i] = frand() * (i % 97 == 0 ? 8.0f : 1.0f); /* some outliers */
         td_tensor src = {.dtype = TD_DTYPE_F32, .ndim = 2, .shape = {N, K}, .data = f};
         int8_t *q = malloc((size_t)(N * K));
-        float *sc = malloc(sizeof(float) * (size_t)(N * K / 32));
+        uint16_t *sc = malloc(sizeof(uint16_t) * (size_t)(N * K / 32));
         td_quantize_q8_rows(&src, 0, N, q, sc);
-        int bad = 0;
+        int bad = 0, bad_scale = 0, full = 0;
         for (int64_t n = 0; n < N; n++)
-            for (int64_t k = 0; k < K; k++) {
-                double v = (double)q[n * K + k] * sc[n * (K / 32) + k / 32];
-                w->deq[n * K + k] = v;
-                bad += fabs(v - f[n * K + k]) > 0.5 * sc[n * (K / 32) + k / 32] * (1 + 1e-5) + 1e-7;
+            for (int64_t b = 0; b < K / 32; b++) {
+                /* the scale: a BF16 next to absmax / 127 (it and its BF16 neighbour on the other side
+                   bracket it), and the one of the two whose grid (round, clamp to +-127) has the
+                   smaller squared error; each weight within half a step, or clamped at +-127 */
+                const uint16_t sb = sc[n * (K / 32) + b];
+                const double s = td_bf16_to_f32(sb);
+                const float *fb = f + n * K + b * 32;
+                double amax = 0;
+                for (int j = 0; j < 32; j++) amax = fmax(amax, fabs(fb[j]));
+                const double o = td_bf16_to_f32((uint16_t)(s * 127 >= amax ? sb - 1 : sb + 1));
+                double e_s = 0, e_o = 0;
+                for (int j = 0; j < 32; j++) {
+                    const double rs = fmax(-127, fmin(127, nearbyint(fb[j] / s))), ro = fmax(-127, fmin(127, nearbyint(fb[j] / o)));
+                    e_s += (rs * s - fb[j]) * (rs * s - fb[j]);
+                    e_o += (ro * o - fb[j]) * (ro * o - fb[j]);
+                }
+                bad_scale += !(fmin(s, o) * 127 <= amax * (1 + 1e-6) && fmax(s, o) * 127 >= amax * (1 - 1e-6) && e_s <= e_o * (1 + 1e-9));
+                int qmax = 0;
+                for (int j = 0; j < 32; j++) {
+                    const int64_t i = n * K + b * 32 + j;
+                    qmax = abs(q[i]) > qmax ? abs(q[i]) : qmax;
+                    const double v = (double)q[i] * s;
+                    w->deq[i] = v;
+                    const bool clamped = abs(q[i]) == 127 && fabs(f[i]) > 127 * s && (q[i] > 0) == (f[i] > 0);
+                    bad += !clamped && fabs(v - f[i]) > 0.5 * s * (1 + 1e-6);
+                }
+                full += qmax >= 126;
             }
         CHECK(bad == 0, "q8 N=%lld K=%lld: %d weights off by more than half a step", (long long)N, (long long)K, bad);
+        CHECK(bad_scale == 0 && full == N * (K / 32), "q8 N=%lld K=%lld: %d scales not the better BF16 neighbour of absmax / 127, %d of %lld blocks use the range",
+              (long long)N, (long long)K, bad_scale, full, (long long)(N * (K / 32)));
         free(f);
         w->t.dtype = TD_DTYPE_Q8; w->data = q;
-        w->t.scales = w->scales = sc; w->t.scales_dtype = TD_DTYPE_F32;
+        w->t.scales = w->scales = sc; w->t.scales_dtype = TD_DTYPE_BF16;
         w->t.scale_block[0] = 1; w->t.scale_block[1] = 32; w->t.scale_f = 1.0f;
         break;
     }

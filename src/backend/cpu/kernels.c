@@ -97,7 +97,7 @@ bool td_matmul_supported(const td_tensor *W, const char **why) {
         break;
     case TD_DTYPE_Q8:
         if (K % 32) w = "q8 needs in_features divisible by 32";
-        else if (!W->scales || W->scales_dtype != TD_DTYPE_F32) w = "q8 needs F32 block scales";
+        else if (!W->scales || W->scales_dtype != TD_DTYPE_BF16) w = "q8 needs BF16 block scales";
         break;
     case TD_DTYPE_NVFP4:
         if (K % 16) w = "nvfp4 needs in_features divisible by 16";
@@ -115,8 +115,8 @@ static float dot_quant_c(const td_tensor *W, const float *x, int64_t n) {
     float acc[LANES] = {0};
     if (W->dtype == TD_DTYPE_Q8) {
         const int8_t *w = (const int8_t *)W->data + n * K;
-        const float *s = (const float *)W->scales + n * (K / 32);
-        for (int64_t i = 0; i < K; i++) acc[i % LANES] += x[i] * ((float)w[i] * s[i / 32]);
+        const uint16_t *s = (const uint16_t *)W->scales + n * (K / 32);
+        for (int64_t i = 0; i < K; i++) acc[i % LANES] += x[i] * ((float)w[i] * td_bf16_to_f32(s[i / 32]));
         return reduce16(acc);
     }
     if (W->dtype == TD_DTYPE_F8_E4M3) {

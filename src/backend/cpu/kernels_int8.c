@@ -1,5 +1,5 @@
 /* INT8-activation matmul (`--precision int8`, td_backend.precision) for q8
- * weights (--quantize q8: int8 with an f32 scale per 32 inputs): W8A8 as
+ * weights (--quantize q8: int8 with a BF16 scale per 32 inputs): W8A8 as
  * llama.cpp's Q8_0 x Q8_0. The activation rows are quantized the same way,
  * once per matmul (td_x_to_q8), and each 32-block's product is summed exactly
  * in integers with the CPU's byte dot-product instructions (AVX2 VPMADDUBSW +
@@ -88,7 +88,7 @@ static void x_to_q8_c(const float *x, int M, int64_t K, int8_t *xq, int8_t *xa, 
 static void mm_i8_c(const td_tensor *W, const int8_t *xq, const float *xs, int m0, int m1, int64_t n0, int64_t n1, float *y, int64_t ldy) {
     const int64_t K = W->shape[1], nb = K / 32;
     const int8_t *wq = W->data;
-    const float *ws = W->scales;
+    const uint16_t *ws = W->scales;
     for (int64_t m = m0; m < m1; m++)
         for (int64_t n = n0; n < n1; n++) {
             float acc[8] = {0};
@@ -99,7 +99,7 @@ static void mm_i8_c(const td_tensor *W, const int8_t *xq, const float *xs, int m
                     const int64_t o = td_q8g_offset(b * 32 + i, K);
                     p += (int32_t)xr[o] * (int32_t)wr[o];
                 }
-                acc[b % 8] = fmaf(ws[n * nb + b] * xs[m * nb + b], (float)p, acc[b % 8]);
+                acc[b % 8] = fmaf(td_bf16_to_f32(ws[n * nb + b]) * xs[m * nb + b], (float)p, acc[b % 8]);
             }
             float s4[4], s2[2];
             for (int j = 0; j < 4; j++) s4[j] = acc[j] + acc[j + 4];
@@ -146,6 +146,17 @@ bool td_kernels_have_vnni(void) {
 /* The sum of v's 8 lanes in a fixed order: lanes 4 apart, then 2, then 1 (every tile's last step, so
    every tile shape gives the same bits). Target avx2 alone: each caller's target (ymm, VNNI, zmm tiles)
    includes it. */
+/* 8 q8 block scales (BF16) from p as floats, exactly (the F32 bits are the BF16 bits << 16); the _part
+   form reads only gs < 8 of them (the row's last group; the rest 0, as a masked load gives). */
+__attribute__((target("avx2"))) INL __m256 bf16x8(const uint16_t *p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(const void *)p)), 16));
+}
+__attribute__((target("avx2"))) INL __m256 bf16x8_part(const uint16_t *p, int gs) {
+    uint16_t t[8] = {0};
+    memcpy(t, p, (size_t)gs * sizeof *p);
+    return bf16x8(t);
+}
+
 __attribute__((target("avx2"))) INL float reduce8(__m256 v) {
     __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     h = _mm_add_ps(h, _mm_movehl_ps(h, h));
@@ -218,7 +229,7 @@ TZ INL __m512i pair_i32(const bool masked, __mmask8 k, const int8_t *p, int64_t 
     return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)p)), _mm256_loadu_si256((const __m256i *)(p + stride)), 1);
 }
 
-TZ INL void groupz(const int RP, const int RM, const bool masked, const int8_t *w, const float *ws, int64_t K, int64_t b0, int gs,
+TZ INL void groupz(const int RP, const int RM, const bool masked, const int8_t *w, const uint16_t *ws, int64_t K, int64_t b0, int gs,
                    const int8_t *const *xq, const float *const *xs, __m512 (*acc)[5]) {
     const int64_t nb = K / 32, cs = masked ? 4 * gs : 32;
     const __mmask8 k = (__mmask8)((1u << gs) - 1);
@@ -232,7 +243,7 @@ TZ INL void groupz(const int RP, const int RM, const bool masked, const int8_t *
         const int64_t ahead = 2 * RP * i8_tiles_ahead(2 * RP, K);
         for (int r = 0; r < 2 * RP; r++)
             for (int l = 0; l < 4; l++) _mm_prefetch((const char *)(w + (ahead + r) * K + 32 * b0 + 64 * l), _MM_HINT_T0);
-        if ((b0 & 15) == 0)
+        if ((b0 & 31) == 0) /* 32 BF16 scales per line */
             for (int r = 0; r < 2 * RP; r++) _mm_prefetch((const char *)(ws + (ahead + r) * nb + b0), _MM_HINT_T0);
     }
     for (int v = 0; v < 8; v++) {
@@ -249,9 +260,11 @@ TZ INL void groupz(const int RP, const int RM, const bool masked, const int8_t *
         }
     }
     for (int p = 0; p < RP; p++) {
-        const float *s0 = ws + (2 * p) * nb + b0;
-        const __m512 dw = masked ? _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_maskz_loadu_ps(k, s0)), _mm256_maskz_loadu_ps(k, s0 + nb), 1)
-                                 : _mm512_insertf32x8(_mm512_castps256_ps512(_mm256_loadu_ps(s0)), _mm256_loadu_ps(s0 + nb), 1);
+        const uint16_t *s0 = ws + (2 * p) * nb + b0; /* two rows' 8 BF16 scales, widened exactly */
+        const __m256i sb = masked ? _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_maskz_loadu_epi16(k, s0)), _mm_maskz_loadu_epi16(k, s0 + nb), 1)
+                                  : _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)(const void *)s0)),
+                                                            _mm_loadu_si128((const __m128i *)(const void *)(s0 + nb)), 1);
+        const __m512 dw = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(sb), 16));
         for (int m = 0; m < RM; m++) {
             const __m512 dx = _mm512_broadcast_f32x8(masked ? _mm256_maskz_loadu_ps(k, xs[m] + b0) : _mm256_loadu_ps(xs[m] + b0));
             acc[p][m] = _mm512_fmadd_ps(_mm512_mul_ps(dw, dx), _mm512_cvtepi32_ps(_mm512_sub_epi32(ia[p][m], nc[p])), acc[p][m]);
@@ -259,7 +272,7 @@ TZ INL void groupz(const int RP, const int RM, const bool masked, const int8_t *
     }
 }
 
-TZ INL void tilez(const int RP, const int RM, const int8_t *w, const float *ws, int64_t K, const int8_t *const *xq,
+TZ INL void tilez(const int RP, const int RM, const int8_t *w, const uint16_t *ws, int64_t K, const int8_t *const *xq,
                   const float *const *xs, float *const *y, int64_t n) {
     const int64_t nb = K / 32, full = nb & ~(int64_t)7;
     __m512 acc[2][5];
@@ -279,7 +292,7 @@ TZ static void mm_vnni512(const td_tensor *W, const int8_t *xq, const int8_t *xa
                           float *y, int64_t ldy) {
     const int64_t K = W->shape[1], nb = K / 32;
     const int8_t *wq = W->data;
-    const float *wsc = W->scales;
+    const uint16_t *wsc = W->scales;
     const int M = m1 - m0, RMX = M <= 5 ? M : 4, RP = M == 1 ? I8Z_RP_DECODE : 2;
     int64_t n = n0;
     for (; n + 2 * RP <= n1; n += 2 * RP)

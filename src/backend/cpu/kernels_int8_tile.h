@@ -39,7 +39,7 @@
 
 /* One group of tile(): blocks b0 .. b0 + gs - 1; masked: gs < 8 (a constant at each call, so the full
    groups carry no masks). */
-I8T INL void I8N(group)(const int RN, const int RM, const bool masked, const int8_t *w, const float *ws, int64_t K, int64_t b0,
+I8T INL void I8N(group)(const int RN, const int RM, const bool masked, const int8_t *w, const uint16_t *ws, int64_t K, int64_t b0,
                         int gs, const int8_t *const *xq, const int8_t *const *xa, const float *const *xs, __m256 (*acc)[5]) {
     const int64_t nb = K / 32, cs = masked ? 4 * gs : 32;
     const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32(gs), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
@@ -52,7 +52,7 @@ I8T INL void I8N(group)(const int RN, const int RM, const bool masked, const int
         const int64_t ahead = RN * i8_tiles_ahead(RN, K);
         for (int r = 0; r < RN; r++)
             for (int l = 0; l < 4; l++) _mm_prefetch((const char *)(w + (ahead + r) * K + 32 * b0 + 64 * l), _MM_HINT_T0);
-        if ((b0 & 15) == 0)
+        if ((b0 & 31) == 0) /* 32 BF16 scales per line */
             for (int r = 0; r < RN; r++) _mm_prefetch((const char *)(ws + (ahead + r) * nb + b0), _MM_HINT_T0);
     }
     for (int v = 0; v < 8; v++) {
@@ -70,7 +70,7 @@ I8T INL void I8N(group)(const int RN, const int RM, const bool masked, const int
         }
     }
     for (int r = 0; r < RN; r++) {
-        const __m256 dw = masked ? _mm256_maskload_ps(ws + r * nb + b0, mask) : _mm256_loadu_ps(ws + r * nb + b0);
+        const __m256 dw = masked ? bf16x8_part(ws + r * nb + b0, gs) : bf16x8(ws + r * nb + b0);
         for (int m = 0; m < RM; m++) {
             const __m256 dx = masked ? _mm256_maskload_ps(xs[m] + b0, mask) : _mm256_loadu_ps(xs[m] + b0);
             acc[r][m] = _mm256_fmadd_ps(_mm256_mul_ps(dw, dx), _mm256_cvtepi32_ps(ia[r][m]), acc[r][m]);
@@ -78,7 +78,7 @@ I8T INL void I8N(group)(const int RN, const int RM, const bool masked, const int
     }
 }
 
-I8T INL void I8N(tile)(const int RN, const int RM, const int8_t *w, const float *ws, int64_t K, const int8_t *const *xq,
+I8T INL void I8N(tile)(const int RN, const int RM, const int8_t *w, const uint16_t *ws, int64_t K, const int8_t *const *xq,
                        const int8_t *const *xa, const float *const *xs, float *const *y, int64_t n) {
     const int64_t nb = K / 32, full = nb & ~(int64_t)7;
     __m256 acc[4][5];
@@ -107,7 +107,7 @@ I8T INL void I8N(tile)(const int RN, const int RM, const int8_t *w, const float 
    ([5][8] floats, this row's earlier segment), and go back to buf or, after the last group, are reduced
    into y as in tile(). Loaded and stored whole, so each lane sees the same FMAs in the same order: the
    same bits as tile(). */
-I8T INL void I8N(tile_seg5)(const int8_t *w, const float *ws, int64_t K, int64_t g0, int64_t g1, int64_t ng, float *buf,
+I8T INL void I8N(tile_seg5)(const int8_t *w, const uint16_t *ws, int64_t K, int64_t g0, int64_t g1, int64_t ng, float *buf,
                             const int8_t *const *xq, const int8_t *const *xa, const float *const *xs, float *const *y, int64_t n) {
     const int64_t nb = K / 32, full = nb & ~(int64_t)7, ge = g1 < full / 8 ? g1 : full / 8;
     __m256 acc[1][5];
@@ -127,7 +127,7 @@ I8T __attribute__((noinline)) static void I8N(mm_seg5)(const td_tensor *W, const
                              float *y, int64_t ldy) {
     const int64_t K = W->shape[1], nb = K / 32, ng = (nb + 7) / 8;
     const int8_t *wq = W->data;
-    const float *wsc = W->scales;
+    const uint16_t *wsc = W->scales;
     int64_t most = I8_SEG_BYTES / (2 * 5 * 256);
     if (most < 1) most = 1;
     const int64_t nseg = (ng + most - 1) / most, gps = (ng + nseg - 1) / nseg;
@@ -155,7 +155,7 @@ I8T static void I8N(mm)(const td_tensor *W, const int8_t *xq, const int8_t *xa, 
                         float *y, int64_t ldy) {
     const int64_t K = W->shape[1], nb = K / 32;
     const int8_t *wq = W->data;
-    const float *wsc = W->scales;
+    const uint16_t *wsc = W->scales;
     const int M = m1 - m0;
     const int RN = M == 1 ? I8_RN_DECODE : M == 2 ? 4 : M == 3 ? 2 : M == 4 ? I8_RN_M4 : M == 5 ? I8_RN_M5 : I8_RN_PREFILL;
     const int RMX = M <= 3 ? M : M == 4 ? I8_RM_M4 : M == 5 ? I8_RM_M5 : I8_RM_PREFILL;
@@ -172,7 +172,7 @@ I8T static void I8N(mm)(const td_tensor *W, const int8_t *xq, const int8_t *xa, 
             float *yr[5];
             i8_rows(xq, xa, xs, y, K, ldy, mc, rm, q, a, s, yr);
             const int8_t *wr = wq + n * K;
-            const float *sr = wsc + n * nb;
+            const uint16_t *sr = wsc + n * nb;
 #define I8CASE(R, M_)                                                                                                                \
     case M_: I8N(tile)(R, M_, wr, sr, K, q, a, s, yr, n); break;
             if (rn == 1) switch (rm) { I8CASE(1, 1) I8CASE(1, 2) I8CASE(1, 3) I8CASE(1, 4) I8CASE(1, 5) }

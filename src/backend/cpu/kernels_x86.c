@@ -307,7 +307,7 @@ T256 INL v16 w16_256(const wd *d, const int kind, const uint8_t *row, int64_t n,
     case KF8: return f8x16_256(_mm_loadu_si128((const __m128i *)(row + i)));
     case KQ8: { /* two 8-byte loads widened straight from memory (one shuffle uop each; a 16-byte load
                    needed a third to bring its high half down) */
-        __m256 sc = _mm256_set1_ps(d->sq[n * (d->K / 32) + i / 32]);
+        __m256 sc = _mm256_set1_ps(td_bf16_to_f32(d->sq[n * (d->K / 32) + i / 32]));
         return (v16){_mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(row + i)))), sc),
                      _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(row + i + 8)))), sc)};
     }
@@ -459,7 +459,7 @@ T256 INL __m256 w8_256(const wd *d, const int kind, const uint8_t *row, int64_t 
         return _mm256_mul_ps(f8x8_256(_mm_loadl_epi64((const __m128i *)(row + j))), _mm256_set1_ps(block_scale_val(d, n, i) * 256.0f));
     case KQ8:
         return _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(row + j)))),
-                             _mm256_set1_ps(d->sq[n * (d->K / 32) + i / 32]));
+                             _mm256_set1_ps(td_bf16_to_f32(d->sq[n * (d->K / 32) + i / 32])));
     default: {
         int32_t b4;
         memcpy(&b4, row + j / 2, 4);

@@ -18,7 +18,7 @@ enum { KF32, KBF16, KF16, KF8, KF8B, KFP4, KQ8 };
 
 typedef struct {
     const uint8_t *data, *s4; /* s4: nvfp4 block scales */
-    const float *sq;          /* q8 block scales [N, K/32] */
+    const uint16_t *sq;       /* q8 block scales [N, K/32], BF16 */
     int64_t K, row_bytes;
     const td_tensor *W;       /* fp8 block scales */
     int64_t bn, bk, sc;
@@ -203,7 +203,7 @@ T512 INL __m512 w16_512(const wd *d, const int kind, const uint8_t *row, int64_t
     case KF8B: return _mm512_mul_ps(f8x16_512(_mm_loadu_si128((const __m128i *)(row + i))), _mm512_set1_ps(block_scale_val(d, n, i) * 256.0f));
     case KQ8:
         return _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(row + i)))),
-                             _mm512_set1_ps(d->sq[n * (d->K / 32) + i / 32]));
+                             _mm512_set1_ps(td_bf16_to_f32(d->sq[n * (d->K / 32) + i / 32])));
     default: {
         __m512 v = _mm512_permutexvar_ps(_mm512_cvtepu8_epi32(nib16(row + i / 2)), _mm512_loadu_ps(e2m1_lut));
         return _mm512_mul_ps(v, _mm512_set1_ps(fp8_lut[d->s4[n * (d->K / 16) + i / 16]]));

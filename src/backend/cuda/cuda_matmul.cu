@@ -2,7 +2,7 @@
  * kernels take (td_matmul_supported): F32, BF16, F16, FP8 e4m3 per-tensor or
  * with block scales (F32/BF16/F16, [ceil(N/bn), ceil(K/bk)]), NVFP4 (e2m1
  * nibbles, low nibble first, fp8 e4m3 scale per 16 inputs, global
- * multiplier scale_f) and Q8 (int8, F32 scale per 32 inputs).
+ * multiplier scale_f) and Q8 (int8, BF16 scale per 32 inputs).
  *
  * Reduction order (batch invariance): every output y[m,n] is the CPU's AVX
  * order exactly. 16 lanes; lane j accumulates the elements k = j, j+16,
@@ -74,7 +74,7 @@ template <int KIND> static __device__ __forceinline__ float w_at(const wdesc &d,
     if (KIND == KF16) return td_cu_f16(((const uint16_t *)d.data)[n * d.K + i]);
     if (KIND == KF8) return td_cu_e4m3(d.data[n * d.K + i]) * 0x1p-8f;
     if (KIND == KF8B) return (td_cu_e4m3(d.data[n * d.K + i]) * 0x1p-8f) * (block_scale(d, n, i) * 256.0f);
-    if (KIND == KQ8) return (float)((const int8_t *)d.data)[n * d.K + i] * ((const float *)d.scales)[n * (d.K / 32) + i / 32];
+    if (KIND == KQ8) return (float)((const int8_t *)d.data)[n * d.K + i] * td_cu_bf16(((const uint16_t *)d.scales)[n * (d.K / 32) + i / 32]);
     /* KFP4: byte i/2 of the row, low nibble = even element */
     uint8_t byte = d.data[n * (d.K / 2) + i / 2];
     return td_cu_e2m1[(byte >> ((i & 1) * 4)) & 15] * td_cu_e4m3(((const uint8_t *)d.scales)[n * (d.K / 16) + i / 16]);
