@@ -143,9 +143,6 @@ bool td_kernels_have_vnni(void) {
     return __builtin_cpu_supports("avx512vnni") && __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512dq");
 }
 
-/* The sum of v's 8 lanes in a fixed order: lanes 4 apart, then 2, then 1 (every tile's last step, so
-   every tile shape gives the same bits). Target avx2 alone: each caller's target (ymm, VNNI, zmm tiles)
-   includes it. */
 /* 8 q8 block scales (BF16) from p as floats, exactly (the F32 bits are the BF16 bits << 16); the _part
    form reads only gs < 8 of them (the row's last group; the rest 0, as a masked load gives). */
 __attribute__((target("avx2"))) INL __m256 bf16x8(const uint16_t *p) {
@@ -157,6 +154,9 @@ __attribute__((target("avx2"))) INL __m256 bf16x8_part(const uint16_t *p, int gs
     return bf16x8(t);
 }
 
+/* The sum of v's 8 lanes in a fixed order: lanes 4 apart, then 2, then 1 (every tile's last step, so
+   every tile shape gives the same bits). Target avx2 alone: each caller's target (ymm, VNNI, zmm tiles)
+   includes it. */
 __attribute__((target("avx2"))) INL float reduce8(__m256 v) {
     __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     h = _mm_add_ps(h, _mm_movehl_ps(h, h));
